@@ -1,0 +1,122 @@
+"""The `specdec` command: generate, pull, models.
+
+Errors a user can cause print one line (`specdec: error: ...`) and exit 2;
+they never show a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from specdec.errors import SpecdecError
+
+EXIT_USAGE = 2
+
+
+def _k_value(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer or 'auto', not {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from specdec.drafters import DRAFTER_SPECS
+    from specdec.zoo import DEFAULT_MODEL
+
+    parser = argparse.ArgumentParser(prog="specdec", description="Exact speculative decoding for LLMs.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="generate text from a prompt")
+    gen.add_argument("prompt", help="the prompt (use - to read it from standard input)")
+    gen.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
+    gen.add_argument("--drafter", default="default", help=f"{DRAFTER_SPECS}; default: the best for the target")
+    gen.add_argument("--k", type=_k_value, default="auto", help="draft tokens per round, or 'auto' (default)")
+    gen.add_argument("--max-new-tokens", type=int, default=256)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--min-p", type=float, default=0.0)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--seed", type=int, default=None)
+    chat = gen.add_mutually_exclusive_group()
+    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
+                      help="apply the chat template (default when the model has one)")
+    chat.add_argument("--no-chat", dest="chat", action="store_false", help="use the prompt as raw text")
+    gen.add_argument("--device", default="cpu", help="cpu or cuda")
+    gen.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    gen.add_argument("--backend", default="auto", help="auto, native or transformers")
+    gen.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats)")
+
+    pull = commands.add_parser("pull", help="download, verify and convert a zoo model")
+    pull.add_argument("name")
+
+    commands.add_parser("models", help="list zoo models, pulled or not")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models}[args.command](args)
+    except SpecdecError as exc:
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+
+
+def cmd_generate(args) -> int:
+    from specdec.generator import SpeculativeGenerator
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    generator = SpeculativeGenerator.from_pretrained(
+        args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend
+    )
+    stream = None if args.json else (lambda chunk: print(chunk.text, end="", flush=True))
+    result = generator.generate(
+        prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        min_p=args.min_p, repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed,
+        chat=args.chat, on_chunk=stream,
+    )
+    if args.json:
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids,
+                          "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}))
+    else:
+        s = result.stats
+        print()
+        print(f"[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, drafter {s.drafter}, "
+              f"tau {s.tau:.2f}, acceptance {s.acceptance_rate:.0%}]", file=sys.stderr)
+    return 0
+
+
+def cmd_pull(args) -> int:
+    from specdec import zoo
+
+    path = zoo.pull(args.name)
+    print(path)
+    return 0
+
+
+def cmd_models(args) -> int:
+    from specdec import zoo
+    from specdec.paths import models_dir
+
+    print(f"{'name':32} {'pulled':7} {'size':>9}  path")
+    for row in zoo.list_models():
+        size = f"{row.size_bytes / 1e6:.0f} MB" if row.size_bytes else "?"
+        print(f"{row.name:32} {'yes' if row.pulled else 'no':7} {size:>9}  {row.path if row.pulled else '-'}")
+    print(f"(cache: {models_dir()}; set SPECDEC_HOME to move it)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

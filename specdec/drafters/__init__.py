@@ -1,0 +1,33 @@
+"""Drafters and the factory that builds one from a CLI-style spec string."""
+
+from __future__ import annotations
+
+from specdec.drafters.base import Draft, Drafter, VerifyResult
+from specdec.errors import InvalidParameterError
+from specdec.models.loading import LoadedModel
+
+DRAFTER_SPECS = "none | ngram | ngram:MAX_N | draft:MODEL"
+
+
+def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Drafter | None:
+    """Build the drafter named by `spec` for `target`; None means plain decoding."""
+    kind, _, arg = spec.partition(":")
+    if kind == "none":
+        return None
+    if kind == "ngram":
+        from specdec.drafters.ngram import NgramDrafter
+
+        if arg and not arg.isdigit():
+            raise InvalidParameterError(f"ngram drafter: {arg!r} is not a maximum n-gram size")
+        return NgramDrafter(max_ngram=int(arg) if arg else 4)
+    if kind == "draft" and arg:
+        from specdec.drafters.draft_model import DraftModelDrafter, check_same_tokenizer
+        from specdec.models.loading import load_model
+
+        draft = load_model(arg, device=device, dtype=dtype)
+        check_same_tokenizer(target, draft)
+        return DraftModelDrafter(draft, target.model.vocab_size)
+    raise InvalidParameterError(f"unknown drafter {spec!r} (choose from: {DRAFTER_SPECS})")
+
+
+__all__ = ["Draft", "Drafter", "VerifyResult", "make_drafter", "DRAFTER_SPECS"]

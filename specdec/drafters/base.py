@@ -1,0 +1,87 @@
+"""The drafter protocol: what the engine asks of every drafter.
+
+A drafter proposes a `Draft` for the tokens after the committed context, is
+told the `VerifyResult` so it can roll back its own state and adapt, and is
+reset by `begin` for each new generation. The engine never knows which drafter
+it runs.
+
+Cache contract (invariant 2): after `on_verified`, whatever state a drafter
+keeps (a KV cache, an index) describes committed tokens only. It may lag behind
+the committed context; the next `propose` catches up first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+
+from specdec.sampling import SamplingParams
+
+
+@dataclass
+class Draft:
+    """Proposed tokens after the last committed token.
+
+    tokens[i]'s parent is parents[i] (an index into tokens, or -1 for the last
+    committed token), so trees fit the same type; a chain has parents [-1, 0, 1, ...].
+    draft_probs[i] is the processed distribution tokens[i] was sampled from, or
+    None for a deterministic drafter (then it is one-hot at tokens[i]).
+    """
+
+    tokens: list[int]
+    parents: list[int]
+    draft_probs: torch.Tensor | None = None  # (N, V) float32
+    # per-token cost figures the drafter wants reported; filled by drafters that measure them
+    info: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int], draft_probs: torch.Tensor | None = None) -> "Draft":
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), draft_probs)
+
+    @classmethod
+    def empty(cls) -> "Draft":
+        return cls([], [], None)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents == list(range(-1, len(self.tokens) - 1))
+
+
+@dataclass
+class VerifyResult:
+    """What verification decided for one round.
+
+    accepted_path: indices into Draft.tokens of the accepted draft tokens, root first.
+    tokens: the committed tokens: the accepted draft tokens, then one more token
+    (recovered at the first rejection, or the bonus token when all were accepted).
+    """
+
+    num_drafted: int
+    accepted_path: list[int]
+    tokens: list[int]
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_path)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
+        """Forget the previous generation and get ready for this prompt.
+
+        max_length bounds prompt + committed + drafted tokens of this generation (size caches by it).
+        """
+
+    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        """Up to max_tokens draft tokens that follow `context` (prompt + committed tokens)."""
+
+    def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
+        """Roll own state back to committed tokens; `context` already includes result.tokens."""

@@ -1,0 +1,94 @@
+"""A smaller model of the target's family drafts K tokens autoregressively.
+
+The draft model keeps its own KV cache. It lags the committed context by at
+least one token: `propose` first feeds the committed tokens it has not seen
+(usually the last accepted token and the recovered/bonus one) together with the
+first draft step, then one token per step. The last draft token is never fed;
+`on_verified` truncates the cache to the committed tokens it saw.
+
+Vocabularies: the draft must use the target's tokenizer. Checkpoints often pad
+the embedding matrix to different sizes (Qwen2.5: 151936 vs 152064); the draft
+distribution is computed over the target's vocabulary size, with ids the draft
+model does not have at probability zero and ids the target does not have masked
+out, so the acceptance rule stays exact.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdec.drafters.base import Draft, VerifyResult
+from specdec.errors import SpecdecError
+from specdec.models.base import positions_after
+from specdec.models.loading import LoadedModel
+from specdec.sampling import SamplingParams, processed_probs
+
+
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    target_vocab, draft_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if target_vocab != draft_vocab:
+        differing = len(set(target_vocab.items()) ^ set(draft_vocab.items()))
+        raise SpecdecError(
+            f"draft model {draft.name!r} uses a different tokenizer than target {target.name!r} "
+            f"({len(draft_vocab)} vs {len(target_vocab)} tokens, {differing} entries differ); "
+            "a draft model must share the target's tokenizer"
+        )
+
+
+class DraftModelDrafter:
+    def __init__(self, draft: LoadedModel, target_vocab_size: int):
+        self.name = f"draft:{draft.name}"
+        self.draft = draft
+        self.model = draft.model
+        self.vocab_size = target_vocab_size
+        self.cache = None
+
+    def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
+        self.cache = self.model.new_cache(1, min(max_length, self.model.max_context))
+        head = list(prompt_ids[:-1])
+        if head:
+            tokens = torch.tensor([head], device=self.model.device)  # (1, P-1)
+            self.model.forward(tokens, positions_after(0, len(head), 1, tokens.device), self.cache,
+                               last_logits_only=True)
+
+    def _vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """(V_draft,) -> (V_target,): pad missing ids with -inf, drop ids the target lacks."""
+        if logits.shape[-1] >= self.vocab_size:
+            return logits[..., : self.vocab_size]
+        pad = torch.full((*logits.shape[:-1], self.vocab_size - logits.shape[-1]), float("-inf"), device=logits.device)
+        return torch.cat([logits, pad], dim=-1)
+
+    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        device = self.model.device
+        pending = list(context[self.cache.length:])  # committed tokens the draft has not seen (>= 1)
+        self.base_length = self.cache.length + len(pending)  # = len(context)
+        greedy = params.greedy and params.repetition_penalty == 1.0
+        history = torch.tensor(context, device=device) if not greedy else None
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        feed = pending
+        for _ in range(max_tokens):
+            out = self.model.forward(
+                torch.tensor([feed], device=device),
+                positions_after(self.cache.length, len(feed), 1, device),
+                self.cache,
+                last_logits_only=True,
+            )
+            logits = self._vocab_logits(out.logits[0, -1])  # (V,)
+            if greedy:
+                token = int(logits.argmax())
+            else:
+                probs = processed_probs(logits.unsqueeze(0), params, torch.cat([history, torch.tensor(tokens, dtype=torch.int64, device=device)]))[0]
+                token = int(torch.multinomial(probs, 1, generator=generator))
+                rows.append(probs)
+            tokens.append(token)
+            feed = [token]
+        draft_probs = torch.stack(rows) if rows else None  # (K, V)
+        return Draft.chain(tokens, draft_probs)
+
+    def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
+        # Fed: the committed context up to base_length, then draft tokens [0, K-1).
+        self.cache.truncate(self.base_length + min(result.num_accepted, len(draft) - 1))

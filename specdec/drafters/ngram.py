@@ -1,0 +1,57 @@
+"""N-gram / prompt-lookup drafting: no model, almost no cost.
+
+Match the last n tokens of the context (several n, longest first) against the
+prompt and the generated text, and propose what followed the most recent
+earlier occurrence. Pays off where the answer repeats its input: code edits,
+summaries that quote, retrieval-augmented answers.
+
+The index maps every n-gram to the position after its latest occurrence and is
+updated incrementally with committed tokens only, so a round costs a few dict
+look-ups. Proposals are deterministic (draft_probs None = one-hot), which the
+verifier handles exactly under sampling too.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdec.drafters.base import Draft, VerifyResult
+from specdec.errors import InvalidParameterError
+from specdec.sampling import SamplingParams
+
+
+class NgramDrafter:
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise InvalidParameterError("ngram sizes need 1 <= min_ngram <= max_ngram")
+        self.name = "ngram"
+        self.sizes = list(range(max_ngram, min_ngram - 1, -1))  # longest first
+        self.begin([], SamplingParams(), 0)
+
+    def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int = 0) -> None:
+        self.index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self.indexed = 0  # context positions whose n-grams (ending there) are indexed
+
+    def _catch_up(self, context: Sequence[int]) -> None:
+        # Index n-grams ending before the last token: only those have a known continuation.
+        for end in range(max(self.indexed, 1), len(context)):
+            for n in self.sizes:
+                if end >= n:
+                    self.index[n][tuple(context[end - n:end])] = end
+        self.indexed = max(self.indexed, len(context))
+
+    def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        self._catch_up(context)
+        for n in self.sizes:
+            if len(context) <= n:
+                continue
+            start = self.index[n].get(tuple(context[-n:]))
+            if start is not None:
+                return Draft.chain(context[start:start + max_tokens])
+        return Draft.empty()
+
+    def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
+        pass  # the index holds committed tokens only; new ones are indexed at the next propose

@@ -1,0 +1,166 @@
+"""The round loop: draft -> verify -> accept -> commit.
+
+Cache discipline (invariant 2): the target's cache holds every committed token
+except the last one, which is the first input of the next round. A round feeds
+[last committed token] + K draft tokens to the target in one forward, which
+yields the target's distribution after each of them (K + 1 rows: K to judge the
+drafts, one for the bonus token), then truncates the cache back to the
+committed tokens. With no drafter (K = 0) the round is one plain decoding step,
+so plain decoding and speculative decoding share this one loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from specdec.commit import Committer, CommitOutcome, StopCriteria
+from specdec.drafters.base import Draft, Drafter, VerifyResult
+from specdec.errors import ContextLengthError
+from specdec.models.base import CausalLM, positions_after
+from specdec.sampling import SamplingParams, processed_probs
+from specdec.speculation_length import FixedK, SpeculationLength
+from specdec.stats import GenerationStats, RoundStats
+from specdec.verify import verify_chain_greedy, verify_chain_sampling
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" or "length"
+    stats: GenerationStats
+
+
+@dataclass
+class StreamChunk:
+    text: str  # new text (may be empty while a multi-byte character or stop string is pending)
+    token_ids: list[int]  # tokens committed this round
+
+
+class SpeculativeEngine:
+    def __init__(self, target: CausalLM, drafter: Drafter | None = None, speculation: SpeculationLength | None = None):
+        self.target = target
+        self.drafter = drafter
+        self.speculation = speculation or FixedK(0 if drafter is None else 4)
+
+    @property
+    def drafter_name(self) -> str:
+        return "none" if self.drafter is None else self.drafter.name
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
+                 seed: int | None = None, on_chunk: Callable[[StreamChunk], None] | None = None) -> GenerationResult:
+        run = _Generation(self, list(prompt_ids), params, criteria, tokenizer, seed)
+        for chunk in run.chunks():
+            if on_chunk is not None:
+                on_chunk(chunk)
+        return run.result()
+
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
+               seed: int | None = None) -> Iterator[StreamChunk]:
+        return _Generation(self, list(prompt_ids), params, criteria, tokenizer, seed).chunks()
+
+
+class _Generation:
+    """The state of one generation: caches, committed tokens, random state, stats."""
+
+    def __init__(self, engine: SpeculativeEngine, prompt_ids: list[int], params: SamplingParams,
+                 criteria: StopCriteria, tokenizer, seed: int | None):
+        if not prompt_ids:
+            raise ContextLengthError("the prompt is empty: at least one token is needed")
+        target = engine.target
+        if len(prompt_ids) >= target.max_context:
+            raise ContextLengthError(
+                f"prompt is {len(prompt_ids)} tokens; the model's context is {target.max_context} tokens"
+            )
+        room = target.max_context - len(prompt_ids)
+        if criteria.max_new_tokens > room:  # generation ends at the context limit, reported as "length"
+            criteria = StopCriteria(room, criteria.eos_token_ids, criteria.stop_strings)
+        self.engine, self.target, self.drafter = engine, target, engine.drafter
+        self.params = params
+        self.prompt_ids = prompt_ids
+        self.context = list(prompt_ids)  # prompt + committed tokens
+        self.committer = Committer(tokenizer, criteria)
+        self.generator = torch.Generator(device=target.device)
+        self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        capacity = min(target.max_context, len(prompt_ids) + criteria.max_new_tokens + engine.speculation.max_k + 1)
+        self.cache = target.new_cache(1, capacity)
+        self.rounds: list[RoundStats] = []
+        self.started = time.perf_counter()
+        self.prefill_seconds = 0.0
+
+    def chunks(self) -> Iterator[StreamChunk]:
+        self._prefill()
+        while self.committer.finish_reason is None:
+            outcome = self._round()
+            if outcome.tokens or outcome.text_chunk:
+                yield StreamChunk(outcome.text_chunk, outcome.tokens)
+        self.seconds = time.perf_counter() - self.started
+
+    def result(self) -> GenerationResult:
+        stats = GenerationStats.from_rounds(
+            self.engine.drafter_name, len(self.prompt_ids), self.rounds, self.seconds, self.prefill_seconds
+        )
+        c = self.committer
+        return GenerationResult(c.text, list(c.token_ids), c.finish_reason or "length", stats)
+
+    # -- the phases -------------------------------------------------------------------------
+    def _prefill(self) -> None:
+        """Put every prompt token but the last into the target's cache; let the drafter prepare."""
+        head = self.prompt_ids[:-1]
+        if head:
+            tokens = torch.tensor([head], device=self.target.device)  # (1, P-1)
+            self.target.forward(tokens, positions_after(0, len(head), 1, tokens.device), self.cache,
+                                last_logits_only=True)
+        if self.drafter is not None:
+            self.drafter.begin(self.prompt_ids, self.params, self.cache.max_length)
+        self.prefill_seconds = time.perf_counter() - self.started
+
+    def _round(self) -> CommitOutcome:
+        t0 = time.perf_counter()
+        draft = self._draft()
+        t1 = time.perf_counter()
+        logits = self._verify_forward(draft)
+        t2 = time.perf_counter()
+        result = self._accept(logits, draft)
+        outcome = self._commit(draft, result)
+        t3 = time.perf_counter()
+        self.engine.speculation.observe(len(draft), result.num_accepted, t1 - t0, t2 - t1)
+        self.rounds.append(RoundStats(self._k, len(draft), result.num_accepted, len(outcome.tokens),
+                                      t1 - t0, t2 - t1, t3 - t2))
+        return outcome
+
+    def _draft(self) -> Draft:
+        # Never draft past what may still be committed or what the cache can hold.
+        remaining = self.committer.criteria.max_new_tokens - len(self.committer.token_ids)
+        room = self.cache.max_length - self.cache.length - 1
+        self._k = self.engine.speculation.next_k()
+        k = min(self._k, remaining - 1, room)
+        if self.drafter is None or k <= 0:
+            return Draft.empty()
+        return self.drafter.propose(self.context, k, self.params, self.generator)
+
+    def _verify_forward(self, draft: Draft) -> torch.Tensor:
+        """One target forward over [last committed] + draft: (K+1, V) logits."""
+        tokens = torch.tensor([[self.context[-1], *draft.tokens]], device=self.target.device)  # (1, K+1)
+        positions = positions_after(self.cache.length, tokens.shape[1], 1, tokens.device)
+        return self.target.forward(tokens, positions, self.cache).logits[0]
+
+    def _accept(self, logits: torch.Tensor, draft: Draft) -> VerifyResult:
+        if self.params.greedy and self.params.repetition_penalty == 1.0:
+            return verify_chain_greedy(logits, draft)
+        history = torch.tensor(self.context, device=logits.device)
+        target_probs = processed_probs(logits, self.params, history, draft.tokens)  # (K+1, V)
+        return verify_chain_sampling(target_probs, draft, self.generator)
+
+    def _commit(self, draft: Draft, result: VerifyResult) -> CommitOutcome:
+        outcome = self.committer.commit(result.tokens)
+        # The cache keeps [last committed] + accepted drafts; the new last token is the next input.
+        self.cache.truncate(self.cache.length - len(draft) + result.num_accepted)
+        self.context.extend(result.tokens)
+        if self.drafter is not None and outcome.finish_reason is None:
+            self.drafter.on_verified(self.context, draft, result)
+        return outcome

@@ -1,0 +1,118 @@
+"""The Python API: load a target and a drafter, generate or stream text.
+
+    from specdec import SpeculativeGenerator
+    gen = SpeculativeGenerator.from_pretrained("smollm2-135m-instruct", drafter="ngram", k="auto")
+    result = gen.generate("Write a haiku about caches.", max_new_tokens=64)
+    print(result.text, result.stats.tau)
+    for chunk in gen.stream([{"role": "user", "content": "Hi!"}]):
+        print(chunk.text, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+from specdec.commit import StopCriteria
+from specdec.drafters import Drafter, make_drafter
+from specdec.engine import GenerationResult, SpeculativeEngine, StreamChunk
+from specdec.errors import InvalidParameterError
+from specdec.models.loading import LoadedModel, load_model
+from specdec.sampling import SamplingParams
+from specdec.speculation_length import AdaptiveK, FixedK, SpeculationLength
+from specdec.zoo import DEFAULT_MODEL
+
+Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "content": ...}]
+
+# The best drafter we have for each model; others get n-gram drafting.
+DEFAULT_DRAFTERS = {DEFAULT_MODEL: "ngram"}
+MAX_AUTO_K = 8
+
+
+def speculation_length(k: int | str) -> SpeculationLength:
+    if k == "auto":
+        return AdaptiveK(max_k=MAX_AUTO_K)
+    try:
+        value = int(k)
+    except (TypeError, ValueError):
+        raise InvalidParameterError(f"k must be an integer >= 1 or 'auto', not {k!r}") from None
+    if not 1 <= value <= 64:
+        raise InvalidParameterError(f"k must be between 1 and 64, not {value}")
+    return FixedK(value)
+
+
+class SpeculativeGenerator:
+    def __init__(self, target: LoadedModel, drafter: Drafter | None = None, k: int | str = 4):
+        self.target = target
+        self.drafter = drafter
+        self.engine = SpeculativeEngine(target.model, drafter, speculation_length(k) if drafter else FixedK(0))
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str = DEFAULT_MODEL,
+        drafter: str = "default",
+        k: int | str = "auto",
+        device: str = "cpu",
+        dtype: str = "float32",
+        backend: str = "auto",
+    ) -> "SpeculativeGenerator":
+        speculation_length(k)  # validate before loading anything
+        loaded = load_model(target, device=device, dtype=dtype, backend=backend)
+        if drafter == "default":
+            drafter = DEFAULT_DRAFTERS.get(loaded.name, "ngram")
+        return cls(loaded, make_drafter(drafter, loaded, device, dtype), k)
+
+    def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """Token ids of a prompt; chat messages (or text, when chat is on) go through the chat template."""
+        tokenizer = self.target.tokenizer
+        if chat is None:
+            chat = not isinstance(prompt, str) or self.target.has_chat_template
+        if chat:
+            if not self.target.has_chat_template:
+                raise InvalidParameterError(f"model {self.target.name!r} has no chat template; use a plain prompt")
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            _check_messages(messages)
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+            return list(ids)
+        if not isinstance(prompt, str):
+            raise InvalidParameterError("chat messages need chat mode")
+        ids = tokenizer.encode(prompt, add_special_tokens=True)
+        if not ids and tokenizer.bos_token_id is not None:
+            ids = [tokenizer.bos_token_id]
+        return ids
+
+    def _prepare(self, prompt: Prompt, max_new_tokens: int, stop: Sequence[str] | str | None, chat: bool | None,
+                 **sampling) -> tuple[list[int], SamplingParams, StopCriteria]:
+        params = SamplingParams(**sampling)
+        stop_strings = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        criteria = StopCriteria(max_new_tokens, frozenset(self.target.eos_token_ids), stop_strings)
+        return self.encode(prompt, chat), params, criteria
+
+    def generate(self, prompt: Prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                 stop: Sequence[str] | str | None = None, seed: int | None = None, chat: bool | None = None,
+                 on_chunk=None) -> GenerationResult:
+        ids, params, criteria = self._prepare(prompt, max_new_tokens, stop, chat, temperature=temperature,
+                                              top_k=top_k, top_p=top_p, min_p=min_p,
+                                              repetition_penalty=repetition_penalty)
+        return self.engine.generate(ids, params, criteria, self.target.tokenizer, seed, on_chunk)
+
+    def stream(self, prompt: Prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+               stop: Sequence[str] | str | None = None, seed: int | None = None,
+               chat: bool | None = None) -> Iterator[StreamChunk]:
+        ids, params, criteria = self._prepare(prompt, max_new_tokens, stop, chat, temperature=temperature,
+                                              top_k=top_k, top_p=top_p, min_p=min_p,
+                                              repetition_penalty=repetition_penalty)
+        return self.engine.stream(ids, params, criteria, self.target.tokenizer, seed)
+
+
+def _check_messages(messages: list) -> None:
+    if not messages:
+        raise InvalidParameterError("messages must not be empty")
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not isinstance(
+            message.get("content"), str
+        ):
+            raise InvalidParameterError('each message needs a string "role" and a string "content"')

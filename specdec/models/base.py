@@ -1,0 +1,73 @@
+"""The interface every target and draft model offers the engine.
+
+A model runs a forward over new tokens given their positions, appending their
+keys/values to a cache it created; the engine rolls that cache back
+(`truncate`) or keeps a tree's accepted path (`compact`). The native decoder and
+the transformers adapter both implement it, so the engine never knows which it
+runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # (B, T, V), or (B, 1, V) when only the last position was asked for
+    hidden_states: dict[int, torch.Tensor]  # layer index -> (B, T, C); index num_layers = final normed state
+
+
+class ModelCache(Protocol):
+    length: int
+
+    def truncate(self, length: int) -> None: ...
+
+    def compact(self, prefix_length: int, keep: Sequence[int]) -> None: ...
+
+
+class CausalLM(Protocol):
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    max_context: int
+    device: torch.device
+    dtype: torch.dtype
+
+    def new_cache(self, batch_size: int = 1, max_length: int | None = None) -> ModelCache: ...
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # (B, T) token ids
+        positions: torch.Tensor,  # (B, T) absolute positions (a tree node's position is prefix + depth)
+        cache: ModelCache,
+        attn_mask: torch.Tensor | None = None,  # (B or 1, T, cache.length + T) bool, True = may attend
+        hidden_layers: Sequence[int] = (),
+        last_logits_only: bool = False,
+    ) -> ForwardOutput: ...
+
+
+def causal_attention_mask(past_length: int, num_new: int, device: torch.device | str) -> torch.Tensor:
+    """(1, T, past + T) bool: every new token sees the whole prefix and the new tokens up to itself."""
+    new = torch.ones(num_new, num_new, dtype=torch.bool, device=device).tril()
+    prefix = torch.ones(num_new, past_length, dtype=torch.bool, device=device)
+    return torch.cat([prefix, new], dim=1).unsqueeze(0)
+
+
+def tree_attention_mask(past_length: int, tree_mask: torch.Tensor) -> torch.Tensor:
+    """(1, T, past + T) bool from a (T, T) ancestor-or-self mask of the new tokens.
+
+    Each node sees the whole committed prefix and its own ancestors only, so one
+    forward scores every branch of a token tree.
+    """
+    num_new = tree_mask.shape[0]
+    prefix = torch.ones(num_new, past_length, dtype=torch.bool, device=tree_mask.device)
+    return torch.cat([prefix, tree_mask.to(torch.bool)], dim=1).unsqueeze(0)
+
+
+def positions_after(past_length: int, num_new: int, batch_size: int, device: torch.device | str) -> torch.Tensor:
+    """(B, T) positions of a chain of T tokens appended after `past_length` cached ones."""
+    return torch.arange(past_length, past_length + num_new, device=device).expand(batch_size, num_new)

@@ -1,0 +1,138 @@
+"""Convert a GGUF file into a Hugging Face model directory (config, tokenizer, safetensors).
+
+Weights are dequantized with the `gguf` package (numpy, seconds for small
+models); config and tokenizer are rebuilt from the GGUF metadata by
+transformers. The directory is written under a temporary name and renamed at
+the end, so an interrupted conversion leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from specdec.errors import CorruptModelError, UnsupportedModelError
+
+GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral")
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor, or None for tensors we derive instead (rope_freqs)."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _BLOCK.match(gguf_name)
+    if match and match.group(2) in _LAYER_NAMES:
+        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    if gguf_name == "rope_freqs.weight":
+        return None
+    raise UnsupportedModelError(f"GGUF tensor {gguf_name!r} has no mapping to the Llama-family layout")
+
+
+def unpermute_llama_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (interleaved rope pairs -> half-split rope)."""
+    rows = weight.shape[0]
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def read_gguf(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises assorted errors on corrupt or truncated input
+        raise CorruptModelError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+
+
+def gguf_field(reader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def dequantized_state_dict(reader) -> dict[str, torch.Tensor]:
+    """float32 tensors under Hugging Face names."""
+    import gguf
+
+    arch = gguf_field(reader, "general.architecture")
+    num_heads = gguf_field(reader, f"{arch}.attention.head_count")
+    num_kv_heads = gguf_field(reader, f"{arch}.attention.head_count_kv", num_heads)
+    state: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        name = hf_tensor_name(tensor.name)
+        if name is None:
+            continue
+        try:
+            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError:
+            raise UnsupportedModelError(
+                f"GGUF tensor {tensor.name}: quantization {tensor.tensor_type.name} cannot be dequantized"
+            ) from None
+        array = np.asarray(array, dtype=np.float32).reshape(tuple(reversed([int(d) for d in tensor.shape])))
+        if arch == "llama" and ".attn_q." in tensor.name:
+            array = unpermute_llama_qk(array, num_heads)
+        elif arch == "llama" and ".attn_k." in tensor.name:
+            array = unpermute_llama_qk(array, num_kv_heads)
+        state[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+    return state
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """Write `out_dir` (config.json, tokenizer files, model.safetensors) from a GGUF file."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    gguf_path = Path(gguf_path)
+    reader = read_gguf(gguf_path)
+    arch = gguf_field(reader, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{gguf_path.name}: GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHITECTURES)})"
+        )
+    state = dequantized_state_dict(reader)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        config.tie_word_embeddings = "lm_head.weight" not in state
+        config.dtype = "float32"
+        config.save_pretrained(tmp)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        tokenizer.save_pretrained(tmp)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "specdec_source.json").write_text(json.dumps({"gguf": str(gguf_path.resolve())}))
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

@@ -1,0 +1,176 @@
+"""Native Llama-family decoder: Llama 2/3, SmolLM/SmolLM2, Qwen2/2.5, Mistral.
+
+GQA, RoPE (with Llama-3 scaling), RMSNorm, SwiGLU. Parameter names mirror the
+Hugging Face checkpoints (`model.layers.0.self_attn.q_proj.weight`, ...), so a
+safetensors state dict loads as it is.
+
+One forward serves prefill, single-token decode and tree verification: the
+caller gives positions and, for trees, an attention mask over cached prefix +
+new tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.models.base import ForwardOutput, causal_attention_mask
+from specdec.models.config import ModelConfig
+from specdec.models.kv_cache import KVCache
+from specdec.models.rope import apply_rope, rope_cos_sin, rope_inverse_frequencies
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in float32 (as transformers does) so bf16 weights stay accurate.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, T, C)
+        cos: torch.Tensor,  # (B, 1, T, D)
+        sin: torch.Tensor,
+        cache: KVCache,
+        layer: int,
+        attn_mask: torch.Tensor | None,  # (B or 1, T, S) bool or None (no masking needed)
+    ) -> torch.Tensor:
+        batch, num_new, _ = x.shape
+        q = self.q_proj(x).view(batch, num_new, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.v_proj(x).view(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        keys, values = cache.write(layer, k, v)  # (B, Hkv, S, D), S = cached + T
+        mask = None if attn_mask is None else attn_mask.unsqueeze(1)  # (B, 1, T, S)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # (B, H, T, D)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, cache, layer, attn_mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, attn_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """The `model.` part of a checkpoint: embeddings, layers, final norm."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = DecoderStack(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer(
+            "inv_freq", rope_inverse_frequencies(config.rope, config.head_dim), persistent=False
+        )
+
+    # -- the CausalLM interface (specdec.models.base) --------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def max_context(self) -> int:
+        return self.config.max_position_embeddings
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_cache(self, batch_size: int = 1, max_length: int | None = None) -> KVCache:
+        c = self.config
+        return KVCache(
+            c.num_layers, batch_size, c.num_kv_heads, max_length or c.max_position_embeddings,
+            c.head_dim, self.dtype, self.device,
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,  # (B, T)
+        positions: torch.Tensor,  # (B, T)
+        cache: KVCache,
+        attn_mask: torch.Tensor | None = None,  # (B or 1, T, cache.length + T) bool
+        hidden_layers: Sequence[int] = (),
+        last_logits_only: bool = False,
+    ) -> ForwardOutput:
+        num_new = tokens.shape[1]
+        cache.check_room(num_new)
+        if attn_mask is None and num_new > 1:
+            attn_mask = causal_attention_mask(cache.length, num_new, tokens.device)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
+        wanted = set(hidden_layers)
+        hidden: dict[int, torch.Tensor] = {}
+        x = self.model.embed_tokens(tokens)  # (B, T, C)
+        for index, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, cache, index, attn_mask)
+            if index in wanted:
+                hidden[index] = x
+        cache.advance(num_new)
+        if last_logits_only:
+            x = x[:, -1:]
+        x = self.model.norm(x)
+        if self.config.num_layers in wanted:
+            hidden[self.config.num_layers] = x
+        return ForwardOutput(logits=self.lm_head(x).float(), hidden_states=hidden)

@@ -1,0 +1,185 @@
+"""Load a model by zoo name, Hugging Face directory or GGUF file.
+
+Every source ends as a Hugging Face directory (config.json, tokenizer files,
+*.safetensors): zoo models and GGUF files are converted once and cached, so
+later loads only map the safetensors file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.errors import CorruptModelError, InvalidParameterError, UnknownModelError, UnsupportedModelError
+from specdec.models.base import CausalLM
+from specdec.models.config import NATIVE_MODEL_TYPES, ModelConfig
+from specdec.paths import converted_dir
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BACKENDS = ("auto", "native", "transformers")
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: Path  # the Hugging Face directory the weights came from
+    model: CausalLM
+    tokenizer: object  # a transformers PreTrainedTokenizerBase
+    eos_token_ids: tuple[int, ...]
+    backend: str  # "native" or "transformers"
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+
+def resolve_model_dir(spec: str, pull_missing: bool = True) -> tuple[str, Path]:
+    """(display name, Hugging Face directory) for a zoo name, a model directory or a .gguf file."""
+    from specdec import zoo
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise UnknownModelError(f"{spec}: directory has no config.json (not a Hugging Face model directory)")
+        return path.name, path
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise UnknownModelError(f"{spec}: no such GGUF file")
+        return path.stem, gguf_cache_dir(path)
+    if spec in zoo.REGISTRY:
+        return spec, zoo.ensure_pulled(spec) if pull_missing else zoo.model_dir(spec)
+    raise UnknownModelError(
+        f"unknown model {spec!r}: not a zoo name ({', '.join(zoo.REGISTRY)}), a model directory or a .gguf file"
+    )
+
+
+def gguf_cache_dir(gguf_path: Path) -> Path:
+    """The converted directory of a GGUF file, converting it on first use."""
+    from specdec.models.gguf_convert import convert_gguf
+
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = converted_dir() / f"{gguf_path.stem}-{key}"
+    if not (out / "model.safetensors").exists():
+        convert_gguf(gguf_path, out)
+    return out
+
+
+def load_model(
+    spec: str,
+    device: str = "cpu",
+    dtype: str = "float32",
+    backend: str = "auto",
+) -> LoadedModel:
+    if dtype not in DTYPES:
+        raise InvalidParameterError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    if backend not in BACKENDS:
+        raise InvalidParameterError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    check_device(device)
+    name, model_dir = resolve_model_dir(spec)
+    hf_config = read_config(model_dir)
+    if backend == "auto":
+        backend = "native" if hf_config.get("model_type") in NATIVE_MODEL_TYPES else "transformers"
+    if backend == "native":
+        model = load_native(model_dir, hf_config, device, DTYPES[dtype])
+    else:
+        model = load_transformers(model_dir, device, DTYPES[dtype])
+    tokenizer = load_tokenizer(model_dir)
+    eos = eos_token_ids(model_dir, hf_config, tokenizer)
+    return LoadedModel(name, model_dir, model, tokenizer, eos, backend)
+
+
+def check_device(device: str) -> None:
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise InvalidParameterError(f"unknown device {device!r} (use cpu or cuda)") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidParameterError("device cuda requested but CUDA is not available on this machine")
+
+
+def read_config(model_dir: Path) -> dict:
+    try:
+        return json.loads((model_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CorruptModelError(f"{model_dir}/config.json: unreadable ({exc})") from None
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise CorruptModelError(f"{model_dir}: no *.safetensors weights")
+    return files
+
+
+def load_native(model_dir: Path, hf_config: dict, device: str, dtype: torch.dtype):
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from specdec.models.llama import LlamaForCausalLM
+    from specdec.models.rope import rope_inverse_frequencies
+
+    config = ModelConfig.from_hf_dict(hf_config)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    state: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(model_dir):
+        try:
+            state.update(load_file(str(file), device="cpu"))
+        except (SafetensorError, OSError) as exc:
+            raise CorruptModelError(f"{file}: corrupt safetensors file ({exc})") from None
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    result = model.load_state_dict(state, strict=False, assign=True)
+    missing = [k for k in result.missing_keys if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or result.unexpected_keys:
+        raise CorruptModelError(
+            f"{model_dir}: weights do not match a {config.model_type} model "
+            f"(missing {missing[:3]}, unexpected {result.unexpected_keys[:3]})"
+        )
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.inv_freq = rope_inverse_frequencies(config.rope, config.head_dim).to(device)
+    return model.eval()
+
+
+def load_transformers(model_dir: Path, device: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    from specdec.models.hf_adapter import HFCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, attn_implementation="sdpa")
+    except ValueError as exc:
+        raise UnsupportedModelError(f"{model_dir}: transformers cannot load this model ({exc})".splitlines()[0]) from None
+    return HFCausalLM(model.to(device))
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as exc:
+        raise CorruptModelError(f"{model_dir}: no usable tokenizer ({exc})".splitlines()[0]) from None
+
+
+def eos_token_ids(model_dir: Path, hf_config: dict, tokenizer) -> tuple[int, ...]:
+    """Every id that ends generation: config, generation_config.json and the tokenizer's EOS."""
+    ids: set[int] = set()
+    sources = [hf_config.get("eos_token_id")]
+    generation_config = model_dir / "generation_config.json"
+    if generation_config.exists():
+        sources.append(json.loads(generation_config.read_text()).get("eos_token_id"))
+    sources.append(getattr(tokenizer, "eos_token_id", None))
+    for source in sources:
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list):
+            ids.update(int(i) for i in source)
+    return tuple(sorted(ids))

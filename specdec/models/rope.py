@@ -1,0 +1,43 @@
+"""Rotary position embeddings, including Llama-3's frequency scaling."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from specdec.models.config import RopeConfig
+
+
+def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """(D/2,) float32 inverse frequencies, scaled as the checkpoint's rope_type says."""
+    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        # Llama 3.1: long wavelengths are divided by `factor`, short ones kept,
+        # and the band in between interpolated smoothly.
+        old_context = rope.original_max_position_embeddings
+        low_freq_wavelen = old_context / rope.low_freq_factor
+        high_freq_wavelen = old_context / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_context / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (B, 1, T, D) for positions (B, T); computed in float32 like transformers."""
+    freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # (B, T, D/2)
+    angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # (B, 1, T, D)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, H, T, D) by the half-split convention used by Hugging Face checkpoints."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin

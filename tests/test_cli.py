@@ -1,0 +1,69 @@
+"""The CLI: generation on a tiny model, JSON output, and one-line errors with a non-zero exit."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specdec.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True, env=env)
+
+
+def test_generate_json(tiny_dirs, capsys):
+    assert main(["generate", "hello", "--target", str(tiny_dirs["llama"]), "--drafter", "none",
+                 "--max-new-tokens", "7", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["token_ids"]) == 7 or out["finish_reason"] == "stop"
+    assert out["stats"]["new_tokens"] == len(out["token_ids"])
+    assert out["stats"]["prompt_tokens"] > 0 and out["stats"]["tokens_per_second"] > 0
+
+
+def test_generate_streams_to_stdout(tiny_dirs, capsys):
+    assert main(["generate", "hello", "--target", str(tiny_dirs["qwen2"]), "--drafter", "ngram", "--k", "3",
+                 "--max-new-tokens", "12", "--no-chat", "--seed", "1", "--temperature", "0.8"]) == 0
+    captured = capsys.readouterr()
+    assert "tok/s" in captured.err and "drafter ngram" in captured.err
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["generate", "hi", "--target", "no-such-model"], "unknown model"),
+        (["generate", "hi", "--temperature", "-1"], "temperature"),
+        (["generate", "hi", "--top-p", "0"], "top_p"),
+        (["generate", "hi", "--top-p", "nan"], "top_p"),
+        (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
+        (["generate", "hi", "--k", "0"], "k must be"),
+        (["generate", "hi", "--drafter", "magic"], "unknown drafter"),
+        (["generate", "hi", "--dtype", "int3"], "dtype"),
+        (["generate", "hi", "--device", "tpu9"], "device"),
+        (["pull", "no-such-model"], "unknown zoo model"),
+    ],
+)
+def test_bad_input_one_line_error(tiny_dirs, args, message):
+    if "--target" not in args and args[0] == "generate":
+        args = [*args, "--target", str(tiny_dirs["llama"])]
+    result = run_cli(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specdec: error:") and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_prompt_longer_than_context(tmp_path):
+    from tiny_models import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "short", "llama", max_position_embeddings=16)
+    result = run_cli("generate", "x" * 40, "--target", str(model), "--no-chat")
+    assert result.returncode == 2 and "context" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_models_lists_the_zoo(capsys):
+    assert main(["models"]) == 0
+    assert "smollm2-135m-instruct" in capsys.readouterr().out

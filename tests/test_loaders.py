@@ -1,0 +1,96 @@
+"""Loader round trips: Hugging Face directory and GGUF (written by the gguf package) -> native model."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from specdec.errors import CorruptModelError, UnknownModelError
+from specdec.models.base import positions_after
+from specdec.models.loading import load_model
+from tiny_models import VOCAB, make_hf_model, make_tokenizer, write_tiny_gguf
+
+TOLERANCE = 1e-4
+TOKENS = torch.randint(0, VOCAB - 3, (1, 16), generator=torch.Generator().manual_seed(0))
+
+
+def native_logits(loaded):
+    cache = loaded.model.new_cache(1, 32)
+    return loaded.model.forward(TOKENS, positions_after(0, 16, 1, "cpu"), cache).logits
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("backend", ["native", "transformers"])
+def test_hf_directory_round_trip(tiny_dirs, kind, backend):
+    from transformers import AutoModelForCausalLM
+
+    loaded = load_model(str(tiny_dirs[kind]), backend=backend)
+    reference = AutoModelForCausalLM.from_pretrained(str(tiny_dirs[kind])).eval()
+    with torch.no_grad():
+        assert (native_logits(loaded) - reference(TOKENS).logits).abs().max() < TOLERANCE
+    assert loaded.backend == backend
+    assert loaded.eos_token_ids == (VOCAB - 1,)
+
+
+def test_bfloat16_load_option(tiny_dirs):
+    loaded = load_model(str(tiny_dirs["llama"]), dtype="bfloat16")
+    assert loaded.model.dtype == torch.bfloat16
+    full = load_model(str(tiny_dirs["llama"]))
+    assert (native_logits(loaded) - native_logits(full)).abs().max() < 0.5
+
+
+@pytest.mark.parametrize("kind,quantization", [("llama", "F32"), ("qwen2", "F32"), ("llama", "Q8_0")])
+def test_gguf_round_trip(tmp_path, kind, quantization):
+    hf = make_hf_model(kind, seed=3)
+    path = write_tiny_gguf(tmp_path / f"tiny-{kind}.gguf", hf, quantization)
+    if quantization != "F32":  # the reference carries the same rounding as the file
+        with torch.no_grad():
+            for param in hf.parameters():
+                if param.dim() == 2:
+                    qtype = gguf.GGMLQuantizationType[quantization]
+                    rounded = gguf.quants.dequantize(gguf.quants.quantize(param.numpy(), qtype), qtype)
+                    param.copy_(torch.from_numpy(np.asarray(rounded, dtype=np.float32).reshape(param.shape)))
+    loaded = load_model(str(path))
+    with torch.no_grad():
+        assert (native_logits(loaded) - hf(TOKENS).logits).abs().max() < TOLERANCE
+    text = "hello the world"
+    assert loaded.tokenizer.encode(text) == make_tokenizer().encode(text)
+    assert loaded.eos_token_ids == (VOCAB - 1,)
+    assert loaded.has_chat_template
+    # the second load reuses the cached conversion
+    cached = sorted(p.name for p in loaded.path.parent.iterdir())
+    load_model(str(path))
+    assert sorted(p.name for p in loaded.path.parent.iterdir()) == cached
+
+
+def test_corrupt_and_missing_files(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 20)
+    with pytest.raises(CorruptModelError):
+        load_model(str(bad))
+    assert not any((tmp_path / "specdec_home" / "converted").glob("*")) if (tmp_path / "specdec_home").exists() else True
+    with pytest.raises(UnknownModelError):
+        load_model(str(tmp_path / "missing.gguf"))
+    with pytest.raises(UnknownModelError):
+        load_model(str(tmp_path))  # a directory without config.json
+
+
+def test_truncated_gguf_leaves_nothing(tmp_path):
+    hf = make_hf_model("llama", seed=4)
+    path = write_tiny_gguf(tmp_path / "t.gguf", hf)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptModelError):
+        load_model(str(path))
+    converted = tmp_path / "specdec_home" / "converted"
+    assert not converted.exists() or not any(converted.iterdir())
+
+
+def test_corrupt_safetensors(tiny_dirs, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_dirs["llama"], copy)
+    (copy / "model.safetensors").write_bytes(b"\x00\x01garbage")
+    with pytest.raises(CorruptModelError):
+        load_model(str(copy))

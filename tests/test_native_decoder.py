@@ -1,0 +1,101 @@
+"""The native decoder equals transformers' forward on the same weights."""
+
+import pytest
+import torch
+
+from specdec.models.base import positions_after, tree_attention_mask
+from specdec.models.config import ModelConfig
+from specdec.models.llama import LlamaForCausalLM
+from tiny_models import VOCAB, make_hf_model
+
+TOLERANCE = 1e-4
+VARIANTS = [
+    ("llama", {}),
+    ("llama3", {}),  # Llama-3 rope scaling
+    ("qwen2", {}),  # qkv bias, tied embeddings
+    ("mistral", {}),
+    ("llama", {"num_key_value_heads": 4}),  # MHA
+    ("llama", {"num_key_value_heads": 1}),  # MQA
+    ("llama", {"attention_bias": True}),
+]
+
+
+def native_from_hf(hf_model) -> LlamaForCausalLM:
+    native = LlamaForCausalLM(ModelConfig.from_hf_dict(hf_model.config.to_dict()))
+    native.load_state_dict(hf_model.state_dict(), strict=False)
+    if native.config.tie_word_embeddings:
+        native.lm_head.weight = native.model.embed_tokens.weight
+    return native.eval()
+
+
+@pytest.fixture(params=VARIANTS, ids=lambda v: f"{v[0]}-{'-'.join(f'{k}={x}' for k, x in v[1].items())}")
+def pair(request):
+    kind, overrides = request.param
+    hf = make_hf_model(kind, seed=1, **overrides)
+    return hf, native_from_hf(hf)
+
+
+def test_prefill_and_decode_match_transformers(pair):
+    hf, native = pair
+    tokens = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = hf(tokens).logits  # (2, 24, V)
+    cache = native.new_cache(2, 64)
+    prefill = native(tokens[:, :20], positions_after(0, 20, 2, "cpu"), cache).logits
+    steps = [native(tokens[:, i:i + 1], positions_after(i, 1, 2, "cpu"), cache).logits for i in range(20, 24)]
+    assert (prefill - reference[:, :20]).abs().max() < TOLERANCE
+    assert (torch.cat(steps, 1) - reference[:, 20:]).abs().max() < TOLERANCE
+
+
+def test_tree_masked_forward_matches_each_path(pair):
+    """One tree forward gives each node the logits of a plain forward along its own path."""
+    hf, native = pair
+    prefix = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(1))
+    # tree: 0 -> (1 -> 3, 2 -> 4 -> 5)
+    parents = [-1, 0, 0, 1, 2, 4]
+    nodes = torch.randint(0, VOCAB, (1, len(parents)), generator=torch.Generator().manual_seed(2))
+    ancestors = torch.zeros(len(parents), len(parents), dtype=torch.bool)
+    depth = []
+    for i, p in enumerate(parents):
+        ancestors[i] = ancestors[p] if p >= 0 else False
+        ancestors[i, i] = True
+        depth.append(0 if p < 0 else depth[p] + 1)
+    cache = native.new_cache(1, 64)
+    native(prefix, positions_after(0, 10, 1, "cpu"), cache)
+    positions = torch.tensor([[10 + d for d in depth]])
+    tree_logits = native(nodes, positions, cache, attn_mask=tree_attention_mask(10, ancestors)).logits[0]
+    for i in range(len(parents)):
+        path = [j for j in range(len(parents)) if ancestors[i, j]]
+        with torch.no_grad():
+            reference = hf(torch.cat([prefix, nodes[:, path]], 1)).logits[0, -1]
+        assert (tree_logits[i] - reference).abs().max() < TOLERANCE
+
+
+def test_hidden_state_taps(pair):
+    hf, native = pair
+    tokens = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        reference = hf(tokens, output_hidden_states=True).hidden_states
+    layers = native.config.num_layers
+    out = native(tokens, positions_after(0, 8, 1, "cpu"), native.new_cache(1, 16), hidden_layers=(0, layers))
+    assert (out.hidden_states[0] - reference[1]).abs().max() < TOLERANCE
+    assert (out.hidden_states[layers] - reference[-1]).abs().max() < TOLERANCE
+
+
+def test_last_logits_only(pair):
+    _, native = pair
+    tokens = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(4))
+    full = native(tokens, positions_after(0, 8, 1, "cpu"), native.new_cache(1, 16)).logits
+    last = native(tokens, positions_after(0, 8, 1, "cpu"), native.new_cache(1, 16), last_logits_only=True).logits
+    assert last.shape[1] == 1
+    assert (last[:, 0] - full[:, -1]).abs().max() < TOLERANCE  # 1-row and 8-row matmuls round differently
+
+
+def test_unsupported_architecture_is_refused():
+    from specdec.errors import UnsupportedModelError
+
+    with pytest.raises(UnsupportedModelError, match="gpt2"):
+        ModelConfig.from_hf_dict({"model_type": "gpt2"})
+    with pytest.raises(UnsupportedModelError, match="yarn"):
+        ModelConfig.from_hf_dict({**make_hf_model("llama").config.to_dict(),
+                                  "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}})

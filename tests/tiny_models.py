@@ -1,0 +1,152 @@
+"""Tiny random-weight models and a byte-level tokenizer for fast, offline tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = [("h", "e"), ("l", "l"), ("Ġ", "t"), ("i", "n")]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_level_vocab() -> tuple[list[str], list[tuple[str, str]]]:
+    """Tokens (256 byte symbols, a few merges, specials) in id order, and the merges."""
+    from tokenizers import pre_tokenizers
+
+    tokens = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens += [a + b for a, b in MERGES]
+    return tokens + SPECIAL_TOKENS, list(MERGES)
+
+
+def make_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tokens, merges = byte_level_vocab()
+    vocab = {t: i for i, t in enumerate(tokens)}  # specials get fixed ids at the end
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+VOCAB = len(byte_level_vocab()[0])  # 263
+
+
+def tiny_config(kind: str = "llama", vocab_size: int = VOCAB, **overrides):
+    common = dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, eos_token_id=VOCAB - 1, bos_token_id=VOCAB - 2,
+    )
+    common.update(overrides)
+    if kind == "llama":
+        return transformers.LlamaConfig(**common)
+    if kind == "llama3":
+        return transformers.LlamaConfig(
+            **common, rope_theta=500000.0,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 64},
+        )
+    if kind == "qwen2":
+        return transformers.Qwen2Config(**{**common, "tie_word_embeddings": True})
+    if kind == "mistral":
+        return transformers.MistralConfig(**{**common, "sliding_window": None})
+    raise ValueError(kind)
+
+
+def make_hf_model(kind: str = "llama", seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(kind, **overrides), attn_implementation="sdpa")
+    # Random init gives nearly flat distributions; larger weights make argmax decisive
+    # and outputs prefix-dependent, which greedy-equality tests need.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.mul_(4.0)
+    return model.eval()
+
+
+def save_tiny_model(path: Path, kind: str = "llama", seed: int = 0, **overrides) -> Path:
+    model = make_hf_model(kind, seed, **overrides)
+    model.save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    return path
+
+
+def llama_cpp_permute(weight, num_heads: int):
+    """llama.cpp's convert script permutes q/k rows of Llama-arch models this way."""
+    rows = weight.shape[0]
+    return weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def write_tiny_gguf(path: Path, hf_model, quantization: str = "F32") -> Path:
+    """Write `hf_model` (llama or qwen2) and the tiny tokenizer as a GGUF file, as llama.cpp would."""
+    import gguf
+    import numpy as np
+
+    config = hf_model.config
+    arch = "qwen2" if config.model_type == "qwen2" else "llama"
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    tokens, merges = byte_level_vocab()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in SPECIAL_TOKENS else 1 for t in tokens])
+    writer.add_token_merges([f"{a} {b}" for a, b in merges])
+    writer.add_bos_token_id(config.bos_token_id)
+    writer.add_eos_token_id(config.eos_token_id)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    layer_names = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+                   "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+                   "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+                   "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+                   "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+                   "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+    qtype = gguf.GGMLQuantizationType[quantization]
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        if name.startswith("model.layers."):
+            index, rest = name[len("model.layers."):].split(".", 1)
+            gguf_name = f"blk.{index}.{layer_names[rest]}"
+        else:
+            gguf_name = names[name]
+        array = tensor.detach().float().numpy()
+        if arch == "llama" and rest_is(name, "q_proj"):
+            array = llama_cpp_permute(array, config.num_attention_heads)
+        elif arch == "llama" and rest_is(name, "k_proj"):
+            array = llama_cpp_permute(array, config.num_key_value_heads)
+        if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def rest_is(name: str, projection: str) -> bool:
+    return f".self_attn.{projection}." in name
