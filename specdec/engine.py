@@ -139,7 +139,8 @@ class _Generation:
         room = self.cache.max_length - self.cache.length - 1
         self._k = self.engine.speculation.next_k()
         k = min(self._k, remaining - 1, room)
-        if self.drafter is None or k <= 0:
+        self._drafted = self.drafter is not None and k > 0
+        if not self._drafted:
             return Draft.empty()
         return self.drafter.propose(self.context, k, self.params, self.generator)
 
@@ -161,6 +162,6 @@ class _Generation:
         # The cache keeps [last committed] + accepted drafts; the new last token is the next input.
         self.cache.truncate(self.cache.length - len(draft) + result.num_accepted)
         self.context.extend(result.tokens)
-        if self.drafter is not None and outcome.finish_reason is None:
+        if self._drafted and outcome.finish_reason is None:
             self.drafter.on_verified(self.context, draft, result)
         return outcome

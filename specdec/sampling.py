@@ -86,5 +86,12 @@ def processed_probs(
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """(T,) one token per row of probs (T, V)."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """(...,) one token per row of probs (..., V), by inverse CDF.
+
+    searchsorted(right=True) returns the first index whose cumulative mass
+    exceeds u * total, so a zero-probability token is never drawn. Faster than
+    torch.multinomial for the few rows a round samples.
+    """
+    cdf = probs.cumsum(-1)  # (..., V)
+    u = torch.rand((*probs.shape[:-1], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
+    return torch.searchsorted(cdf, u * cdf[..., -1:], right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)

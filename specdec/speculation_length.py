@@ -36,11 +36,6 @@ class FixedK:
         pass
 
 
-def expected_accepted(alphas: np.ndarray) -> float:
-    """E[accepted] = sum_i prod_{j<=i} alpha_j for per-position rates alpha."""
-    return float(np.cumprod(alphas).sum())
-
-
 class AdaptiveK:
     def __init__(self, max_k: int = 8, initial_k: int = 4, decay: float = 0.95, prior_alpha: float = 0.6):
         self.max_k = max_k
@@ -56,27 +51,29 @@ class AdaptiveK:
     def alphas(self) -> np.ndarray:
         return self.accepted / self.reached
 
-    def verify_cost(self, num_tokens: int) -> float:
-        measured = self.verify_seconds
-        if not measured:
-            return 1.0
-        sizes = np.array(sorted(measured), dtype=float)
-        costs = np.array([measured[int(n)] for n in sizes])
+    def verify_cost_line(self) -> tuple[float, float]:
+        """(intercept, slope) of forward seconds against input tokens, fitted to the measurements."""
+        sizes = np.array(sorted(self.verify_seconds), dtype=float)
+        costs = np.array([self.verify_seconds[int(n)] for n in sizes])
         if len(sizes) == 1:
             # One size seen: assume each extra token adds 5% (small-batch forwards are memory-bound).
-            return float(costs[0] * (1 + 0.05 * (num_tokens - sizes[0])))
-        slope, intercept = np.polyfit(sizes, costs, 1)
-        return float(max(intercept + slope * num_tokens, 1e-9))
+            slope = 0.05 * costs[0]
+            return float(costs[0] - slope * sizes[0]), float(slope)
+        mean_size, mean_cost = sizes.mean(), costs.mean()
+        slope = ((sizes - mean_size) * (costs - mean_cost)).sum() / ((sizes - mean_size) ** 2).sum()
+        return float(mean_cost - slope * mean_size), float(slope)
 
-    def predicted_rate(self, k: int) -> float:
-        """Expected tokens per second when drafting k tokens."""
-        alphas = self.alphas()[:k]
-        draft = (self.draft_per_token or 0.0) * k
-        return (1.0 + expected_accepted(alphas)) / (draft + self.verify_cost(k + 1))
+    def predicted_rates(self) -> np.ndarray:
+        """Expected tokens per second for K = 0..max_k."""
+        intercept, slope = self.verify_cost_line()
+        ks = np.arange(self.max_k + 1)
+        tokens = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.alphas()))])  # 1 + E[accepted | K]
+        seconds = (self.draft_per_token or 0.0) * ks + np.maximum(intercept + slope * (ks + 1), 1e-9)
+        return tokens / seconds
 
     def next_k(self) -> int:
         if self.draft_per_token is not None and self.verify_seconds:
-            self.k = max(range(self.max_k + 1), key=self.predicted_rate)
+            self.k = int(np.argmax(self.predicted_rates()))
             # Keep measuring one longer K now and then, or a low start could never grow.
             if self.k < self.max_k and len(self.history) % 16 == 15:
                 self.k += 1

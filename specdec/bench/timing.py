@@ -1,0 +1,27 @@
+"""Timing helpers shared by the benchmarks: medians of repeated, synchronized runs."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def synchronize(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, device: torch.device | str = "cpu", warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)

@@ -1,0 +1,170 @@
+"""The speculative engine: greedy equality with plain decoding for every drafter and K,
+the commit step inside accepted blocks, cache invariants, seeding, draft vocabularies."""
+
+import pytest
+import torch
+
+from specdec.commit import StopCriteria
+from specdec.drafters.draft_model import DraftModelDrafter, check_same_tokenizer
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine import SpeculativeEngine
+from specdec.errors import SpecdecError
+from specdec.generator import SpeculativeGenerator, speculation_length
+from specdec.models.base import positions_after
+from specdec.models.loading import load_model
+from specdec.sampling import SamplingParams
+from tiny_models import save_tiny_model
+
+KS = [1, 2, 3, 4, 5, 6, 7, 8, "auto"]
+PROMPTS = ["hello hello the world", "in the beginning", "x"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine")
+    return {
+        "target": load_model(str(save_tiny_model(root / "target", "qwen2", seed=11))),
+        # a different random model with the same tokenizer: low acceptance, still exact
+        "random_draft": load_model(str(save_tiny_model(root / "draft", "qwen2", seed=12, num_hidden_layers=1))),
+        # padded to a larger vocabulary, as Qwen2.5 checkpoints of different sizes are
+        "padded_draft": load_model(str(save_tiny_model(root / "padded", "llama", seed=13, vocab_size=280))),
+    }
+
+
+def plain_ids(target, prompt: str, max_new: int, params=SamplingParams(), seed=None, stop=()) -> list[int]:
+    gen = SpeculativeGenerator(target, None)
+    return gen.generate(prompt, max_new, chat=False, seed=seed, stop=stop, temperature=params.temperature).token_ids
+
+
+def drafters(models):
+    return {
+        "ngram": lambda: NgramDrafter(),
+        "draft-random": lambda: DraftModelDrafter(models["random_draft"], models["target"].model.vocab_size),
+        "draft-self": lambda: DraftModelDrafter(models["target"], models["target"].model.vocab_size),
+        "draft-padded-vocab": lambda: DraftModelDrafter(models["padded_draft"], models["target"].model.vocab_size),
+    }
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "draft-random", "draft-self", "draft-padded-vocab"])
+@pytest.mark.parametrize("k", KS)
+def test_greedy_output_equals_plain_decoding(models, drafter, k):
+    target = models["target"]
+    for prompt in PROMPTS:
+        expected = plain_ids(target, prompt, 40)
+        gen = SpeculativeGenerator(target, drafters(models)[drafter](), k)
+        result = gen.generate(prompt, 40, chat=False)
+        assert result.token_ids == expected, f"{drafter} K={k} prompt={prompt!r}"
+        stats = result.stats
+        assert stats.new_tokens == len(expected) and stats.rounds >= 1
+        assert stats.tau == pytest.approx(len(expected) / stats.rounds)
+
+
+def test_draft_equal_to_target_accepts_nearly_everything(models):
+    target = models["target"]
+    gen = SpeculativeGenerator(target, DraftModelDrafter(target, target.model.vocab_size), 4)
+    stats = gen.generate("hello the", 60, chat=False).stats
+    assert stats.acceptance_rate > 0.95
+    assert stats.tau > 4.0
+
+
+@pytest.mark.parametrize("k", [1, 3, 8, "auto"])
+@pytest.mark.parametrize("max_new", [1, 2, 3, 17])
+def test_max_new_tokens_exact(models, k, max_new):
+    target = models["target"]
+    gen = SpeculativeGenerator(target, DraftModelDrafter(target, target.model.vocab_size), k)
+    result = gen.generate("hello", max_new, chat=False)
+    assert result.token_ids == plain_ids(target, "hello", max_new)
+    assert len(result.token_ids) == max_new and result.finish_reason == "length"
+
+
+@pytest.mark.parametrize("k", [2, 5, 8])
+def test_eos_inside_an_accepted_block(models, k):
+    target = models["target"]
+    full = plain_ids(target, "hello", 30)
+    eos = full[10]  # pretend the 11th greedy token is EOS: it arrives inside a block of accepted drafts
+    first = full.index(eos)
+    engine = SpeculativeEngine(target.model, DraftModelDrafter(target, target.model.vocab_size), speculation_length(k))
+    chunks = []
+    result = engine.generate(target.tokenizer.encode("hello"), SamplingParams(),
+                             StopCriteria(30, frozenset({eos})), target.tokenizer, on_chunk=chunks.append)
+    assert result.token_ids == full[:first] and result.finish_reason == "stop"
+    assert "".join(c.text for c in chunks) == result.text
+    assert [t for c in chunks for t in c.token_ids] == result.token_ids
+    assert result.stats.new_tokens == len(result.token_ids)
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_stop_string_inside_an_accepted_block(models, k):
+    target = models["target"]
+    plain = SpeculativeGenerator(target, None).generate("hello", 30, chat=False)
+    stop = plain.text[12:15]
+    expected = SpeculativeGenerator(target, None).generate("hello", 30, chat=False, stop=stop)
+    gen = SpeculativeGenerator(target, DraftModelDrafter(target, target.model.vocab_size), k)
+    streamed = list(gen.stream("hello", 30, chat=False, stop=stop))
+    result = gen.generate("hello", 30, chat=False, stop=stop)
+    assert result.text == expected.text == plain.text[: plain.text.index(stop)]
+    assert result.token_ids == expected.token_ids
+    assert "".join(c.text for c in streamed) == result.text
+    assert result.finish_reason == "stop"
+
+
+def test_caches_hold_committed_tokens_after_every_round(models, monkeypatch):
+    """Invariant 2: after each round the target's cache holds every committed token but the last
+    (the next round's input) and the drafter's a prefix of them, each equal to a fresh prefill."""
+    import specdec.engine as engine_module
+
+    target, draft = models["target"], models["random_draft"]
+    target_caches = []
+    original_init = engine_module._Generation.__init__
+
+    def capture(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        target_caches.append(self.cache)
+
+    monkeypatch.setattr(engine_module._Generation, "__init__", capture)
+    checked_rounds = []
+
+    class CheckingDrafter(DraftModelDrafter):
+        def on_verified(self, context, draft_, result):
+            super().on_verified(context, draft_, result)
+            assert target_caches[0].length == len(context) - 1
+            assert self.cache.length <= len(context) - 1
+            for model, cache in [(self.model, self.cache), (target.model, target_caches[0])]:
+                n = cache.length
+                fresh = model.new_cache(1, 128)
+                model.forward(torch.tensor([context[:n]]), positions_after(0, n, 1, "cpu"), fresh)
+                assert torch.allclose(cache.keys[:, :, :, :n], fresh.keys[:, :, :, :n], atol=1e-5)
+            checked_rounds.append(result.num_accepted)
+
+    SpeculativeGenerator(target, CheckingDrafter(draft, target.model.vocab_size), 4).generate("hello the", 25, chat=False)
+    assert len(checked_rounds) > 3
+
+
+# Not "auto": there K follows measured timings, so a seed reproduces the distribution, not the sample.
+@pytest.mark.parametrize("k", [1, 3])
+def test_seeded_sampling_repeats(models, k):
+    target = models["target"]
+    gen = SpeculativeGenerator(target, DraftModelDrafter(models["random_draft"], target.model.vocab_size), k)
+    runs = [gen.generate("hello", 25, chat=False, temperature=0.9, top_p=0.95, seed=7).token_ids for _ in range(2)]
+    other = gen.generate("hello", 25, chat=False, temperature=0.9, top_p=0.95, seed=8).token_ids
+    assert runs[0] == runs[1]
+    assert other != runs[0]
+
+
+def test_different_tokenizer_is_refused(models, tmp_path):
+    from transformers import AutoTokenizer
+
+    other = load_model(str(save_tiny_model(tmp_path / "other", "llama", seed=3)))
+    tokenizer = AutoTokenizer.from_pretrained(str(other.path))
+    tokenizer.add_tokens(["<extra_token>"])
+    other.tokenizer = tokenizer
+    with pytest.raises(SpecdecError, match="different tokenizer"):
+        check_same_tokenizer(models["target"], other)
+
+
+def test_ngram_drafter_proposes_the_continuation_of_the_latest_match():
+    drafter = NgramDrafter(max_ngram=3)
+    drafter.begin([], SamplingParams(), 0)
+    context = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7]
+    assert drafter.propose(context, 3, SamplingParams(), None).tokens == [9, 2, 5]
+    assert drafter.propose([1, 2, 3], 3, SamplingParams(), None).tokens == []

@@ -1,0 +1,123 @@
+"""Whole-loop exactness: speculative sampling through the engine, caches and rollback included,
+produces the target's distribution over 3-token continuations (vocab 4: 64 outcomes).
+
+N = 2*10^5 generations per configuration, chi-square at alpha = 1e-6. Marked `statistical`
+(a minute or two each on 2 cores); `-m "not statistical"` skips them.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from mock_models import MockLM, MockTokenizer, mock_loaded
+from specdec import verify
+from specdec.commit import StopCriteria
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine import SpeculativeEngine
+from specdec.generator import speculation_length
+from specdec.sampling import SamplingParams, processed_probs
+from stats_checks import assert_distribution
+
+PROMPT = [1, 2, 1]
+NEW_TOKENS = 3
+VOCAB = 4
+OUTCOMES = list(itertools.product(range(VOCAB), repeat=NEW_TOKENS))
+
+
+def exact_law(target: MockLM, params: SamplingParams) -> np.ndarray:
+    """P(continuation) = product of the target's processed conditionals."""
+    law = []
+    for outcome in OUTCOMES:
+        prob, prefix = 1.0, tuple(PROMPT)
+        for token in outcome:
+            probs = processed_probs(target.logits_after(prefix).unsqueeze(0), params, torch.tensor(prefix))[0]
+            prob *= float(probs[token])
+            prefix += (token,)
+        law.append(prob)
+    return np.array(law)
+
+
+def count_outcomes(engine: SpeculativeEngine, params: SamplingParams, seeds: range) -> np.ndarray:
+    criteria = StopCriteria(NEW_TOKENS)
+    tokenizer = MockTokenizer()
+    counts = np.zeros(len(OUTCOMES))
+    for seed in seeds:
+        ids = engine.generate(PROMPT, params, criteria, tokenizer, seed=seed).token_ids
+        counts[ids[0] * 16 + ids[1] * 4 + ids[2]] += 1
+    return counts
+
+
+def _count_in_worker(args) -> np.ndarray:
+    kind, k, params, seeds = args
+    torch.set_num_threads(1)
+    return count_outcomes(engine_for(kind, k)[0], params, seeds)
+
+
+def sample_outcomes(kind: str, k, params: SamplingParams, n: int) -> np.ndarray:
+    """n generations with seeds 0..n-1, split over two forked worker processes (CI has 2 cores)."""
+    import multiprocessing
+
+    halves = [(kind, k, params, range(0, n // 2)), (kind, k, params, range(n // 2, n))]
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        return sum(pool.map(_count_in_worker, halves))
+
+
+def engine_for(drafter_kind: str, k) -> tuple[SpeculativeEngine, MockLM]:
+    target = MockLM(salt=1)
+    if drafter_kind == "draft":
+        drafter = DraftModelDrafter(mock_loaded(MockLM(salt=2, sharpness=1.0), "mock-draft"), VOCAB)
+    else:
+        drafter = NgramDrafter(max_ngram=2)
+    return SpeculativeEngine(target, drafter, speculation_length(k)), target
+
+
+CONFIGS = [
+    ("draft", 1, SamplingParams(temperature=1.0), 200_000),
+    ("draft", 2, SamplingParams(temperature=1.0), 200_000),
+    ("draft", 3, SamplingParams(temperature=1.0), 200_000),
+    ("draft", "auto", SamplingParams(temperature=1.0), 200_000),
+    ("ngram", 2, SamplingParams(temperature=1.0), 50_000),
+    ("draft", 2, SamplingParams(temperature=0.7, top_k=3, repetition_penalty=1.3), 50_000),
+]
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("kind,k,params,n", CONFIGS, ids=[f"{c[0]}-K{c[1]}-{c[2].temperature}" for c in CONFIGS])
+def test_loop_follows_target_distribution(kind, k, params, n):
+    target = engine_for(kind, k)[1]
+    assert_distribution(sample_outcomes(kind, k, params, n), exact_law(target, params), tv_bound=0.01,
+                        what=f"{kind} K={k}")
+
+
+@pytest.mark.statistical
+def test_broken_residual_fails_through_the_loop(monkeypatch):
+    monkeypatch.setattr(verify, "residual_distribution", lambda target, draft: target)
+    engine, target = engine_for("draft", 2)
+    params = SamplingParams(temperature=1.0)
+    with pytest.raises(AssertionError):
+        assert_distribution(count_outcomes(engine, params, range(20_000)), exact_law(target, params))
+
+
+@pytest.mark.statistical
+def test_unprocessed_draft_probs_fail_through_the_loop(monkeypatch):
+    """A drafter that samples from processed probabilities but reports raw ones is caught."""
+    import specdec.drafters.draft_model as draft_model
+
+    real = draft_model.processed_probs
+    params = SamplingParams(temperature=0.5)
+
+    class LyingDrafter(DraftModelDrafter):
+        def propose(self, context, max_tokens, params, generator):
+            draft = super().propose(context, max_tokens, params, generator)
+            raw = [real(self.model.logits_after(tuple(context) + tuple(draft.tokens[:i])).unsqueeze(0),
+                        SamplingParams(temperature=1.0))[0] for i in range(len(draft))]
+            draft.draft_probs = torch.stack(raw)
+            return draft
+
+    target = MockLM(salt=1)
+    engine = SpeculativeEngine(target, LyingDrafter(mock_loaded(MockLM(salt=2), "liar"), VOCAB), speculation_length(2))
+    with pytest.raises(AssertionError):
+        assert_distribution(count_outcomes(engine, params, range(20_000)), exact_law(target, params))
