@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after, tree_attention_mask
 from specdec.models.hf_adapter import HFCausalLM
 from test_native_decoder import native_from_hf
@@ -11,10 +12,14 @@ from tiny_models import VOCAB, make_hf_model
 TOLERANCE = 1e-4
 
 
-@pytest.fixture(params=["native", "transformers"])
+@pytest.fixture(params=["native", "native-packed", "transformers"])
 def model(request):
     hf = make_hf_model("qwen2", seed=2)
-    return native_from_hf(hf) if request.param == "native" else HFCausalLM(hf)
+    if request.param == "transformers":
+        return HFCausalLM(hf)
+    if request.param == "native-packed" and packed_kernel() is None:
+        pytest.skip("no packed kernel on this machine")
+    return native_from_hf(hf, packed=request.param == "native-packed")
 
 
 def fresh_logits(model, tokens: list[int]) -> torch.Tensor:

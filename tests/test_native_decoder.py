@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after, tree_attention_mask
 from specdec.models.config import ModelConfig
 from specdec.models.llama import LlamaForCausalLM
@@ -20,19 +21,25 @@ VARIANTS = [
 ]
 
 
-def native_from_hf(hf_model) -> LlamaForCausalLM:
+def native_from_hf(hf_model, packed: bool = False) -> LlamaForCausalLM:
     native = LlamaForCausalLM(ModelConfig.from_hf_dict(hf_model.config.to_dict()))
     native.load_state_dict(hf_model.state_dict(), strict=False)
     if native.config.tie_word_embeddings:
         native.lm_head.weight = native.model.embed_tokens.weight
+    if packed:
+        native.pack_weights()
     return native.eval()
 
 
-@pytest.fixture(params=VARIANTS, ids=lambda v: f"{v[0]}-{'-'.join(f'{k}={x}' for k, x in v[1].items())}")
+LAYOUTS = ["stock"] + (["packed"] if packed_kernel() is not None else [])
+
+
+@pytest.fixture(params=[(v, layout) for v in VARIANTS for layout in LAYOUTS],
+                ids=lambda p: f"{p[1]}-{p[0][0]}-{'-'.join(f'{k}={x}' for k, x in p[0][1].items())}")
 def pair(request):
-    kind, overrides = request.param
+    (kind, overrides), layout = request.param
     hf = make_hf_model(kind, seed=1, **overrides)
-    return hf, native_from_hf(hf)
+    return hf, native_from_hf(hf, packed=layout == "packed")
 
 
 def test_prefill_and_decode_match_transformers(pair):

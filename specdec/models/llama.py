@@ -45,6 +45,12 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
+        self.qkv_proj = None  # q, k and v fused into one packed layer by pack_weights()
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_proj is not None:
+            return self.qkv_proj(x)
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def forward(
         self,
@@ -56,9 +62,10 @@ class Attention(nn.Module):
         attn_mask: torch.Tensor | None,  # (B or 1, T, S) bool or None (no masking needed)
     ) -> torch.Tensor:
         batch, num_new, _ = x.shape
-        q = self.q_proj(x).view(batch, num_new, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.k_proj(x).view(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        v = self.v_proj(x).view(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q, k, v = self.project_qkv(x)
+        q = q.view(batch, num_new, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = k.reshape(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.reshape(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = cache.write(layer, k, v)  # (B, Hkv, S, D), S = cached + T
         mask = None if attn_mask is None else attn_mask.unsqueeze(1)  # (B, 1, T, S)
@@ -73,9 +80,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+        self.gate_up_proj = None  # gate and up fused into one packed layer by pack_weights()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x) if self.gate_up_proj is not None else (self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -113,6 +122,26 @@ class LlamaForCausalLM(nn.Module):
             "inv_freq", rope_inverse_frequencies(config.rope, config.head_dim), persistent=False
         )
 
+    def pack_weights(self) -> None:
+        """Switch every float32 linear layer to the CPU small-row kernel (specdec.kernels).
+
+        Fuses q/k/v and gate/up, packs each matrix once, and frees the original
+        layout; tied embeddings are then read from the packed LM head.
+        """
+        from specdec.models.packed_linear import PackedEmbedding, PackedLinear
+
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv_proj = PackedLinear.fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            attn.o_proj = PackedLinear.fuse([attn.o_proj])
+            del attn.q_proj, attn.k_proj, attn.v_proj
+            mlp.gate_up_proj = PackedLinear.fuse([mlp.gate_proj, mlp.up_proj])
+            mlp.down_proj = PackedLinear.fuse([mlp.down_proj])
+            del mlp.gate_proj, mlp.up_proj
+        self.lm_head = PackedLinear.fuse([self.lm_head])
+        if self.config.tie_word_embeddings:
+            self.model.embed_tokens = PackedEmbedding(self.lm_head)
+
     # -- the CausalLM interface (specdec.models.base) --------------------------------
     @property
     def vocab_size(self) -> int:
@@ -132,11 +161,11 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.norm.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.model.norm.weight.dtype
 
     def new_cache(self, batch_size: int = 1, max_length: int | None = None) -> KVCache:
         c = self.config

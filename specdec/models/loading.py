@@ -74,7 +74,9 @@ def load_model(
     device: str = "cpu",
     dtype: str = "float32",
     backend: str = "auto",
+    kernels: bool = True,
 ) -> LoadedModel:
+    """Load a model; `kernels=False` keeps stock torch matmuls instead of the packed CPU kernel."""
     if dtype not in DTYPES:
         raise InvalidParameterError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
     if backend not in BACKENDS:
@@ -86,11 +88,19 @@ def load_model(
         backend = "native" if hf_config.get("model_type") in NATIVE_MODEL_TYPES else "transformers"
     if backend == "native":
         model = load_native(model_dir, hf_config, device, DTYPES[dtype])
+        if kernels and uses_packed_kernel(device, DTYPES[dtype]):
+            model.pack_weights()
     else:
         model = load_transformers(model_dir, device, DTYPES[dtype])
     tokenizer = load_tokenizer(model_dir)
     eos = eos_token_ids(model_dir, hf_config, tokenizer)
     return LoadedModel(name, model_dir, model, tokenizer, eos, backend)
+
+
+def uses_packed_kernel(device: str, dtype: torch.dtype) -> bool:
+    from specdec.kernels import packed_kernel
+
+    return torch.device(device).type == "cpu" and dtype == torch.float32 and packed_kernel() is not None
 
 
 def check_device(device: str) -> None:
