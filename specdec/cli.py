@@ -58,13 +58,30 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("name")
 
     commands.add_parser("models", help="list zoo models, pulled or not")
+
+    bench = commands.add_parser("bench", help="benchmark drafters against plain decoding and transformers")
+    bench.add_argument("--target", default=DEFAULT_MODEL)
+    bench.add_argument("--drafters", default="ngram", help="comma-separated drafter specs")
+    bench.add_argument("--tasks", default="code,mt_bench", help="comma-separated: mt_bench, translation, "
+                       "summarization, qa, math_reasoning, rag, code")
+    bench.add_argument("--limit", type=int, default=5, help="prompts per task")
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--temperature", type=float, default=0.0)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--k", type=_k_value, default="auto")
+    bench.add_argument("--peers", default="", help="comma-separated transformers peers: plain, lookup, assisted:MODEL")
+    bench.add_argument("--spec-bench", default=None, help="path to Spec-Bench question.jsonl")
+    bench.add_argument("--device", default="cpu")
+    bench.add_argument("--json", dest="json_out", default=None, help="write all results to this JSON file")
+    bench.add_argument("--out", default=None, help="directory for report.md")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models}[args.command](args)
+        commands = {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models, "bench": cmd_bench}
+        return commands[args.command](args)
     except SpecdecError as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -115,6 +132,38 @@ def cmd_models(args) -> int:
         print(f"{row.name:32} {'yes' if row.pulled else 'no':7} {size:>9}  {row.path if row.pulled else '-'}")
     print(f"(cache: {models_dir()}; set SPECDEC_HOME to move it)", file=sys.stderr)
     return 0
+
+
+def cmd_bench(args) -> int:
+    from pathlib import Path
+
+    from specdec.bench.report import markdown
+    from specdec.bench.runner import BenchConfig, run_bench
+    from specdec.bench.tasks import load_prompts
+    from specdec.generator import speculation_length
+    from specdec.sampling import SamplingParams
+
+    split = lambda text: [item for item in text.split(",") if item]  # noqa: E731
+    speculation_length(args.k)
+    SamplingParams(temperature=args.temperature)
+    config = BenchConfig(args.target, split(args.drafters), split(args.tasks), args.limit, args.max_new_tokens,
+                         args.temperature, args.seed, str(args.k), split(args.peers), args.device)
+    prompts = load_prompts(config.tasks, config.limit, Path(args.spec_bench) if args.spec_bench else None)
+    results = run_bench(config, prompts)
+    report = markdown(results)
+    print(report)
+    if args.json_out:
+        write_atomically(Path(args.json_out), json.dumps(results.to_dict(), indent=1))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_atomically(Path(args.out) / "report.md", report)
+    return 0
+
+
+def write_atomically(path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.rename(path)
 
 
 if __name__ == "__main__":

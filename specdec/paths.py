@@ -8,7 +8,10 @@ $SPECDEC_HOME if set, else ~/.cache/specdec. Layout:
 from __future__ import annotations
 
 import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 def specdec_home() -> Path:
@@ -21,3 +24,22 @@ def models_dir() -> Path:
 
 def converted_dir() -> Path:
     return specdec_home() / "converted"
+
+
+@contextmanager
+def building_directory(final: Path) -> Iterator[Path]:
+    """Build a directory under a temporary sibling name; it replaces `final` only on success.
+
+    An interrupted or failed build leaves nothing that looks finished, and the next
+    build removes the leftovers first.
+    """
+    partial = final.with_name(f".{final.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        yield partial
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise

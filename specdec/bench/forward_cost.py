@@ -38,3 +38,32 @@ def forward_costs(model: CausalLM, context: int = 300, sizes=(1, 2, 4, 8, 16), r
         rows.append((size, median_seconds(step, repeats, model.device)))
     base = rows[0][1]
     return [ForwardCost(size, seconds, seconds / base) for size, seconds in rows]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m specdec.bench.forward_cost MODEL...: markdown table, packed kernel vs stock torch vs transformers."""
+    import argparse
+
+    from specdec.models.loading import load_model
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("models", nargs="+")
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args(argv)
+    sizes = (1, 2, 4, 8, 16)
+    print(f"forward over T new tokens at a {args.context}-token context: median ms (ratio to T=1)\n")
+    print("| model | runtime | " + " | ".join(f"T={n}" for n in sizes) + " |")
+    print("|---|---|" + "---|" * len(sizes))
+    for name in args.models:
+        for label, options in [("native, packed kernel", {}), ("native, torch matmul", {"kernels": False}),
+                               ("transformers", {"backend": "transformers"})]:
+            loaded = load_model(name, **options)
+            costs = forward_costs(loaded.model, args.context, sizes, args.repeats)
+            cells = " | ".join(f"{c.seconds * 1e3:.0f} ({c.ratio:.2f}x)" for c in costs)
+            print(f"| {name} | {label} | {cells} |", flush=True)
+            del loaded
+
+
+if __name__ == "__main__":
+    main()

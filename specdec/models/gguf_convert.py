@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from specdec.errors import CorruptModelError, UnsupportedModelError
+from specdec.paths import building_directory
 
 GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral")
 
@@ -118,10 +118,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
             f"{gguf_path.name}: GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHITECTURES)})"
         )
     state = dequantized_state_dict(reader)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with building_directory(out_dir) as tmp:
         config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         config.tie_word_embeddings = "lm_head.weight" not in state
         config.dtype = "float32"
@@ -130,9 +127,4 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         tokenizer.save_pretrained(tmp)
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "specdec_source.json").write_text(json.dumps({"gguf": str(gguf_path.resolve())}))
-        shutil.rmtree(out_dir, ignore_errors=True)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir

@@ -1,0 +1,56 @@
+"""What a user would run instead: transformers' `generate`, plain, with an assistant model,
+and with prompt lookup, on the same weights (float32), in the same process."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class PeerRun:
+    token_ids: list[int]
+    seconds: float
+
+
+class TransformersPeer:
+    """`mode`: "plain", "assisted" (needs assistant_dir) or "lookup" (prompt_lookup_num_tokens=10)."""
+
+    def __init__(self, target_dir: Path, mode: str, assistant_dir: Path | None = None, device: str = "cpu"):
+        self.mode = mode
+        self.model = _load(str(target_dir), device)
+        self.assistant = _load(str(assistant_dir), device) if mode == "assisted" else None
+        self.device = device
+
+    @property
+    def name(self) -> str:
+        return {"plain": "hf-plain", "assisted": "hf-assisted", "lookup": "hf-lookup"}[self.mode]
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: tuple[int, ...]) -> PeerRun:
+        inputs = torch.tensor([prompt_ids], device=self.device)
+        options = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=list(eos_token_ids),
+                       pad_token_id=eos_token_ids[0], attention_mask=torch.ones_like(inputs))
+        if self.mode == "assisted":
+            options["assistant_model"] = self.assistant
+        elif self.mode == "lookup":
+            options["prompt_lookup_num_tokens"] = 10
+        start = time.perf_counter()
+        with torch.inference_mode():
+            output = self.model.generate(inputs, **options)
+        seconds = time.perf_counter() - start
+        new = output[0, len(prompt_ids):].tolist()
+        while new and new[-1] in eos_token_ids:  # count generated text, not the EOS marker, as we do
+            new.pop()
+        return PeerRun(new, seconds)
+
+
+@functools.cache
+def _load(path: str, device: str):
+    """One copy of each model, however many peers use it (a 1.5B float32 model is 6 GB)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()

@@ -1,0 +1,125 @@
+"""`specdec bench`: plain decoding, each drafter and the peers, interleaved per prompt."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict, dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from specdec.bench.peers import TransformersPeer
+from specdec.bench.tasks import BenchPrompt
+from specdec.drafters import make_drafter
+from specdec.generator import SpeculativeGenerator
+from specdec.models.loading import LoadedModel, load_model, resolve_model_dir
+
+PLAIN = "plain"
+
+
+@dataclass
+class BenchConfig:
+    target: str
+    drafters: list[str]
+    tasks: list[str]
+    limit: int
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    k: str = "auto"
+    peers: list[str] = field(default_factory=list)  # "plain", "assisted:MODEL", "lookup"
+    device: str = "cpu"
+
+
+@dataclass
+class PromptRun:
+    task: str
+    prompt_id: str
+    method: str
+    new_tokens: int
+    seconds: float
+    tokens_per_second: float
+    tau: float | None = None  # speculative methods only
+    acceptance_rate: float | None = None
+    acceptance_per_position: list[float] | None = None
+    draft_seconds: float | None = None
+    verify_seconds: float | None = None
+    k_chosen: dict[int, int] | None = None
+    matches_plain: bool | None = None  # greedy: token-for-token equal to our plain decoding
+
+
+@dataclass
+class BenchResults:
+    config: BenchConfig
+    machine: dict
+    runs: list[PromptRun]
+
+    def to_dict(self) -> dict:
+        return {"config": asdict(self.config), "machine": self.machine, "runs": [asdict(r) for r in self.runs]}
+
+
+def machine_info() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
+class Method:
+    """One way of generating: ours (plain or a drafter) or a transformers peer."""
+
+    def __init__(self, name: str, generator: SpeculativeGenerator | None = None, peer: TransformersPeer | None = None):
+        self.name, self.generator, self.peer = name, generator, peer
+
+    def run(self, target: LoadedModel, prompt: BenchPrompt, config: BenchConfig) -> tuple[PromptRun, list[int]]:
+        ids = SpeculativeGenerator(target, None).encode(prompt.prompt, chat=prompt.chat)
+        if self.peer is not None:
+            out = self.peer.generate(ids, config.max_new_tokens, target.eos_token_ids)
+            n = len(out.token_ids)
+            return PromptRun(prompt.task, prompt.prompt_id, self.name, n, out.seconds, n / out.seconds), out.token_ids
+        result = self.generator.generate(prompt.prompt, config.max_new_tokens, chat=prompt.chat,
+                                         temperature=config.temperature, seed=config.seed)
+        s = result.stats
+        speculative = self.name != PLAIN
+        run = PromptRun(
+            prompt.task, prompt.prompt_id, self.name, s.new_tokens, s.seconds, s.tokens_per_second,
+            tau=s.tau if speculative else None,
+            acceptance_rate=s.acceptance_rate if speculative else None,
+            acceptance_per_position=s.acceptance_per_position if speculative else None,
+            draft_seconds=s.draft_seconds if speculative else None,
+            verify_seconds=s.verify_seconds,
+            k_chosen=s.k_chosen if speculative else None,
+        )
+        return run, result.token_ids
+
+
+def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
+    methods = [Method(PLAIN, SpeculativeGenerator(target, None))]
+    for spec in config.drafters:
+        drafter = make_drafter(spec, target, config.device, "float32")
+        methods.append(Method(spec, SpeculativeGenerator(target, drafter, config.k)))
+    for peer in config.peers:
+        mode, _, model = peer.partition(":")
+        assistant = resolve_model_dir(model)[1] if mode == "assisted" else None
+        transformers_peer = TransformersPeer(target.path, mode, assistant, config.device)
+        name = transformers_peer.name + (f":{model}" if model else "")
+        methods.append(Method(name, peer=transformers_peer))
+    return methods
+
+
+def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = True) -> BenchResults:
+    target = load_model(config.target, device=config.device)
+    methods = build_methods(config, target)
+    warmup = BenchPrompt("warmup", "warmup", "Hello", True)
+    warm_config = BenchConfig(**{**asdict(config), "max_new_tokens": 8})
+    for method in methods:  # first calls build kernels and fill allocator pools
+        method.run(target, warmup, warm_config)
+    runs: list[PromptRun] = []
+    for prompt in tqdm(prompts, desc="bench", unit="prompt", disable=not progress):
+        plain_ids = None
+        for method in methods:  # interleaved: machine noise hits every method alike
+            run, ids = method.run(target, prompt, config)
+            if method.name == PLAIN:
+                plain_ids = ids
+            elif config.temperature == 0:
+                run.matches_plain = ids == plain_ids
+            runs.append(run)
+    return BenchResults(config, machine_info(), runs)
