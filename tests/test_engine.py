@@ -42,10 +42,11 @@ def drafters(models):
         "draft-random": lambda: DraftModelDrafter(models["random_draft"], models["target"].model.vocab_size),
         "draft-self": lambda: DraftModelDrafter(models["target"], models["target"].model.vocab_size),
         "draft-padded-vocab": lambda: DraftModelDrafter(models["padded_draft"], models["target"].model.vocab_size),
+        "draft-early-exit": lambda: DraftModelDrafter(models["random_draft"], models["target"].model.vocab_size, 0.5),
     }
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft-random", "draft-self", "draft-padded-vocab"])
+@pytest.mark.parametrize("drafter", ["ngram", "draft-random", "draft-self", "draft-padded-vocab", "draft-early-exit"])
 @pytest.mark.parametrize("k", KS)
 def test_greedy_output_equals_plain_decoding(models, drafter, k):
     target = models["target"]

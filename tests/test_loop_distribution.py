@@ -67,8 +67,9 @@ def sample_outcomes(kind: str, k, params: SamplingParams, n: int) -> np.ndarray:
 
 def engine_for(drafter_kind: str, k) -> tuple[SpeculativeEngine, MockLM]:
     target = MockLM(salt=1)
-    if drafter_kind == "draft":
-        drafter = DraftModelDrafter(mock_loaded(MockLM(salt=2, sharpness=1.0), "mock-draft"), VOCAB)
+    if drafter_kind.startswith("draft"):
+        min_confidence = 0.45 if drafter_kind == "draft-early-exit" else 0.0
+        drafter = DraftModelDrafter(mock_loaded(MockLM(salt=2, sharpness=1.0), "mock-draft"), VOCAB, min_confidence)
     else:
         drafter = NgramDrafter(max_ngram=2)
     return SpeculativeEngine(target, drafter, speculation_length(k)), target
@@ -80,6 +81,7 @@ CONFIGS = [
     ("draft", 3, SamplingParams(temperature=1.0), 200_000),
     ("draft", "auto", SamplingParams(temperature=1.0), 200_000),
     ("ngram", 2, SamplingParams(temperature=1.0), 50_000),
+    ("draft-early-exit", 3, SamplingParams(temperature=1.0), 50_000),
     ("draft", 2, SamplingParams(temperature=0.7, top_k=3, repetition_penalty=1.3), 50_000),
 ]
 

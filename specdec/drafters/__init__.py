@@ -6,7 +6,7 @@ from specdec.drafters.base import Draft, Drafter, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel
 
-DRAFTER_SPECS = "none | ngram | ngram:MAX_N | draft:MODEL"
+DRAFTER_SPECS = "none | ngram | ngram:MAX_N | draft:MODEL | draft:MODEL@MIN_CONFIDENCE"
 
 
 def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Drafter | None:
@@ -24,9 +24,16 @@ def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Dra
         from specdec.drafters.draft_model import DraftModelDrafter, check_same_tokenizer
         from specdec.models.loading import load_model
 
-        draft = load_model(arg, device=device, dtype=dtype)
+        model, _, confidence = arg.rpartition("@") if "@" in arg else (arg, "", "0")
+        try:
+            min_confidence = float(confidence)
+        except ValueError:
+            raise InvalidParameterError(f"draft drafter: {confidence!r} is not a confidence in [0, 1)") from None
+        if not 0 <= min_confidence < 1:
+            raise InvalidParameterError("draft drafter: the early-exit confidence must be in [0, 1)")
+        draft = load_model(model, device=device, dtype=dtype)
         check_same_tokenizer(target, draft)
-        return DraftModelDrafter(draft, target.model.vocab_size)
+        return DraftModelDrafter(draft, target.model.vocab_size, min_confidence)
     raise InvalidParameterError(f"unknown drafter {spec!r} (choose from: {DRAFTER_SPECS})")
 
 

@@ -38,11 +38,14 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
 
 
 class DraftModelDrafter:
-    def __init__(self, draft: LoadedModel, target_vocab_size: int):
+    def __init__(self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.0):
+        """min_confidence: stop drafting early when the draft's top probability falls below it
+        (after at least one token): unlikely tokens cost a draft step and are rarely accepted."""
         self.name = f"draft:{draft.name}"
         self.draft = draft
         self.model = draft.model
         self.vocab_size = target_vocab_size
+        self.min_confidence = min_confidence
         self.cache = None
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
@@ -80,10 +83,15 @@ class DraftModelDrafter:
             logits = self._vocab_logits(out.logits[0, -1])  # (V,)
             if greedy:
                 token = int(logits.argmax())
+                confidence = float(1.0 / (logits - logits[token]).exp().sum()) if self.min_confidence else 1.0
             else:
                 seen = torch.cat([history, torch.tensor(tokens, dtype=torch.int64, device=device)])
                 probs = processed_probs(logits.unsqueeze(0), params, seen)  # (1, V)
                 token = int(sample(probs, generator)[0])
+                confidence = float(probs.max()) if self.min_confidence else 1.0
+            if tokens and confidence < self.min_confidence:
+                break  # early exit: this token is unlikely to be accepted
+            if not greedy:
                 rows.append(probs[0])
             tokens.append(token)
             feed = [token]
@@ -93,5 +101,6 @@ class DraftModelDrafter:
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
         if not draft.tokens:
             return  # nothing was fed this round
-        # Fed: the committed context up to base_length, then draft tokens [0, K-1).
-        self.cache.truncate(self.base_length + min(result.num_accepted, len(draft) - 1))
+        # The cache holds the context up to base_length, then the draft tokens fed so far;
+        # keep those that were accepted.
+        self.cache.truncate(min(self.cache.length, self.base_length + result.num_accepted))

@@ -69,7 +69,9 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """(N, K) -> (ceil(N/16), K, 16) float32 panels: panel p holds output rows 16p..16p+15, k-major."""
     rows, cols = weight.shape
     padded = (rows + PANEL - 1) // PANEL * PANEL
-    weight = torch.nn.functional.pad(weight.float(), (0, 0, 0, padded - rows))
+    weight = weight.float()
+    if padded != rows:  # padding copies the matrix: only when the row count needs it
+        weight = torch.nn.functional.pad(weight, (0, 0, 0, padded - rows))
     return weight.view(padded // PANEL, PANEL, cols).transpose(1, 2).contiguous()
 
 

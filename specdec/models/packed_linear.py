@@ -24,7 +24,8 @@ class PackedLinear(nn.Module):
 
     @classmethod
     def fuse(cls, linears: Sequence[nn.Linear]) -> "PackedLinear":
-        weight = torch.cat([lin.weight.detach() for lin in linears])
+        weights = [lin.weight.detach() for lin in linears]
+        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
         biases = [lin.bias for lin in linears]
         if all(b is None for b in biases):
             bias = None
