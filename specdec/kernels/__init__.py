@@ -80,10 +80,20 @@ def unpack_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return packed[rows // PANEL, :, rows % PANEL]
 
 
+SMALL_ROWS = 16  # up to here the kernel; above, torch's GEMM (prefill is compute-bound, MKL is faster there)
+
+
 def packed_matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """(T, K) float32 contiguous @ packed (P, K, 16) -> (T, out_features)."""
-    lib = packed_kernel()
+    """(T, K) float32 contiguous @ packed (P, K, 16) -> (T, out_features).
+
+    Decoding and verification (T <= 16) take the kernel, whose rows round the
+    same at any T; prefill takes a batched GEMM over the panels.
+    """
     rows, cols = x.shape
+    if rows > SMALL_ROWS:
+        y = torch.matmul(x, packed)  # (P, T, 16)
+        return y.transpose(0, 1).reshape(rows, -1)[:, :out_features]
+    lib = packed_kernel()
     y = torch.empty(rows, out_features, dtype=torch.float32)
     lib.packed_matmul_f32(x.data_ptr(), packed.data_ptr(), y.data_ptr(), rows, cols, out_features,
                           torch.get_num_threads())

@@ -40,7 +40,7 @@ class PackedLinear(nn.Module):
         y = packed_matmul(x.reshape(-1, self.in_features).contiguous(), self.packed, self.out_features)
         if self.bias is not None:
             y += self.bias
-        y = y.view(*lead, self.out_features)
+        y = y.reshape(*lead, self.out_features)
         return y.split(self.split_sizes, dim=-1) if len(self.split_sizes) > 1 else y
 
 
