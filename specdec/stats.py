@@ -28,7 +28,7 @@ class GenerationStats:
     accepted: int
     acceptance_rate: float  # accepted / drafted
     acceptance_per_position: list[float]  # P(draft token i accepted | tokens before it accepted)
-    tau: float  # tokens committed per target forward (rounds)
+    tau: float  # tokens the target produced per forward: 1 + mean accepted drafts per round
     draft_seconds: float
     verify_seconds: float
     other_seconds: float
@@ -63,7 +63,7 @@ class GenerationStats:
             accepted=accepted,
             acceptance_rate=accepted / drafted if drafted else 0.0,
             acceptance_per_position=per_position,
-            tau=new_tokens / len(rounds) if rounds else 0.0,
+            tau=(accepted + len(rounds)) / len(rounds) if rounds else 0.0,
             draft_seconds=sum(r.draft_seconds for r in rounds),
             verify_seconds=sum(r.verify_seconds for r in rounds),
             other_seconds=sum(r.other_seconds for r in rounds),
