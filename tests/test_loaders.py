@@ -68,7 +68,7 @@ def test_corrupt_and_missing_files(tmp_path):
     bad.write_bytes(b"GGUF" + b"\x00" * 20)
     with pytest.raises(CorruptModelError):
         load_model(str(bad))
-    assert not any((tmp_path / "specdec_home" / "converted").glob("*")) if (tmp_path / "specdec_home").exists() else True
+    assert_nothing_converted(tmp_path)
     with pytest.raises(UnknownModelError):
         load_model(str(tmp_path / "missing.gguf"))
     with pytest.raises(UnknownModelError):
@@ -82,6 +82,11 @@ def test_truncated_gguf_leaves_nothing(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(CorruptModelError):
         load_model(str(path))
+    assert_nothing_converted(tmp_path)
+
+
+def assert_nothing_converted(tmp_path) -> None:
+    """A failed conversion leaves no directory, finished or partial, in the (per-test) cache."""
     converted = tmp_path / "specdec_home" / "converted"
     assert not converted.exists() or not any(converted.iterdir())
 
