@@ -59,6 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("models", help="list zoo models, pulled or not")
 
+    serve = commands.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
+    serve.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
+    serve.add_argument("--drafter", default="default", help=f"{DRAFTER_SPECS}; default: the best for the target")
+    serve.add_argument("--k", type=_k_value, default="auto", help="draft tokens per round, or 'auto' (default)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name)")
+    serve.add_argument("--max-active", type=int, default=4, help="generations interleaved round by round")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get HTTP 503")
+    serve.add_argument("--default-max-tokens", type=int, default=512, help="when a request sets no max_tokens")
+    serve.add_argument("--shutdown-grace", type=float, default=30.0,
+                       help="seconds in-flight requests get to finish on SIGTERM before they are cancelled")
+    serve.add_argument("--device", default="cpu", help="cpu or cuda")
+    serve.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    serve.add_argument("--backend", default="auto", help="auto, native or transformers")
+
     bench = commands.add_parser("bench", help="benchmark drafters against plain decoding and transformers")
     bench.add_argument("--target", default=DEFAULT_MODEL)
     bench.add_argument("--drafters", default="ngram", help="comma-separated drafter specs")
@@ -80,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        commands = {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models, "bench": cmd_bench}
+        commands = {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models, "bench": cmd_bench,
+                    "serve": cmd_serve}
         return commands[args.command](args)
     except SpecdecError as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
@@ -111,6 +128,29 @@ def cmd_generate(args) -> int:
         print()
         print(f"[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, drafter {s.drafter}, "
               f"tau {s.tau:.2f}, acceptance {s.acceptance_rate:.0%}]", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from specdec.errors import InvalidParameterError
+    from specdec.generator import SpeculativeGenerator, speculation_length
+    from specdec.server.app import ServerSettings, create_app
+    from specdec.server.run import bind_socket, make_server, serve_forever
+
+    speculation_length(args.k)
+    if args.max_active < 1 or args.max_queue < 0 or args.default_max_tokens < 1:
+        raise InvalidParameterError("--max-active and --default-max-tokens must be >= 1, --max-queue >= 0")
+    sock = bind_socket(args.host, args.port)
+    generator = SpeculativeGenerator.from_pretrained(
+        args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend
+    )
+    settings = ServerSettings(args.model_name or generator.target.name, args.max_active, args.max_queue,
+                              args.default_max_tokens)
+    server = make_server(create_app(generator, settings), args.shutdown_grace)
+    host, port = sock.getsockname()[:2]
+    print(f"specdec: serving {settings.model_name!r} (drafter {generator.engine.drafter_name}) "
+          f"on http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    serve_forever(server, sock)
     return 0
 
 

@@ -61,7 +61,12 @@ class SpeculativeEngine:
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
                seed: int | None = None) -> Iterator[StreamChunk]:
-        return _Generation(self, list(prompt_ids), params, criteria, tokenizer, seed).chunks()
+        return self.start(prompt_ids, params, criteria, tokenizer, seed).chunks()
+
+    def start(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
+              seed: int | None = None) -> "_Generation":
+        """A generation to drive round by round (`chunks()`), then `result()`: what a scheduler interleaves."""
+        return _Generation(self, list(prompt_ids), params, criteria, tokenizer, seed)
 
 
 class _Generation:

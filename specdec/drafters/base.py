@@ -85,3 +85,7 @@ class Drafter(Protocol):
 
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
         """Roll own state back to committed tokens; `context` already includes result.tokens."""
+
+    def fresh(self) -> "Drafter":
+        """A drafter with this one's settings and shared weights but its own per-generation state,
+        for generations that run interleaved (the server)."""

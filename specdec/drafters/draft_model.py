@@ -48,6 +48,9 @@ class DraftModelDrafter:
         self.min_confidence = min_confidence
         self.cache = None
 
+    def fresh(self) -> "DraftModelDrafter":
+        return DraftModelDrafter(self.draft, self.vocab_size, self.min_confidence)  # shares the weights
+
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         self.cache = self.model.new_cache(1, min(max_length, self.model.max_context))
         head = list(prompt_ids[:-1])

@@ -27,8 +27,12 @@ class NgramDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise InvalidParameterError("ngram sizes need 1 <= min_ngram <= max_ngram")
         self.name = "ngram"
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.sizes = list(range(max_ngram, min_ngram - 1, -1))  # longest first
         self.begin([], SamplingParams(), 0)
+
+    def fresh(self) -> "NgramDrafter":
+        return NgramDrafter(self.max_ngram, self.min_ngram)
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int = 0) -> None:
         self.index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}

@@ -1,0 +1,251 @@
+"""The OpenAI-compatible HTTP API (FastAPI): chat and text completions, streaming, models, health, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specdec.engine import GenerationResult
+from specdec.errors import SpecdecError
+from specdec.generator import SpeculativeGenerator
+from specdec.sampling import SamplingParams
+from specdec.server.metrics import ServerMetrics
+from specdec.server.protocol import (
+    BadRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    error_body,
+    new_id,
+    now,
+    parse_request,
+    usage,
+)
+from specdec.server.scheduler import Job, QueueFullError, Scheduler
+
+
+DISCONNECT_POLL_SECONDS = 0.25
+
+
+@dataclass
+class ServerSettings:
+    model_name: str  # the id clients send as `model`
+    max_active: int = 4  # generations interleaved round by round
+    max_queue: int = 64  # requests waiting beyond those; more get HTTP 503
+    default_max_tokens: int = 512
+
+
+def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> FastAPI:
+    metrics: ServerMetrics | None = None
+    scheduler = Scheduler(generator, settings.max_active, settings.max_queue,
+                          on_finished=lambda job, result: metrics.record_generation(result))
+    metrics = ServerMetrics(lambda: scheduler.queue_length, lambda: scheduler.active_count)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        scheduler.start()
+        yield
+        scheduler.stop()  # after uvicorn's graceful wait: cancels whatever is still running
+
+    app = FastAPI(title="specdec", lifespan=lifespan)
+    app.state.scheduler, app.state.metrics, app.state.settings = scheduler, metrics, settings
+
+    def error(status: int, message: str, kind: str, endpoint: str, param: str | None = None,
+              code: str | None = None) -> JSONResponse:
+        metrics.requests.labels(endpoint, str(status)).inc()
+        return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return error(exc.status_code, str(exc.detail), "invalid_request_error", request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        return error(400, str(exc.errors()[0].get("msg")), "invalid_request_error", request.url.path)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": settings.model_name, "active": scheduler.active_count,
+                "queued": scheduler.queue_length}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [
+            {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "specdec"}
+        ]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await complete(request, "/v1/chat/completions", ChatCompletionRequest)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await complete(request, "/v1/completions", CompletionRequest)
+
+    async def complete(request: Request, endpoint: str, kind: type) -> Response:
+        arrived = time.perf_counter()
+        try:
+            body = parse_request(await request.body(), kind)
+            job = make_job(body, chat=kind is ChatCompletionRequest)
+            scheduler.submit(job)
+        except BadRequest as exc:
+            return error(400, str(exc), "invalid_request_error", endpoint, exc.param)
+        except QueueFullError as exc:
+            return error(503, str(exc), "server_busy", endpoint)
+        except SpecdecError as exc:
+            return error(400, str(exc), "invalid_request_error", endpoint)
+        first_kind, first = await next_event(job, request)  # waits in the queue until admitted
+        if first_kind == "error":
+            code = "context_length_exceeded" if "context" in str(first) else None
+            return error(400, str(first), "invalid_request_error", endpoint, code=code)
+        if first_kind != "started":
+            return error(500 if first_kind == "failed" else 503, f"generation {first_kind}: {first}",
+                         "server_error", endpoint)
+        prompt_tokens = first
+        metrics.requests.labels(endpoint, "200").inc()
+        reply = Reply(kind is ChatCompletionRequest, settings.model_name, body.include_usage)
+        if body.stream:
+            return StreamingResponse(stream_events(job, reply, prompt_tokens, arrived),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        result = await finish(job, request)
+        if result is None:
+            return error(503, "generation cancelled: the server is shutting down", "server_error", endpoint)
+        if isinstance(result, Exception):
+            return error(500, f"generation failed: {result}", "server_error", endpoint)
+        return JSONResponse(reply.whole(result, prompt_tokens))
+
+    def make_job(body, chat: bool) -> Job:
+        try:
+            params = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                                    min_p=body.min_p, repetition_penalty=body.repetition_penalty)
+        except SpecdecError as exc:
+            raise BadRequest(str(exc)) from None
+        if body.model is not None and body.model != settings.model_name:
+            raise BadRequest(f"model {body.model!r} is not served here (this server serves "
+                             f"{settings.model_name!r})", "model")
+        spec = body.speculative
+        return Job(
+            prompt=body.prompt() if chat else body.prompt,
+            chat=chat,
+            params=params,
+            max_new_tokens=body.token_limit or settings.default_max_tokens,
+            stop=tuple(body.stop or ()),
+            seed=body.seed,
+            speculative=spec.enabled if spec else True,
+            k=spec.k if spec else None,
+        )
+
+    async def next_event(job: Job, request: Request) -> tuple[str, object]:
+        """The job's next event; a client that disconnects meanwhile cancels the job (within a round)."""
+        try:
+            while True:
+                try:
+                    return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        job.cancel()
+                        return "cancelled", "the client disconnected"
+        except BaseException:
+            job.cancel()
+            raise
+
+    async def finish(job: Job, request: Request) -> GenerationResult | Exception | None:
+        while True:
+            kind, payload = await next_event(job, request)
+            if kind == "done":
+                return payload
+            if kind == "failed":
+                return payload
+            if kind == "cancelled":
+                return None
+
+    async def stream_events(job: Job, reply: "Reply", prompt_tokens: int, arrived: float) -> AsyncIterator[str]:
+        first_text = True
+        try:
+            yield sse(reply.chunk(role=True))
+            while True:
+                kind, payload = await job.events.get()
+                if kind == "chunk":
+                    if payload.text:
+                        if first_text:
+                            metrics.time_to_first_token.observe(time.perf_counter() - arrived)
+                            first_text = False
+                        yield sse(reply.chunk(text=payload.text))
+                elif kind == "done":
+                    yield sse(reply.chunk(finish_reason=payload.finish_reason, result=payload))
+                    if reply.include_usage:
+                        yield sse(reply.usage_chunk(payload, prompt_tokens))
+                    break
+                else:  # failed or cancelled: tell the client in-band, the status line is already sent
+                    yield sse(error_body(f"generation {kind}: {payload}", "server_error"))
+                    break
+            yield "data: [DONE]\n\n"
+        finally:
+            job.cancel()  # no-op when finished; frees the slot when the client disconnected
+
+    return app
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+class Reply:
+    """Builds OpenAI response objects for one request (chat.completion or text_completion)."""
+
+    def __init__(self, chat: bool, model: str, include_usage: bool):
+        self.chat, self.model, self.include_usage = chat, model, include_usage
+        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.created = now()
+
+    def _envelope(self, obj: str, choices: list) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def whole(self, result: GenerationResult, prompt_tokens: int) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+                      "finish_reason": result.finish_reason, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": result.text, "finish_reason": result.finish_reason, "logprobs": None}
+        body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
+        body["usage"] = usage(prompt_tokens, len(result.token_ids))
+        body["specdec"] = speculative_stats(result)
+        return body
+
+    def chunk(self, text: str = "", role: bool = False, finish_reason: str | None = None,
+              result: GenerationResult | None = None) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
+            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
+        if result is not None:
+            body["specdec"] = speculative_stats(result)
+        return body
+
+    def usage_chunk(self, result: GenerationResult, prompt_tokens: int) -> dict:
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
+        body["usage"] = usage(prompt_tokens, len(result.token_ids))
+        return body
+
+
+def speculative_stats(result: GenerationResult) -> dict:
+    """The extension field with this request's speculation figures."""
+    s = result.stats
+    return {"drafter": s.drafter, "rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
+            "acceptance_rate": round(s.acceptance_rate, 4), "tau": round(s.tau, 4),
+            "tokens_per_second": round(s.decode_tokens_per_second, 2)}

@@ -1,0 +1,66 @@
+"""Prometheus metrics for `GET /metrics`, on a registry of the app's own (several apps can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from specdec.engine import GenerationResult
+
+
+class ServerMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, queue_length, active_count):
+        self.registry = registry = CollectorRegistry()
+        ProcessCollector(registry=registry)  # process_resident_memory_bytes, cpu seconds, open fds
+        self.requests = Counter("specdec_requests", "HTTP requests by endpoint and status code",
+                                ["endpoint", "status"], registry=registry)
+        self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens of finished generations",
+                                     registry=registry)
+        self.generated_tokens = Counter("specdec_generated_tokens", "Tokens generated", registry=registry)
+        self.rounds = Counter("specdec_rounds", "Target forwards in the decode loop (draft-verify rounds)",
+                              registry=registry)
+        self.drafted = Counter("specdec_draft_tokens", "Draft tokens proposed", registry=registry)
+        self.accepted = Counter("specdec_accepted_tokens", "Draft tokens accepted", registry=registry)
+        self.decode_seconds = Counter("specdec_decode_seconds", "Seconds spent generating after prefill",
+                                      registry=registry)
+        self.acceptance_rate = Gauge("specdec_acceptance_rate", "Accepted / drafted tokens since start",
+                                     registry=registry)
+        self.acceptance_rate.set_function(lambda: _ratio(self.accepted, self.drafted))
+        self.tau = Gauge("specdec_tau", "Tokens per target forward since start: 1 + accepted per round",
+                         registry=registry)
+        self.tau.set_function(lambda: 1 + _ratio(self.accepted, self.rounds) if _value(self.rounds) else 0.0)
+        self.tokens_per_second = Gauge("specdec_tokens_per_second",
+                                       "Generated tokens / decode seconds of finished generations",
+                                       registry=registry)
+        self.tokens_per_second.set_function(lambda: _ratio(self.generated_tokens, self.decode_seconds))
+        self.time_to_first_token = Histogram("specdec_time_to_first_token_seconds",
+                                             "From request arrival to the first generated text",
+                                             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+                                             registry=registry)
+        Gauge("specdec_queue_length", "Requests waiting for a generation slot",
+              registry=registry).set_function(queue_length)
+        Gauge("specdec_active_generations", "Generations in progress",
+              registry=registry).set_function(active_count)
+
+    def record_generation(self, result: GenerationResult) -> None:
+        s = result.stats
+        self.prompt_tokens.inc(s.prompt_tokens)
+        self.generated_tokens.inc(s.new_tokens)
+        self.rounds.inc(s.rounds)
+        self.drafted.inc(s.drafted)
+        self.accepted.inc(s.accepted)
+        self.decode_seconds.inc(max(s.seconds - s.prefill_seconds, 0.0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _value(counter: Counter) -> float:
+    return counter._value.get()
+
+
+def _ratio(numerator: Counter, denominator: Counter) -> float:
+    below = _value(denominator)
+    return _value(numerator) / below if below else 0.0

@@ -1,0 +1,183 @@
+"""One worker thread runs every generation, interleaved round by round.
+
+Why one thread: the model's forward already uses every core, so running two
+forwards at once only makes both slower; and keeping the model, the tokenizer
+and the caches on one thread needs no locks. Interleaving rounds (up to
+`max_active` generations at a time) lets many streaming clients see tokens
+early instead of waiting for whole generations ahead of them in line.
+
+Isolation: each job gets its own engine (KV cache, drafter state from
+`Drafter.fresh()`, random generator); only the weights and the adaptive-K cost
+model are shared. A cancelled job (client gone, server stopping) is dropped
+before its next round and its cache is freed with it.
+
+Events go back to the asyncio side through `loop.call_soon_threadsafe`:
+("started", prompt_tokens), ("chunk", StreamChunk), ("done", GenerationResult),
+("error", SpecdecError) for bad input found late (prompt too long), ("failed", Exception).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from specdec.commit import StopCriteria
+from specdec.engine import SpeculativeEngine
+from specdec.errors import SpecdecError
+from specdec.generator import Prompt, SpeculativeGenerator, speculation_length
+from specdec.sampling import SamplingParams
+from specdec.speculation_length import FixedK
+
+
+class QueueFullError(SpecdecError):
+    pass
+
+
+@dataclass
+class Job:
+    prompt: Prompt
+    chat: bool
+    params: SamplingParams
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    seed: int | None
+    speculative: bool = True
+    k: int | str | None = None  # None: the server's setting
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    loop: asyncio.AbstractEventLoop | None = None
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def cancel(self) -> None:
+        self.cancelled = True  # read by the worker before each round
+
+    def emit(self, kind: str, payload) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+        except RuntimeError:
+            pass  # the event loop is closed: the server has stopped and nobody is listening
+
+
+class Scheduler:
+    def __init__(self, generator: SpeculativeGenerator, max_active: int = 4, max_queue: int = 64,
+                 on_finished: Callable | None = None):
+        if max_active < 1 or max_queue < 0:
+            raise SpecdecError("max_active must be >= 1 and max_queue >= 0")
+        self.generator = generator
+        self.max_active, self.max_queue = max_active, max_queue
+        self.on_finished = on_finished or (lambda job, result: None)
+        self.waiting: deque[Job] = deque()
+        self.active: list[tuple[Job, object, object]] = []  # (job, generation, chunk iterator)
+        self.wake = threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="specdec-scheduler", daemon=True)
+
+    # -- asyncio side ---------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        job.loop = asyncio.get_running_loop()
+        with self.wake:
+            if self.stopping:
+                raise QueueFullError("the server is shutting down")
+            if len(self.waiting) >= self.max_queue and len(self.active) >= self.max_active:
+                raise QueueFullError(f"the server is busy ({len(self.waiting)} requests waiting); retry later")
+            self.waiting.append(job)
+            self.wake.notify()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel what is still queued or running and wait for the worker to exit."""
+        with self.wake:
+            self.stopping = True
+            for job in self.waiting:
+                job.cancel()
+            for job, _, _ in self.active:
+                job.cancel()
+            self.wake.notify()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    @property
+    def queue_length(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def active_count(self) -> int:
+        return len(self.active)
+
+    # -- worker thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self.wake:
+                while not self.stopping and not self.waiting and not self.active:
+                    self.wake.wait()
+                if self.stopping and not self.waiting and not self.active:
+                    return
+                admitted = []
+                while self.waiting and len(self.active) + len(admitted) < self.max_active:
+                    admitted.append(self.waiting.popleft())
+            for job in admitted:
+                self._admit(job)
+            for entry in list(self.active):
+                self._step(entry)
+
+    def _admit(self, job: Job) -> None:
+        if job.cancelled:
+            job.emit("cancelled", None)
+            return
+        try:
+            generation = self._engine_for(job).start(*self._encode(job), self.generator.target.tokenizer, job.seed)
+        except SpecdecError as exc:
+            job.emit("error", exc)
+            return
+        except Exception as exc:  # a bug, not bad input: report it to this request only
+            job.emit("failed", exc)
+            return
+        job.emit("started", len(generation.prompt_ids))
+        with self.wake:
+            self.active.append((job, generation, generation.chunks()))
+
+    def _encode(self, job: Job) -> tuple[list[int], SamplingParams, StopCriteria]:
+        ids = self.generator.encode(job.prompt, job.chat) if not _is_token_ids(job.prompt) else list(job.prompt)
+        vocab = self.generator.target.model.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise SpecdecError(f"prompt token ids must be in [0, {vocab})")
+        criteria = StopCriteria(job.max_new_tokens, frozenset(self.generator.target.eos_token_ids), job.stop)
+        return ids, job.params, criteria
+
+    def _engine_for(self, job: Job) -> SpeculativeEngine:
+        base = self.generator
+        if not job.speculative or base.drafter is None:
+            return SpeculativeEngine(base.target.model, None, FixedK(0))
+        speculation = base.engine.speculation if job.k is None else speculation_length(job.k)
+        return SpeculativeEngine(base.target.model, base.drafter.fresh(), speculation)
+
+    def _step(self, entry) -> None:
+        job, generation, chunks = entry
+        done = job.cancelled
+        if done:
+            job.emit("cancelled", None)
+        else:
+            try:
+                chunk = next(chunks)
+                job.emit("chunk", chunk)
+            except StopIteration:
+                result = generation.result()
+                self.on_finished(job, result)
+                job.emit("done", result)
+                done = True
+            except Exception as exc:
+                job.emit("failed", exc)
+                done = True
+        if done:
+            with self.wake:
+                self.active.remove(entry)
+
+
+def _is_token_ids(prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)

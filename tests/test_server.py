@@ -1,0 +1,359 @@
+"""`specdec serve`: the OpenAI-compatible server, driven by the official `openai` client over loopback."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specdec.generator import SpeculativeGenerator
+from specdec.server.app import ServerSettings, create_app
+from specdec.server.run import bind_socket, make_server
+
+MESSAGES = [{"role": "user", "content": "hello there"}]
+
+
+class RunningServer:
+    def __init__(self, generator: SpeculativeGenerator, **settings):
+        self.generator = generator
+        self.app = create_app(generator, ServerSettings("tiny", **settings))
+        sock = bind_socket("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self.server = make_server(self.app, shutdown_grace=10.0, log_level="warning")
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0)
+
+    def request(self, method: str, path: str, body: str | bytes | None = None) -> tuple[int, str]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+
+    def metrics(self) -> dict[str, float]:
+        status, text = self.request("GET", "/metrics")
+        assert status == 200
+        return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+                if not s.labels}
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
+class SlowModel:
+    """The tiny model with a pause in every forward, so a generation lasts long enough to interrupt."""
+
+    def __init__(self, model, pause: float):
+        self._model, self._pause = model, pause
+
+    def forward(self, *args, **kwargs):
+        time.sleep(self._pause)
+        return self._model.forward(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+@pytest.fixture(scope="module")
+def tiny_generator(tiny_dirs, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDEC_HOME", str(tmp_path_factory.mktemp("home")))
+        # Fixed K: seeded sampling is reproducible only when K does not follow timings.
+        return SpeculativeGenerator.from_pretrained(str(tiny_dirs["llama"]), drafter="ngram", k=4)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_generator):
+    running = RunningServer(tiny_generator, max_active=4, max_queue=64)
+    yield running
+    running.stop()
+
+
+def slow_server(generator: SpeculativeGenerator, pause: float = 0.02, **settings) -> RunningServer:
+    target = dataclasses.replace(generator.target, model=SlowModel(generator.target.model, pause))
+    return RunningServer(SpeculativeGenerator(target, generator.drafter, 4), **settings)
+
+
+def test_chat_greedy_matches_the_library_and_reports_exact_usage(server, tiny_generator):
+    expected = tiny_generator.generate(MESSAGES, 40)
+    reply = server.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=40, temperature=0)
+    assert reply.object == "chat.completion"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == expected.text
+    assert reply.choices[0].finish_reason == expected.finish_reason
+    assert reply.usage.prompt_tokens == len(tiny_generator.encode(MESSAGES))
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    stats = reply.model_extra["specdec"]
+    assert stats["drafter"] == "ngram" and stats["rounds"] >= 1 and stats["tau"] >= 1
+
+
+def test_greedy_output_equals_specdec_generate(server, tiny_dirs, capsys):
+    from specdec.cli import main
+
+    assert main(["generate", "hello there", "--target", str(tiny_dirs["llama"]), "--drafter", "ngram", "--k", "4",
+                 "--max-new-tokens", "40", "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    reply = server.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=40, temperature=0)
+    assert reply.choices[0].message.content == cli["text"]
+    assert reply.usage.completion_tokens == len(cli["token_ids"])
+
+
+def test_streamed_text_equals_non_streamed_text_for_the_same_seed(server):
+    kwargs = dict(model="tiny", max_tokens=48, temperature=0.9, top_p=0.95, seed=11)
+    whole = server.client.completions.create(prompt="the cat sat on", **kwargs)
+    parts = list(server.client.completions.create(prompt="the cat sat on", stream=True, **kwargs))
+    assert "".join(p.choices[0].text for p in parts) == whole.choices[0].text
+    assert parts[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    chat_whole = server.client.chat.completions.create(messages=MESSAGES, **kwargs)
+    chat_parts = list(server.client.chat.completions.create(messages=MESSAGES, stream=True, **kwargs))
+    assert chat_parts[0].choices[0].delta.role == "assistant"
+    assert "".join(p.choices[0].delta.content or "" for p in chat_parts) == chat_whole.choices[0].message.content
+    other_seed = server.client.completions.create(prompt="the cat sat on", **{**kwargs, "seed": 12})
+    assert other_seed.choices[0].text != whole.choices[0].text  # the seed is actually used
+
+
+def test_stream_format_usage_chunk_and_done(server):
+    body = {"messages": MESSAGES, "max_tokens": 12, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    status, text = server.request("POST", "/v1/chat/completions", json.dumps(body))
+    assert status == 200
+    events = [line.removeprefix("data: ") for line in text.split("\n\n") if line]
+    assert all(line.startswith("data: ") for line in text.split("\n\n") if line)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_stop_strings_and_speculation_switched_off_per_request(server, tiny_generator):
+    expected = tiny_generator.generate(MESSAGES, 40)
+    stop = expected.text[10:13]
+    reply = server.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=40, temperature=0,
+                                                  stop=[stop])
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].message.content == expected.text[: expected.text.index(stop)]
+    plain = server.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=40, temperature=0,
+                                                  extra_body={"speculative": {"enabled": False}})
+    assert plain.choices[0].message.content == expected.text
+    assert plain.model_extra["specdec"]["drafter"] == "none"
+    fixed = server.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=40, temperature=0,
+                                                  extra_body={"speculative": {"k": 2}})
+    assert fixed.choices[0].message.content == expected.text
+
+
+def test_models_health_and_metrics(server):
+    models = server.client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    status, text = server.request("GET", "/health")
+    assert status == 200 and json.loads(text)["status"] == "ok"
+    before = server.metrics()
+    server.client.completions.create(model="tiny", prompt="abc", max_tokens=10, temperature=0)
+    after = server.metrics()
+    assert after["specdec_generated_tokens_total"] - before["specdec_generated_tokens_total"] == 10
+    assert after["specdec_prompt_tokens_total"] > before["specdec_prompt_tokens_total"]
+    assert after["specdec_rounds_total"] > before["specdec_rounds_total"]
+    assert 0 <= after["specdec_acceptance_rate"] <= 1 and after["specdec_tau"] >= 1
+    assert after["specdec_tokens_per_second"] > 0
+    assert after["specdec_queue_length"] == 0 and after["specdec_active_generations"] == 0
+
+
+LONG_PROMPT = "x" * 600  # the tiny model's context is 512 tokens; one byte = one token here
+BAD_REQUESTS = {
+    "malformed json": ("/v1/chat/completions", '{"messages": ['),
+    "not an object": ("/v1/chat/completions", "[1, 2]"),
+    "empty body": ("/v1/chat/completions", ""),
+    "missing messages": ("/v1/chat/completions", {"model": "tiny"}),
+    "empty messages": ("/v1/chat/completions", {"messages": []}),
+    "message without role": ("/v1/chat/completions", {"messages": [{"content": "hi"}]}),
+    "unknown role": ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}),
+    "content not a string": ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}),
+    "image content": ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]}),
+    "unknown model": ("/v1/chat/completions", {"model": "gpt-4", "messages": MESSAGES}),
+    "max_tokens zero": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 0}),
+    "max_tokens negative": ("/v1/completions", {"prompt": "a", "max_tokens": -5}),
+    "max_completion_tokens zero": ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 0}),
+    "max_tokens string": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": "10"}),
+    "max_tokens float": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1.5}),
+    "temperature too high": ("/v1/chat/completions", {"messages": MESSAGES, "temperature": 2.5}),
+    "temperature negative": ("/v1/chat/completions", {"messages": MESSAGES, "temperature": -0.1}),
+    "temperature NaN": ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], '
+                                                '"temperature": NaN}'),
+    "temperature Infinity": ("/v1/completions", '{"prompt": "hi", "temperature": Infinity}'),
+    "temperature string": ("/v1/chat/completions", {"messages": MESSAGES, "temperature": "hot"}),
+    "top_p zero": ("/v1/chat/completions", {"messages": MESSAGES, "top_p": 0}),
+    "top_p above one": ("/v1/completions", {"prompt": "a", "top_p": 1.5}),
+    "top_k negative": ("/v1/completions", {"prompt": "a", "top_k": -1}),
+    "seed string": ("/v1/completions", {"prompt": "a", "seed": "abc"}),
+    "stream not bool": ("/v1/completions", {"prompt": "a", "stream": "yes"}),
+    "too many stops": ("/v1/completions", {"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}),
+    "stop not string": ("/v1/completions", {"prompt": "a", "stop": 7}),
+    "n above one": ("/v1/chat/completions", {"messages": MESSAGES, "n": 2}),
+    "logprobs": ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True}),
+    "tools": ("/v1/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function"}]}),
+    "presence penalty": ("/v1/completions", {"prompt": "a", "presence_penalty": 0.5}),
+    "missing prompt": ("/v1/completions", {"max_tokens": 3}),
+    "empty prompt": ("/v1/completions", {"prompt": ""}),
+    "several prompts": ("/v1/completions", {"prompt": ["a", "b"]}),
+    "token id out of range": ("/v1/completions", {"prompt": [1, 2, 100000]}),
+    "prompt longer than the context": ("/v1/completions", {"prompt": LONG_PROMPT}),
+    "chat longer than the context": ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG_PROMPT}]}),
+    "speculative k zero": ("/v1/completions", {"prompt": "a", "speculative": {"k": 0}}),
+    "speculative unknown field": ("/v1/completions", {"prompt": "a", "speculative": {"depth": 3}}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
+def test_bad_input_gets_400_with_an_openai_error_body(server, case):
+    path, body = BAD_REQUESTS[case]
+    status, text = server.request("POST", path, body if isinstance(body, str) else json.dumps(body))
+    assert status == 400, text
+    error = json.loads(text)["error"]
+    assert error["type"] == "invalid_request_error"
+    assert isinstance(error["message"], str) and error["message"] and "\n" not in error["message"]
+    if "context" in case:
+        assert error["code"] == "context_length_exceeded"
+
+
+def test_unknown_fields_are_ignored_and_wrong_routes_are_json_errors(server):
+    status, text = server.request("POST", "/v1/completions",
+                                  json.dumps({"prompt": "a", "max_tokens": 3, "user": "me", "x_custom": 1}))
+    assert status == 200 and json.loads(text)["usage"]["completion_tokens"] == 3
+    status, text = server.request("GET", "/v1/chat/completions")
+    assert status == 405 and "error" in json.loads(text)
+    status, text = server.request("GET", "/v1/nothing")
+    assert status == 404 and "error" in json.loads(text)
+
+
+def test_sixteen_concurrent_clients_each_get_their_own_output(server, tiny_generator):
+    prompts = [f"client {i} says {'ab' * i}" for i in range(16)]
+    expected = [tiny_generator.generate(p, 30, chat=False).text for p in prompts]
+
+    def ask(i: int) -> tuple[str, str]:
+        if i % 2:
+            stream = server.client.completions.create(model="tiny", prompt=prompts[i], max_tokens=30,
+                                                      temperature=0, stream=True)
+            return "".join(part.choices[0].text for part in stream), "stream"
+        reply = server.client.completions.create(model="tiny", prompt=prompts[i], max_tokens=30, temperature=0)
+        return reply.choices[0].text, "whole"
+
+    with ThreadPoolExecutor(16) as pool:
+        outputs = list(pool.map(ask, range(16)))
+    assert [text for text, _ in outputs] == expected
+    assert len(set(expected)) > 8  # the prompts really lead to different outputs
+
+
+def test_disconnect_mid_stream_cancels_and_frees_the_slot(tiny_generator):
+    running = slow_server(tiny_generator, max_active=1, max_queue=0)
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
+        body = {"prompt": "abc", "max_tokens": 400, "temperature": 0, "stream": True}
+        connection.request("POST", "/v1/completions", body=json.dumps(body),
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.read(6) == b"data: "  # generation is under way
+        busy, text = running.request("POST", "/v1/completions", json.dumps({"prompt": "a", "max_tokens": 2}))
+        assert busy == 503 and json.loads(text)["error"]["type"] == "server_busy"
+        connection.close()  # the client goes away mid-stream
+        deadline = time.monotonic() + 10
+        while running.metrics()["specdec_active_generations"] > 0:
+            assert time.monotonic() < deadline, "the cancelled generation still holds its slot"
+            time.sleep(0.05)
+        assert running.metrics()["specdec_generated_tokens_total"] == 0  # cancelled, not run to the end
+        reply = running.client.completions.create(model="tiny", prompt="a", max_tokens=3, temperature=0)
+        assert reply.usage.completion_tokens == 3
+    finally:
+        running.stop()
+
+
+def test_graceful_shutdown_finishes_in_flight_requests(tiny_generator):
+    running = slow_server(tiny_generator, pause=0.01, max_active=2)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(running.client.completions.create, model="tiny", prompt="abc", max_tokens=40,
+                              temperature=0)
+        deadline = time.monotonic() + 10
+        while running.metrics()["specdec_active_generations"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        running.stop()  # what SIGTERM does: stop accepting, let in-flight requests finish
+        reply = pending.result(timeout=30)
+    assert reply.usage.completion_tokens == 40
+    assert not running.app.state.scheduler.thread.is_alive()
+
+
+def test_specdec_serve_answers_and_exits_cleanly_on_sigterm(tiny_dirs, tmp_path):
+    port = bind_socket("127.0.0.1", 0).getsockname()[1]  # a free port (closed again when collected)
+    env = {**os.environ, "SPECDEC_HOME": str(tmp_path / "home")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specdec.cli", "serve", "--target", str(tiny_dirs["llama"]), "--port", str(port),
+         "--drafter", "ngram", "--model-name", "tiny"], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = process.stderr.readline()
+        assert "serving 'tiny'" in line, line
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                reply = client.completions.create(model="tiny", prompt="abc", max_tokens=5, temperature=0)
+                break
+            except openai.APIConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert reply.usage.completion_tokens == 5
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_specdec_serve_on_a_taken_port_is_one_line_error(tiny_dirs, capsys):
+    from specdec.cli import main
+
+    taken = bind_socket("127.0.0.1", 0)
+    taken.listen()
+    port = taken.getsockname()[1]
+    assert main(["serve", "--target", str(tiny_dirs["llama"]), "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specdec: error: cannot listen on 127.0.0.1:") and "\n" not in err
+    taken.close()
+
+
+def test_draft_model_drafter_keeps_one_cache_per_interleaved_request(tiny_dirs, tiny_generator):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDEC_HOME", str(tiny_dirs["llama"].parent / "home-draft"))
+        drafted = SpeculativeGenerator.from_pretrained(str(tiny_dirs["llama"]), drafter=f"draft:{tiny_dirs['qwen2']}",
+                                                       k=3)
+    running = RunningServer(drafted, max_active=4)
+    try:
+        prompts = [f"draft {i} {'xy' * i}" for i in range(6)]
+        expected = [tiny_generator.generate(p, 25, chat=False).text for p in prompts]
+        with ThreadPoolExecutor(6) as pool:
+            replies = list(pool.map(lambda p: running.client.completions.create(
+                model="tiny", prompt=p, max_tokens=25, temperature=0), prompts))
+        assert [r.choices[0].text for r in replies] == expected
+        assert all(r.model_extra["specdec"]["drafter"].startswith("draft:") for r in replies)
+        assert sum(r.model_extra["specdec"]["drafted"] for r in replies) > 0
+    finally:
+        running.stop()
