@@ -89,7 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--spec-bench", default=None, help="path to Spec-Bench question.jsonl")
     bench.add_argument("--device", default="cpu")
     bench.add_argument("--json", dest="json_out", default=None, help="write all results to this JSON file")
-    bench.add_argument("--out", default=None, help="directory for report.md")
+    bench.add_argument("--out", default=None, help="directory for report.md, results.json and PNG charts")
+    bench.add_argument("--roofline-mb", type=int, default=1024,
+                       help="buffer for the bandwidth measurement in MB (0 skips the roofline)")
+
+    analyze = commands.add_parser("analyze", help="the theory as a calculator: expected tokens per round, "
+                                  "speedup, best K; or fit it to a bench run")
+    analyze.add_argument("--k", type=int, default=5, help="draft tokens per round")
+    analyze.add_argument("--alpha", default="0.8", help="acceptance rate, or per-position rates a1,a2,...")
+    analyze.add_argument("--c", type=float, default=0.0, help="draft cost per token / one target decode step")
+    analyze.add_argument("--verify-slope", type=float, default=0.0,
+                         help="verify cost v(K) = 1 + slope*K, in target decode steps")
+    analyze.add_argument("--max-k", type=int, default=16)
+    analyze.add_argument("--from-bench", default=None, help="fit alpha, c and v(K) to `specdec bench --json` output")
+    analyze.add_argument("--plot", default=None, help="write a PNG chart here")
     return parser
 
 
@@ -97,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         commands = {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models, "bench": cmd_bench,
-                    "serve": cmd_serve}
+                    "serve": cmd_serve, "analyze": cmd_analyze}
         return commands[args.command](args)
     except SpecdecError as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
@@ -177,7 +190,7 @@ def cmd_models(args) -> int:
 def cmd_bench(args) -> int:
     from pathlib import Path
 
-    from specdec.bench.report import markdown
+    from specdec.bench.report import markdown, write_atomically, write_report_dir
     from specdec.bench.runner import BenchConfig, run_bench
     from specdec.bench.tasks import load_prompts
     from specdec.generator import speculation_length
@@ -187,23 +200,55 @@ def cmd_bench(args) -> int:
     speculation_length(args.k)
     SamplingParams(temperature=args.temperature)
     config = BenchConfig(args.target, split(args.drafters), split(args.tasks), args.limit, args.max_new_tokens,
-                         args.temperature, args.seed, str(args.k), split(args.peers), args.device)
+                         args.temperature, args.seed, str(args.k), split(args.peers), args.device,
+                         args.roofline_mb)
     prompts = load_prompts(config.tasks, config.limit, Path(args.spec_bench) if args.spec_bench else None)
     results = run_bench(config, prompts)
-    report = markdown(results)
-    print(report)
+    print(markdown(results))
     if args.json_out:
         write_atomically(Path(args.json_out), json.dumps(results.to_dict(), indent=1))
     if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        write_atomically(Path(args.out) / "report.md", report)
+        for path in write_report_dir(results, Path(args.out)):
+            print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
-def write_atomically(path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    partial.rename(path)
+def cmd_analyze(args) -> int:
+    from pathlib import Path
+
+    from specdec import analysis
+
+    if args.from_bench:
+        try:
+            results = json.loads(Path(args.from_bench).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SpecdecError(f"cannot read bench results {args.from_bench}: {exc}") from None
+        fitted = analysis.fit_from_bench(results)
+        print(analysis.fitted_table(fitted))
+        if args.plot and fitted:
+            from specdec.bench.plots import plot_tokens_per_round
+
+            k = max(1, round(max(f.mean_k for f in fitted)))
+            measured = [(f.method, sum(f.alphas) / len(f.alphas), f.measured_tokens_per_round) for f in fitted]
+            plot_tokens_per_round(k, measured, Path(args.plot))
+        return 0
+    alphas = _alpha_list(args.alpha)
+    verify = analysis.VerifyCost(slope=args.verify_slope)
+    print(analysis.theory_table(alphas, args.k, args.c, verify, args.max_k))
+    if args.plot:
+        from specdec.bench.plots import plot_speedup_vs_k
+
+        plot_speedup_vs_k(alphas, args.c, verify, args.max_k, Path(args.plot))
+    return 0
+
+
+def _alpha_list(text: str) -> list[float]:
+    from specdec.errors import InvalidParameterError
+
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise InvalidParameterError(f"--alpha must be a number or a comma-separated list, not {text!r}") from None
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ def test_bench_report_and_json(tiny_dirs, tmp_path, capsys):
     out = tmp_path / "report"
     code = main(["bench", "--target", target, "--drafters", f"ngram,draft:{target}", "--tasks", "code",
                  "--limit", "2", "--max-new-tokens", "12", "--k", "3", "--peers", f"plain,lookup,assisted:{target}",
-                 "--json", str(tmp_path / "r.json"), "--out", str(out)])
+                 "--json", str(tmp_path / "r.json"), "--out", str(out), "--roofline-mb", "16"])
     assert code == 0
     printed = capsys.readouterr().out
     assert "| plain |" in printed and "| ngram |" in printed and "hf-assisted" in printed
@@ -23,8 +23,38 @@ def test_bench_report_and_json(tiny_dirs, tmp_path, capsys):
     assert all(r["matches_plain"] for r in ours)  # greedy speculative output equals plain decoding
     assert all(r["tau"] >= 1 for r in ours)
     assert (out / "report.md").read_text().startswith("target")
+    assert json.loads((out / "results.json").read_text()) == results
+    for chart in ("speedup_per_task.png", "tokens_per_round.png"):
+        assert (out / chart).read_bytes().startswith(b"\x89PNG")
+    assert not list(out.glob("*.partial*"))
+    roofline = results["roofline"]
+    assert roofline["bandwidth_gb_s"] > 0 and roofline["weight_bytes_per_token"] > 0
+    assert "roofline: measured bandwidth" in printed and "| plain |" in printed.split("roofline:")[1]
+    plain = [r for r in results["runs"] if r["method"] == "plain"]
+    assert all(r["rounds"] == r["new_tokens"] and r["drafted"] == 0 for r in plain)
+
+    assert main(["analyze", "--from-bench", str(tmp_path / "r.json"), "--plot", str(tmp_path / "fit.png")]) == 0
+    fitted = capsys.readouterr().out
+    assert "| ngram |" in fitted and f"| draft:{target} |" in fitted
+    assert (tmp_path / "fit.png").exists()
 
 
 def test_code_task_mixes_chat_and_completion_prompts():
     prompts = load_prompts(["code"], 4)
     assert [p.chat for p in prompts] == [True, False, True, False]
+
+
+def test_weight_bytes_per_token_counts_each_matrix_once(tiny_dirs):
+    from specdec.bench.roofline import weight_bytes_per_token
+    from specdec.models.loading import load_model
+
+    for kind, tied in (("llama", False), ("qwen2", True)):
+        native = load_model(str(tiny_dirs[kind]))
+        hf = load_model(str(tiny_dirs[kind]), backend="transformers").model.model
+        every = sum(p.numel() * 4 for p in hf.parameters())  # parameters() lists a tied matrix once
+        every += sum(b.numel() * 4 for b in hf.buffers() if b.is_floating_point())  # rope frequencies
+        embedding = hf.get_input_embeddings().weight
+        expected = every if tied else every - embedding.numel() * 4 + embedding.shape[1] * 4
+        assert weight_bytes_per_token(hf) == expected
+        packed_padding = weight_bytes_per_token(native.model) - expected
+        assert 0 <= packed_padding < 0.05 * expected  # packed panels round columns up to 16

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from pathlib import Path
 
+from specdec.bench.roofline import Roofline
 from specdec.bench.runner import PLAIN, BenchResults, PromptRun
 
 
@@ -31,8 +34,10 @@ def summarize(results: BenchResults) -> dict[str, dict[str, dict]]:
             per_position.append(sum(values) / len(values))
         verify = sum(r.verify_seconds or 0 for r in runs)
         draft = sum(r.draft_seconds or 0 for r in runs)
+        decode = sum(r.decode_seconds or 0 for r in runs)
         summary[method][task] = {
             "prompts": len(runs),
+            "decode_tokens_per_second": sum(r.new_tokens for r in runs) / decode if decode else None,
             "tokens_per_second": rate(runs),
             "speedup": rate(runs) / plain if plain else float("nan"),
             "tau": sum(r.tau for r in speculative) / len(speculative) if speculative else None,
@@ -73,4 +78,56 @@ def markdown(results: BenchResults) -> str:
         positions = " ".join(f"{a:.2f}" for a in o["acceptance_per_position"][:8])
         lines.append(f"| {method} | {o['tau']:.2f} | {o['acceptance_rate']:.2f} | {positions} | "
                      f"{o['draft_share']:.0%} | {o['verify_share']:.0%} | {o['greedy_matches']} |")
+    if results.roofline:
+        lines += roofline_lines(results.roofline, summary)
     return "\n".join(lines) + "\n"
+
+
+def roofline_lines(roofline: Roofline, summary: dict[str, dict[str, dict]]) -> list[str]:
+    """Decode speed (after prefill) against the bandwidth ceiling, and against tau times it."""
+    lines = ["", f"roofline: measured bandwidth {roofline.bandwidth_gb_s:.1f} GB/s, "
+             f"{roofline.weight_bytes_per_token / 1e6:.0f} MB of weights per decode step, "
+             f"ceiling {roofline.ceiling_tokens_per_second:.1f} tokens/s for plain decoding", "",
+             "| method | decode tokens/s | of the ceiling | tau | of tau x ceiling |", "|---|---|---|---|---|"]
+    for method, by_task in summary.items():
+        o = by_task["overall"]
+        rate = o.get("decode_tokens_per_second")
+        if rate is None:
+            continue  # transformers peers report whole-call time only
+        tau = o["tau"] or 1.0
+        lines.append(f"| {method} | {rate:.2f} | {roofline.fraction(rate):.0%} | {tau:.2f} | "
+                     f"{roofline.fraction(rate, tau):.0%} |")
+    return lines
+
+
+def chart_k(results: BenchResults) -> int:
+    """K for the tokens-per-round chart: the configured K, or the mean K the drafters chose."""
+    if results.config.k.isdigit():
+        return int(results.config.k)
+    speculative = [r for r in results.runs if r.tau is not None and r.rounds]
+    rounds = sum(r.rounds for r in speculative)
+    return max(1, round(sum(r.drafted for r in speculative) / rounds)) if rounds else 1
+
+
+def write_report_dir(results: BenchResults, out_dir: Path) -> list[Path]:
+    """report.md, results.json and the PNG charts, each written whole or not at all."""
+    from specdec.bench.plots import plot_speedup_per_task, plot_tokens_per_round
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(results)
+    measured = [(method, by_task["overall"]["acceptance_rate"], by_task["overall"]["tau"])
+                for method, by_task in summary.items() if by_task["overall"]["tau"] is not None]
+    return [
+        write_atomically(out_dir / "report.md", markdown(results)),
+        write_atomically(out_dir / "results.json", json.dumps(results.to_dict(), indent=1)),
+        plot_speedup_per_task(summary, out_dir / "speedup_per_task.png",
+                              f"{results.config.target}, temperature {results.config.temperature}"),
+        plot_tokens_per_round(chart_k(results), measured, out_dir / "tokens_per_round.png"),
+    ]
+
+
+def write_atomically(path: Path, text: str) -> Path:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.rename(path)
+    return path

@@ -9,6 +9,7 @@ import torch
 from tqdm import tqdm
 
 from specdec.bench.peers import TransformersPeer
+from specdec.bench.roofline import Roofline, measure_roofline
 from specdec.bench.tasks import BenchPrompt
 from specdec.drafters import make_drafter
 from specdec.generator import SpeculativeGenerator
@@ -29,6 +30,7 @@ class BenchConfig:
     k: str = "auto"
     peers: list[str] = field(default_factory=list)  # "plain", "assisted:MODEL", "lookup"
     device: str = "cpu"
+    roofline_buffer_mb: int = 1024  # buffer for the bandwidth measurement; 0 skips the roofline
 
 
 @dataclass
@@ -46,6 +48,10 @@ class PromptRun:
     verify_seconds: float | None = None
     k_chosen: dict[int, int] | None = None
     matches_plain: bool | None = None  # greedy: token-for-token equal to our plain decoding
+    rounds: int | None = None  # target forwards after prefill (ours only; plain: one per token)
+    drafted: int | None = None
+    accepted: int | None = None
+    decode_seconds: float | None = None  # seconds after prefill
 
 
 @dataclass
@@ -53,9 +59,11 @@ class BenchResults:
     config: BenchConfig
     machine: dict
     runs: list[PromptRun]
+    roofline: Roofline | None = None
 
     def to_dict(self) -> dict:
-        return {"config": asdict(self.config), "machine": self.machine, "runs": [asdict(r) for r in self.runs]}
+        return {"config": asdict(self.config), "machine": self.machine, "runs": [asdict(r) for r in self.runs],
+                "roofline": asdict(self.roofline) if self.roofline else None}
 
 
 def machine_info() -> dict:
@@ -87,6 +95,7 @@ class Method:
             draft_seconds=s.draft_seconds if speculative else None,
             verify_seconds=s.verify_seconds,
             k_chosen=s.k_chosen if speculative else None,
+            rounds=s.rounds, drafted=s.drafted, accepted=s.accepted, decode_seconds=s.seconds - s.prefill_seconds,
         )
         return run, result.token_ids
 
@@ -107,6 +116,8 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
 
 def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = True) -> BenchResults:
     target = load_model(config.target, device=config.device)
+    roofline = measure_roofline(target.model, config.roofline_buffer_mb, config.device) \
+        if config.roofline_buffer_mb else None
     methods = build_methods(config, target)
     warmup = BenchPrompt("warmup", "warmup", "Hello", True)
     warm_config = BenchConfig(**{**asdict(config), "max_new_tokens": 8})
@@ -122,4 +133,4 @@ def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = 
             elif config.temperature == 0:
                 run.matches_plain = ids == plain_ids
             runs.append(run)
-    return BenchResults(config, machine_info(), runs)
+    return BenchResults(config, machine_info(), runs, roofline)
