@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="cpu", help="cpu or cuda")
     gen.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     gen.add_argument("--backend", default="auto", help="auto, native or transformers")
+    gen.add_argument("--weights", default="float32", help="float32 (default) or int8 (weight-only, CPU kernel)")
     gen.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats)")
 
     pull = commands.add_parser("pull", help="download, verify and convert a zoo model")
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", default="cpu", help="cpu or cuda")
     serve.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     serve.add_argument("--backend", default="auto", help="auto, native or transformers")
+    serve.add_argument("--weights", default="float32", help="float32 (default) or int8 (weight-only, CPU kernel)")
 
     bench = commands.add_parser("bench", help="benchmark drafters against plain decoding and transformers")
     bench.add_argument("--target", default=DEFAULT_MODEL)
@@ -88,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peers", default="", help="comma-separated transformers peers: plain, lookup, assisted:MODEL")
     bench.add_argument("--spec-bench", default=None, help="path to Spec-Bench question.jsonl")
     bench.add_argument("--device", default="cpu")
+    bench.add_argument("--weights", default="float32", help="the target's weights: float32 or int8 "
+                       "(transformers peers always run float32)")
     bench.add_argument("--json", dest="json_out", default=None, help="write all results to this JSON file")
     bench.add_argument("--out", default=None, help="directory for report.md, results.json and PNG charts")
     bench.add_argument("--roofline-mb", type=int, default=1024,
@@ -125,7 +129,8 @@ def cmd_generate(args) -> int:
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     generator = SpeculativeGenerator.from_pretrained(
-        args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend
+        args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
+        weights=args.weights,
     )
     stream = None if args.json else (lambda chunk: print(chunk.text, end="", flush=True))
     result = generator.generate(
@@ -155,7 +160,8 @@ def cmd_serve(args) -> int:
         raise InvalidParameterError("--max-active and --default-max-tokens must be >= 1, --max-queue >= 0")
     sock = bind_socket(args.host, args.port)
     generator = SpeculativeGenerator.from_pretrained(
-        args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend
+        args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
+        weights=args.weights,
     )
     settings = ServerSettings(args.model_name or generator.target.name, args.max_active, args.max_queue,
                               args.default_max_tokens)
@@ -201,7 +207,7 @@ def cmd_bench(args) -> int:
     SamplingParams(temperature=args.temperature)
     config = BenchConfig(args.target, split(args.drafters), split(args.tasks), args.limit, args.max_new_tokens,
                          args.temperature, args.seed, str(args.k), split(args.peers), args.device,
-                         args.roofline_mb)
+                         args.roofline_mb, args.weights)
     prompts = load_prompts(config.tasks, config.limit, Path(args.spec_bench) if args.spec_bench else None)
     results = run_bench(config, prompts)
     print(markdown(results))

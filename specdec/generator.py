@@ -55,9 +55,10 @@ class SpeculativeGenerator:
         device: str = "cpu",
         dtype: str = "float32",
         backend: str = "auto",
+        weights: str = "float32",
     ) -> "SpeculativeGenerator":
         speculation_length(k)  # validate before loading anything
-        loaded = load_model(target, device=device, dtype=dtype, backend=backend)
+        loaded = load_model(target, device=device, dtype=dtype, backend=backend, weights=weights)
         if drafter == "default":
             drafter = DEFAULT_DRAFTERS.get(loaded.name, "ngram")
         return cls(loaded, make_drafter(drafter, loaded, device, dtype), k)

@@ -43,11 +43,17 @@ def test_generate_streams_to_stdout(tiny_dirs, capsys):
         (["generate", "hi", "--drafter", "magic"], "unknown drafter"),
         (["generate", "hi", "--dtype", "int3"], "dtype"),
         (["generate", "hi", "--device", "tpu9"], "device"),
+        (["generate", "hi", "--weights", "int3"], "unknown weight format"),
+        (["generate", "hi", "--weights", "int8", "--backend", "transformers"], "CPU kernel only"),
+        (["generate", "hi", "--drafter", "quant:int4"], "unsupported weight format"),
+        (["serve", "--k", "0"], "k must be"),
+        (["serve", "--port", "70000"], "cannot listen"),
+        (["analyze", "--alpha", "0.5,2"], "acceptance rates"),
         (["pull", "no-such-model"], "unknown zoo model"),
     ],
 )
 def test_bad_input_one_line_error(tiny_dirs, args, message):
-    if "--target" not in args and args[0] == "generate":
+    if "--target" not in args and args[0] in ("generate", "serve"):
         args = [*args, "--target", str(tiny_dirs["llama"])]
     result = run_cli(*args)
     assert result.returncode == 2

@@ -5,11 +5,13 @@ import pytest
 import torch
 
 from specdec.commit import StopCriteria
+from specdec.drafters import make_drafter
 from specdec.drafters.draft_model import DraftModelDrafter, check_same_tokenizer
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
 from specdec.generator import SpeculativeGenerator, speculation_length
+from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
 from specdec.models.loading import load_model
 from specdec.sampling import SamplingParams
@@ -43,10 +45,16 @@ def drafters(models):
         "draft-self": lambda: DraftModelDrafter(models["target"], models["target"].model.vocab_size),
         "draft-padded-vocab": lambda: DraftModelDrafter(models["padded_draft"], models["target"].model.vocab_size),
         "draft-early-exit": lambda: DraftModelDrafter(models["random_draft"], models["target"].model.vocab_size, 0.5),
+        "quant-int8": lambda: make_drafter("quant:int8", models["target"], "cpu", "float32"),
     }
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "draft-random", "draft-self", "draft-padded-vocab", "draft-early-exit"])
+needs_kernel = pytest.mark.skipif(packed_kernel() is None, reason="int8 weights need the CPU kernel (AVX2, g++)")
+ALL_DRAFTERS = ["ngram", "draft-random", "draft-self", "draft-padded-vocab", "draft-early-exit",
+                pytest.param("quant-int8", marks=needs_kernel)]
+
+
+@pytest.mark.parametrize("drafter", ALL_DRAFTERS)
 @pytest.mark.parametrize("k", KS)
 def test_greedy_output_equals_plain_decoding(models, drafter, k):
     target = models["target"]
@@ -59,6 +67,37 @@ def test_greedy_output_equals_plain_decoding(models, drafter, k):
         assert stats.new_tokens == len(expected) and stats.rounds >= 1
         assert stats.tau == pytest.approx((stats.accepted + stats.rounds) / stats.rounds)
         assert stats.tau >= len(expected) / stats.rounds  # trimming at the end can only drop tokens
+
+
+@needs_kernel
+@pytest.mark.parametrize("k", [1, 4, "auto"])
+def test_int8_target_speculative_equals_its_own_plain_decoding(models, k, tmp_path):
+    target = load_model(str(models["target"].path), weights="int8")
+    assert target.model.lm_head.weight_format == "int8"
+    for prompt in PROMPTS:
+        expected = plain_ids(target, prompt, 40)
+        for drafter in (NgramDrafter(), DraftModelDrafter(target, target.model.vocab_size),
+                        DraftModelDrafter(models["target"], target.model.vocab_size)):
+            result = SpeculativeGenerator(target, drafter, k).generate(prompt, 40, chat=False)
+            assert result.token_ids == expected, f"{drafter.name} K={k} prompt={prompt!r}"
+
+
+@needs_kernel
+def test_quant_drafter_is_close_to_its_target_and_shares_what_it_can(models):
+    drafter = make_drafter("quant:int8", models["target"], "cpu", "float32")
+    target, draft = models["target"].model, drafter.model
+    assert drafter.name == "quant:int8" and draft.lm_head.weight_format == "int8"
+    assert target.lm_head.weight_format == "float32"  # the target is untouched
+    assert draft.model.norm.weight is target.model.norm.weight  # norms are shared, not copied
+    result = SpeculativeGenerator(models["target"], drafter, 4).generate(PROMPTS[0], 40, chat=False)
+    assert result.stats.acceptance_rate > 0.8  # int8 weights barely move the tiny model's argmax
+    with pytest.raises(SpecdecError, match="unsupported weight format"):
+        make_drafter("quant:int3", models["target"], "cpu", "float32")
+    int8_target = load_model(str(models["target"].path), weights="int8")
+    with pytest.raises(SpecdecError, match="already has int8 weights"):
+        make_drafter("quant:int8", int8_target, "cpu", "float32")
+    with pytest.raises(SpecdecError, match="needs the native backend"):
+        make_drafter("quant:int8", load_model(str(models["target"].path), backend="transformers"), "cpu", "float32")
 
 
 def test_draft_equal_to_target_accepts_nearly_everything(models):

@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from specdec.kernels import pack_weight, packed_kernel, packed_matmul, unpack_rows
+from specdec.kernels import (
+    pack_weight,
+    packed_kernel,
+    packed_matmul,
+    packed_matmul_int8,
+    quantize_packed_int8,
+    unpack_rows,
+)
 from specdec.models.packed_linear import PackedLinear
 
 pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA CPU or no C++ compiler here")
@@ -44,3 +51,57 @@ def test_unpack_rows_reads_embeddings():
     weight = torch.randn(37, 24)
     ids = torch.tensor([[0, 15, 16, 36]])
     assert torch.equal(unpack_rows(pack_weight(weight), ids), weight[ids])
+
+
+def dequantized(quantized: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
+    """int8 panels (P, K, 16) + scales -> the (N, K) float64 matrix they stand for."""
+    panels, cols, _ = quantized.shape
+    rows = quantized.double().transpose(1, 2).reshape(panels * 16, cols)
+    return (rows * scales.double()[:, None])[:out_features]
+
+
+@pytest.mark.parametrize("in_features,out_features", [(64, 16), (96, 100), (7, 33), (576, 1536), (1536, 257)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 12, 16, 17, 40])
+def test_int8_kernel_matches_float64_reference_of_the_dequantized_weights(in_features, out_features, rows):
+    gen = torch.Generator().manual_seed(in_features * 1000 + rows + 7)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    x = torch.randn(rows, in_features, generator=gen)
+    quantized, scales = quantize_packed_int8(pack_weight(weight))
+    reference = x.double() @ dequantized(quantized, scales, out_features).T
+    result = packed_matmul_int8(x, quantized, scales, out_features)
+    assert (result.double() - reference).abs().max() < 1e-5 * in_features
+
+
+def test_int8_quantization_error_is_within_half_a_step():
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(50, 80, generator=gen)
+    weight[7] = 0.0  # an all-zero column must not divide by zero
+    quantized, scales = quantize_packed_int8(pack_weight(weight))
+    assert quantized.dtype == torch.int8 and quantized.abs().max() <= 127
+    error = (dequantized(quantized, scales, 50) - weight.double()).abs()
+    assert torch.all(error <= scales.double()[:50, None] / 2 + 1e-7)
+    assert torch.all(dequantized(quantized, scales, 50)[7] == 0)
+
+
+def test_int8_rows_do_not_depend_on_batch_size():
+    gen = torch.Generator().manual_seed(4)
+    weight, x = torch.randn(300, 200, generator=gen), torch.randn(20, 200, generator=gen)
+    quantized, scales = quantize_packed_int8(pack_weight(weight))
+    together = packed_matmul_int8(x, quantized, scales, 300)
+    for row in range(20):
+        alone = packed_matmul_int8(x[row:row + 1].contiguous(), quantized, scales, 300)[0]
+        assert torch.equal(alone, together[row])
+
+
+def test_int8_packed_linear_and_tied_embedding_rows():
+    gen = torch.Generator().manual_seed(5)
+    layer = torch.nn.Linear(48, 40, bias=True)
+    packed = PackedLinear.fuse([layer])
+    copy = packed.quantized_copy("int8")
+    assert packed.weight_format == "float32" and copy.weight_format == "int8"  # the original is untouched
+    x = torch.randn(3, 48, generator=gen)
+    assert (copy(x) - layer(x)).abs().max() < 0.05  # int8 is close to float32 ...
+    assert not torch.equal(copy(x), packed(x))  # ... but not the same
+    ids = torch.tensor([[0, 17, 39]])
+    rows = unpack_rows(copy.packed, ids, copy.scales)
+    assert torch.allclose(rows.double(), dequantized(copy.packed, copy.scales, 40)[ids], atol=1e-6)

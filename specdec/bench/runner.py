@@ -31,6 +31,7 @@ class BenchConfig:
     peers: list[str] = field(default_factory=list)  # "plain", "assisted:MODEL", "lookup"
     device: str = "cpu"
     roofline_buffer_mb: int = 1024  # buffer for the bandwidth measurement; 0 skips the roofline
+    weights: str = "float32"  # the target's weight format (ours; transformers peers run float32)
 
 
 @dataclass
@@ -115,7 +116,7 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
 
 
 def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = True) -> BenchResults:
-    target = load_model(config.target, device=config.device)
+    target = load_model(config.target, device=config.device, weights=config.weights)
     roofline = measure_roofline(target.model, config.roofline_buffer_mb, config.device) \
         if config.roofline_buffer_mb else None
     methods = build_methods(config, target)

@@ -38,10 +38,11 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
 
 
 class DraftModelDrafter:
-    def __init__(self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.0):
+    def __init__(self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.0,
+                 name: str | None = None):
         """min_confidence: stop drafting early when the draft's top probability falls below it
         (after at least one token): unlikely tokens cost a draft step and are rarely accepted."""
-        self.name = f"draft:{draft.name}"
+        self.name = name or f"draft:{draft.name}"
         self.draft = draft
         self.model = draft.model
         self.vocab_size = target_vocab_size
@@ -49,7 +50,7 @@ class DraftModelDrafter:
         self.cache = None
 
     def fresh(self) -> "DraftModelDrafter":
-        return DraftModelDrafter(self.draft, self.vocab_size, self.min_confidence)  # shares the weights
+        return DraftModelDrafter(self.draft, self.vocab_size, self.min_confidence, self.name)  # shares the weights
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         self.cache = self.model.new_cache(1, min(max_length, self.model.max_context))

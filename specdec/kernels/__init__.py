@@ -62,6 +62,8 @@ def packed_kernel() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(library))
     lib.packed_matmul_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.packed_matmul_f32.restype = None
+    lib.packed_matmul_q8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.packed_matmul_q8.restype = None
     return lib
 
 
@@ -75,9 +77,20 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return weight.view(padded // PANEL, PANEL, cols).transpose(1, 2).contiguous()
 
 
-def unpack_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def quantize_packed_int8(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 panels (P, K, 16) -> int8 panels of the same layout and one scale per output column (P * 16,).
+
+    Symmetric per-channel: scale = max |w| / 127 over the column's K inputs (1 for an all-zero column)."""
+    scales = packed.abs().amax(dim=1) / 127.0  # (P, 16)
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    quantized = torch.round(packed / scales[:, None, :]).clamp_(-127, 127).to(torch.int8)  # (P, K, 16)
+    return quantized, scales.reshape(-1).contiguous()
+
+
+def unpack_rows(packed: torch.Tensor, rows: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
     """Rows of the original (N, K) matrix, e.g. embeddings tied to a packed LM head: (..., K)."""
-    return packed[rows // PANEL, :, rows % PANEL]
+    values = packed[rows // PANEL, :, rows % PANEL]
+    return values if scales is None else values.float() * scales[rows].unsqueeze(-1)
 
 
 SMALL_ROWS = 16  # up to here the kernel; above, torch's GEMM (prefill is compute-bound, MKL is faster there)
@@ -97,4 +110,17 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> t
     y = torch.empty(rows, out_features, dtype=torch.float32)
     lib.packed_matmul_f32(x.data_ptr(), packed.data_ptr(), y.data_ptr(), rows, cols, out_features,
                           torch.get_num_threads())
+    return y
+
+
+def packed_matmul_int8(x: torch.Tensor, quantized: torch.Tensor, scales: torch.Tensor,
+                       out_features: int) -> torch.Tensor:
+    """(T, K) float32 contiguous @ int8 panels (P, K, 16) with per-column scales -> (T, out_features).
+
+    Every row count takes the kernel (there is no float copy of the weights to hand to a GEMM), so a
+    row's result is the same at any T, prefill included."""
+    rows, cols = x.shape
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    packed_kernel().packed_matmul_q8(x.data_ptr(), quantized.data_ptr(), scales.data_ptr(), y.data_ptr(), rows,
+                                     cols, out_features, torch.get_num_threads())
     return y

@@ -122,25 +122,54 @@ class LlamaForCausalLM(nn.Module):
             "inv_freq", rope_inverse_frequencies(config.rope, config.head_dim), persistent=False
         )
 
-    def pack_weights(self) -> None:
+    def pack_weights(self, weights: str = "float32") -> None:
         """Switch every float32 linear layer to the CPU small-row kernel (specdec.kernels).
 
         Fuses q/k/v and gate/up, packs each matrix once, and frees the original
         layout; tied embeddings are then read from the packed LM head.
+        weights="int8" then quantizes each packed matrix (weight-only, per output
+        channel), layer by layer so the float32 copies are freed as it goes.
         """
         from specdec.models.packed_linear import PackedEmbedding, PackedLinear
 
+        def packed(linears):
+            return PackedLinear.fuse(linears).quantize_(weights)
+
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv_proj = PackedLinear.fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-            attn.o_proj = PackedLinear.fuse([attn.o_proj])
+            attn.qkv_proj = packed([attn.q_proj, attn.k_proj, attn.v_proj])
+            attn.o_proj = packed([attn.o_proj])
             del attn.q_proj, attn.k_proj, attn.v_proj
-            mlp.gate_up_proj = PackedLinear.fuse([mlp.gate_proj, mlp.up_proj])
-            mlp.down_proj = PackedLinear.fuse([mlp.down_proj])
+            mlp.gate_up_proj = packed([mlp.gate_proj, mlp.up_proj])
+            mlp.down_proj = packed([mlp.down_proj])
             del mlp.gate_proj, mlp.up_proj
-        self.lm_head = PackedLinear.fuse([self.lm_head])
+        self.lm_head = packed([self.lm_head])
         if self.config.tie_word_embeddings:
             self.model.embed_tokens = PackedEmbedding(self.lm_head)
+
+    def quantized_copy(self, weights: str) -> "LlamaForCausalLM":
+        """The same model with its packed matrices in another format (e.g. an int8 self-draft).
+
+        Norms, untied embeddings and rope tables are shared with this model; only the
+        quantized matrices are new memory."""
+        import copy
+
+        from specdec.models.packed_linear import PackedEmbedding, PackedLinear
+
+        def clone(module: nn.Module) -> nn.Module:
+            if isinstance(module, PackedLinear):
+                return module.quantized_copy(weights)
+            twin = copy.copy(module)  # shares parameters and buffers; gets its own child table
+            twin._modules = {name: clone(child) for name, child in module._modules.items()
+                             if not isinstance(child, PackedEmbedding)}
+            return twin
+
+        if not isinstance(self.lm_head, PackedLinear):
+            raise ValueError("quantized copies need packed weights (the CPU kernel)")
+        twin = clone(self)
+        if self.config.tie_word_embeddings:
+            twin.model.embed_tokens = PackedEmbedding(twin.lm_head)
+        return twin
 
     # -- the CausalLM interface (specdec.models.base) --------------------------------
     @property

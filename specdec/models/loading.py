@@ -21,6 +21,7 @@ from specdec.paths import converted_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = ("auto", "native", "transformers")
+WEIGHT_FORMATS = ("float32", "int8")
 
 
 @dataclass
@@ -75,21 +76,34 @@ def load_model(
     dtype: str = "float32",
     backend: str = "auto",
     kernels: bool = True,
+    weights: str = "float32",
 ) -> LoadedModel:
-    """Load a model; `kernels=False` keeps stock torch matmuls instead of the packed CPU kernel."""
+    """Load a model; `kernels=False` keeps stock torch matmuls instead of the packed CPU kernel.
+
+    weights="int8" quantizes the linear layers at load (weight-only, per output channel): that
+    quantized model is then the target, whose plain output speculation reproduces exactly."""
+    if weights not in WEIGHT_FORMATS:
+        raise InvalidParameterError(f"unknown weight format {weights!r} (choose from {', '.join(WEIGHT_FORMATS)})")
     if dtype not in DTYPES:
         raise InvalidParameterError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
     if backend not in BACKENDS:
         raise InvalidParameterError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
     check_device(device)
+    if weights != "float32" and (backend == "transformers" or not kernels or dtype != "float32"
+                                 or not uses_packed_kernel(device, DTYPES[dtype])):
+        raise InvalidParameterError(
+            f"--weights {weights} runs on the CPU kernel only (native backend, float32 activations, "
+            "a CPU with AVX2/FMA and a C++ compiler)")
     name, model_dir = resolve_model_dir(spec)
     hf_config = read_config(model_dir)
     if backend == "auto":
         backend = "native" if hf_config.get("model_type") in NATIVE_MODEL_TYPES else "transformers"
+    if backend == "transformers" and weights != "float32":
+        raise InvalidParameterError(f"--weights {weights} needs the native backend; {name} loads with transformers")
     if backend == "native":
         model = load_native(model_dir, hf_config, device, DTYPES[dtype])
         if kernels and uses_packed_kernel(device, DTYPES[dtype]):
-            model.pack_weights()
+            model.pack_weights(weights)
     else:
         model = load_transformers(model_dir, device, DTYPES[dtype])
     tokenizer = load_tokenizer(model_dir)

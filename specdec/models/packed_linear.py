@@ -11,7 +11,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdec.kernels import pack_weight, packed_matmul, unpack_rows
+from specdec.kernels import pack_weight, packed_matmul, packed_matmul_int8, quantize_packed_int8, unpack_rows
+
+WEIGHT_FORMATS = ("float32", "int8")
 
 
 class PackedLinear(nn.Module):
@@ -19,8 +21,33 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.split_sizes = list(split_sizes)
-        self.register_buffer("packed", pack_weight(weight))  # (P, K, 16)
+        self.register_buffer("packed", pack_weight(weight))  # (P, K, 16) float32, or int8 with `scales`
         self.register_buffer("bias", None if bias is None else bias.float().clone())
+        self.register_buffer("scales", None)  # (P * 16,) per output column, for int8 panels
+
+    @property
+    def weight_format(self) -> str:
+        return "float32" if self.scales is None else "int8"
+
+    def quantize_(self, weights: str) -> "PackedLinear":
+        """Switch to another weight format in place (weight-only: activations stay float32)."""
+        if weights not in WEIGHT_FORMATS:
+            raise ValueError(f"unknown weight format {weights!r}")
+        if weights == "int8" and self.scales is None:
+            self.packed, self.scales = quantize_packed_int8(self.packed)
+        elif weights == "float32" and self.scales is not None:
+            raise ValueError("int8 weights cannot be turned back into float32")
+        return self
+
+    def quantized_copy(self, weights: str) -> "PackedLinear":
+        """A copy in another weight format; this layer is left as it is (for a quantized self-draft)."""
+        copy = PackedLinear.__new__(PackedLinear)
+        nn.Module.__init__(copy)
+        copy.out_features, copy.in_features, copy.split_sizes = self.out_features, self.in_features, self.split_sizes
+        copy.register_buffer("packed", self.packed)
+        copy.register_buffer("bias", self.bias)
+        copy.register_buffer("scales", self.scales)
+        return copy.quantize_(weights)
 
     @classmethod
     def fuse(cls, linears: Sequence[nn.Linear]) -> "PackedLinear":
@@ -37,7 +64,11 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """(..., K) -> (..., N), or a tuple split as the fused layers were."""
         lead = x.shape[:-1]
-        y = packed_matmul(x.reshape(-1, self.in_features).contiguous(), self.packed, self.out_features)
+        rows = x.reshape(-1, self.in_features).contiguous()
+        if self.scales is None:
+            y = packed_matmul(rows, self.packed, self.out_features)
+        else:
+            y = packed_matmul_int8(rows, self.packed, self.scales, self.out_features)
         if self.bias is not None:
             y += self.bias
         y = y.reshape(*lead, self.out_features)
@@ -52,4 +83,5 @@ class PackedEmbedding(nn.Module):
         self.head = [head]  # a list: not registered twice as a submodule
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return unpack_rows(self.head[0].packed, tokens)  # (B, T, C)
+        head = self.head[0]
+        return unpack_rows(head.packed, tokens, head.scales)  # (B, T, C)
