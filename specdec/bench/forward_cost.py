@@ -40,6 +40,14 @@ def forward_costs(model: CausalLM, context: int = 300, sizes=(1, 2, 4, 8, 16), r
     return [ForwardCost(size, seconds, seconds / base) for size, seconds in rows]
 
 
+RUNTIMES = {
+    "packed": ("native, packed kernel, float32", {}),
+    "int8": ("native, packed kernel, int8 weights", {"weights": "int8"}),
+    "torch": ("native, torch matmul, float32", {"kernels": False}),
+    "transformers": ("transformers, float32", {"backend": "transformers"}),
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     """python -m specdec.bench.forward_cost MODEL...: markdown table, packed kernel vs stock torch vs transformers."""
     import argparse
@@ -50,14 +58,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("models", nargs="+")
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--runtimes", default="packed,int8,torch,transformers",
+                        help="comma-separated: " + ", ".join(RUNTIMES))
     args = parser.parse_args(argv)
     sizes = (1, 2, 4, 8, 16)
     print(f"forward over T new tokens at a {args.context}-token context: median ms (ratio to T=1)\n")
     print("| model | runtime | " + " | ".join(f"T={n}" for n in sizes) + " |")
     print("|---|---|" + "---|" * len(sizes))
     for name in args.models:
-        for label, options in [("native, packed kernel", {}), ("native, torch matmul", {"kernels": False}),
-                               ("transformers", {"backend": "transformers"})]:
+        for runtime in args.runtimes.split(","):
+            label, options = RUNTIMES[runtime]
             loaded = load_model(name, **options)
             costs = forward_costs(loaded.model, args.context, sizes, args.repeats)
             cells = " | ".join(f"{c.seconds * 1e3:.0f} ({c.ratio:.2f}x)" for c in costs)

@@ -1,14 +1,17 @@
-// y (T, N) = x (T, K) @ W^T for few activation rows T, float32, with W pre-packed
-// into panels of 16 output columns: wp[p][k][j] = W[16 p + j][k] (N padded to 16).
+// y (T, N) = x (T, K) @ W^T for few activation rows T, with W pre-packed into panels of 16 output
+// columns: wp[p][k][j] = W[16 p + j][k] (N padded to 16). Two weight formats:
+//   float32: the panels hold W itself;
+//   int8:    the panels hold round(W / scale) with one float scale per output column, widened to float
+//            in registers (never stored as float) and scaled once at the end: a quarter of the traffic.
 //
-// Why: stock GEMM re-packs the weight matrix on every call, so a forward over 8
-// tokens costs 2-3x a forward over 1 and even one row reads weights at half the
-// memory bandwidth. Packing once at load time lets this kernel stream each panel
-// contiguously, once per block of up to TB activation rows.
+// Why: stock GEMM re-packs the weight matrix on every call, so a forward over 8 tokens costs 2-3x a
+// forward over 1 and even one row reads weights at half the memory bandwidth. Packing once at load time
+// lets this kernel stream each panel contiguously, once per block of up to TB activation rows.
 //
-// Each output element is a single FMA chain over k in increasing order, whatever
-// T is: a row's result does not depend on how many rows share the call, so plain
-// and speculative greedy decoding round identically.
+// Each output element is a single FMA chain over k in increasing order, whatever T is: a row's result
+// does not depend on how many rows share the call, so plain and speculative greedy decoding round
+// identically. With few rows there are too few chains to hide FMA latency, so a block also takes PB
+// panels at once (more independent chains, same order within each chain).
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -16,114 +19,110 @@
 #define TB_MAX 6  // 12 accumulators + 2 weight registers of the 16 ymm registers
 #endif
 
-template <int TB>
-static inline void panel(const float* x, const float* wp, float* y, int64_t K, int64_t N, int64_t p, int64_t t0) {
-    __m256 acc[TB][2];
-    for (int t = 0; t < TB; t++) {
-        acc[t][0] = _mm256_setzero_ps();
-        acc[t][1] = _mm256_setzero_ps();
+struct Float32Panels {
+    const float* w;
+    static constexpr bool scaled = false;
+    inline void load(int64_t p, int64_t K, int64_t k, __m256& w0, __m256& w1) const {
+        const float* at = w + (p * K + k) * 16;
+        w0 = _mm256_loadu_ps(at);
+        w1 = _mm256_loadu_ps(at + 8);
     }
-    const float* w = wp + p * K * 16;
+};
+
+struct Int8Panels {
+    const int8_t* w;
+    static constexpr bool scaled = true;
+    inline void load(int64_t p, int64_t K, int64_t k, __m256& w0, __m256& w1) const {
+        // two sign-extending loads (vpmovsxbd ymm, m64): no separate load or shift
+        const int8_t* at = w + (p * K + k) * 16;
+        w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))));
+        w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 8))));
+    }
+};
+
+// Rows t0..t0+TB-1 times panels p0..p0+PB-1.
+template <int TB, int PB, typename Panels>
+static inline void block(const float* x, const Panels& panels, const float* scales, float* y, int64_t K, int64_t N,
+                         int64_t p0, int64_t t0) {
+    __m256 acc[PB][TB][2];
+    for (int b = 0; b < PB; b++)
+        for (int t = 0; t < TB; t++) acc[b][t][0] = acc[b][t][1] = _mm256_setzero_ps();
     const float* xr[TB];
     for (int t = 0; t < TB; t++) xr[t] = x + (t0 + t) * K;
     for (int64_t k = 0; k < K; k++) {
-        const __m256 w0 = _mm256_loadu_ps(w + k * 16), w1 = _mm256_loadu_ps(w + k * 16 + 8);
-        for (int t = 0; t < TB; t++) {
-            const __m256 xb = _mm256_broadcast_ss(xr[t] + k);
-            acc[t][0] = _mm256_fmadd_ps(w0, xb, acc[t][0]);
-            acc[t][1] = _mm256_fmadd_ps(w1, xb, acc[t][1]);
+        __m256 xb[TB];
+        for (int t = 0; t < TB; t++) xb[t] = _mm256_broadcast_ss(xr[t] + k);
+        for (int b = 0; b < PB; b++) {
+            __m256 w0, w1;
+            panels.load(p0 + b, K, k, w0, w1);
+            for (int t = 0; t < TB; t++) {
+                acc[b][t][0] = _mm256_fmadd_ps(w0, xb[t], acc[b][t][0]);
+                acc[b][t][1] = _mm256_fmadd_ps(w1, xb[t], acc[b][t][1]);
+            }
         }
     }
-    const int64_t n0 = p * 16;
-    for (int t = 0; t < TB; t++) {
-        float* out = y + (t0 + t) * N + n0;
-        if (n0 + 16 <= N) {
-            _mm256_storeu_ps(out, acc[t][0]);
-            _mm256_storeu_ps(out + 8, acc[t][1]);
-        } else {
-            float tmp[16];
-            _mm256_storeu_ps(tmp, acc[t][0]);
-            _mm256_storeu_ps(tmp + 8, acc[t][1]);
-            for (int64_t j = 0; j < N - n0; j++) out[j] = tmp[j];
+    for (int b = 0; b < PB; b++) {
+        const int64_t n0 = (p0 + b) * 16;
+        __m256 s0 = _mm256_set1_ps(1.0f), s1 = s0;
+        if (Panels::scaled) {
+            s0 = _mm256_loadu_ps(scales + n0);
+            s1 = _mm256_loadu_ps(scales + n0 + 8);
+        }
+        for (int t = 0; t < TB; t++) {
+            float* out = y + (t0 + t) * N + n0;
+            const __m256 r0 = Panels::scaled ? _mm256_mul_ps(acc[b][t][0], s0) : acc[b][t][0];
+            const __m256 r1 = Panels::scaled ? _mm256_mul_ps(acc[b][t][1], s1) : acc[b][t][1];
+            if (n0 + 16 <= N) {
+                _mm256_storeu_ps(out, r0);
+                _mm256_storeu_ps(out + 8, r1);
+            } else {
+                float tmp[16];
+                _mm256_storeu_ps(tmp, r0);
+                _mm256_storeu_ps(tmp + 8, r1);
+                for (int64_t j = 0; j < N - n0; j++) out[j] = tmp[j];
+            }
+        }
+    }
+}
+
+// Rows t0.. (TB of them) over panels p0..p1-1, PB panels at a time, single panels for the rest.
+template <int TB, int PB, typename Panels>
+static inline void rows(const float* x, const Panels& panels, const float* scales, float* y, int64_t K, int64_t N,
+                        int64_t p0, int64_t p1, int64_t t0) {
+    int64_t p = p0;
+    for (; p + PB <= p1; p += PB) block<TB, PB>(x, panels, scales, y, K, N, p, t0);
+    for (; p < p1; p++) block<TB, 1>(x, panels, scales, y, K, N, p, t0);
+}
+
+template <typename Panels>
+static void matmul(const float* x, const Panels& panels, const float* scales, float* y, int64_t T, int64_t K,
+                   int64_t N, int num_threads) {
+    constexpr int64_t GROUP = 4;  // panels per parallel work item: enough for PB = 4, fine-grained enough
+    const int64_t panel_count = (N + 15) / 16;
+    const int64_t groups = (panel_count + GROUP - 1) / GROUP;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t p0 = g * GROUP, p1 = p0 + GROUP < panel_count ? p0 + GROUP : panel_count;
+        int64_t t0 = 0;
+        for (; t0 + TB_MAX <= T; t0 += TB_MAX) rows<TB_MAX, 1>(x, panels, scales, y, K, N, p0, p1, t0);
+        switch (T - t0) {
+            case 5: rows<5, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
+            case 4: rows<4, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
+            case 3: rows<3, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
+            case 2: rows<2, 2>(x, panels, scales, y, K, N, p0, p1, t0); break;
+            case 1: rows<1, 4>(x, panels, scales, y, K, N, p0, p1, t0); break;
+            default: break;
         }
     }
 }
 
 extern "C" void packed_matmul_f32(const float* x, const float* wp, float* y, int64_t T, int64_t K, int64_t N,
                                   int num_threads) {
-    const int64_t panels = (N + 15) / 16;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t p = 0; p < panels; p++) {
-        int64_t t0 = 0;
-        for (; t0 + TB_MAX <= T; t0 += TB_MAX) panel<TB_MAX>(x, wp, y, K, N, p, t0);
-        switch (T - t0) {
-            case 5: panel<5>(x, wp, y, K, N, p, t0); break;
-            case 4: panel<4>(x, wp, y, K, N, p, t0); break;
-            case 3: panel<3>(x, wp, y, K, N, p, t0); break;
-            case 2: panel<2>(x, wp, y, K, N, p, t0); break;
-            case 1: panel<1>(x, wp, y, K, N, p, t0); break;
-            default: break;
-        }
-    }
-}
-
-// Weight-only int8: wq[p][k][j] = round(W[16 p + j][k] / scale[16 p + j]), |wq| <= 127, one scale per
-// output column. The int8 weights are widened to float in registers (never stored as float), the same
-// single FMA chain over k runs per output, and the scale is applied once at the end: a quarter of the
-// float32 kernel's weight traffic, and the same batch invariance.
-template <int TB>
-static inline void panel_q8(const float* x, const int8_t* wq, const float* scales, float* y, int64_t K, int64_t N,
-                            int64_t p, int64_t t0) {
-    __m256 acc[TB][2];
-    for (int t = 0; t < TB; t++) {
-        acc[t][0] = _mm256_setzero_ps();
-        acc[t][1] = _mm256_setzero_ps();
-    }
-    const int8_t* w = wq + p * K * 16;
-    const float* xr[TB];
-    for (int t = 0; t < TB; t++) xr[t] = x + (t0 + t) * K;
-    for (int64_t k = 0; k < K; k++) {
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k * 16));
-        const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-        const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
-        for (int t = 0; t < TB; t++) {
-            const __m256 xb = _mm256_broadcast_ss(xr[t] + k);
-            acc[t][0] = _mm256_fmadd_ps(w0, xb, acc[t][0]);
-            acc[t][1] = _mm256_fmadd_ps(w1, xb, acc[t][1]);
-        }
-    }
-    const int64_t n0 = p * 16;
-    const __m256 s0 = _mm256_loadu_ps(scales + n0), s1 = _mm256_loadu_ps(scales + n0 + 8);
-    for (int t = 0; t < TB; t++) {
-        float* out = y + (t0 + t) * N + n0;
-        const __m256 r0 = _mm256_mul_ps(acc[t][0], s0), r1 = _mm256_mul_ps(acc[t][1], s1);
-        if (n0 + 16 <= N) {
-            _mm256_storeu_ps(out, r0);
-            _mm256_storeu_ps(out + 8, r1);
-        } else {
-            float tmp[16];
-            _mm256_storeu_ps(tmp, r0);
-            _mm256_storeu_ps(tmp + 8, r1);
-            for (int64_t j = 0; j < N - n0; j++) out[j] = tmp[j];
-        }
-    }
+    matmul(x, Float32Panels{wp}, nullptr, y, T, K, N, num_threads);
 }
 
 // scales: one per output column, padded to a multiple of 16 like the panels.
 extern "C" void packed_matmul_q8(const float* x, const int8_t* wq, const float* scales, float* y, int64_t T,
                                  int64_t K, int64_t N, int num_threads) {
-    const int64_t panels = (N + 15) / 16;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t p = 0; p < panels; p++) {
-        int64_t t0 = 0;
-        for (; t0 + TB_MAX <= T; t0 += TB_MAX) panel_q8<TB_MAX>(x, wq, scales, y, K, N, p, t0);
-        switch (T - t0) {
-            case 5: panel_q8<5>(x, wq, scales, y, K, N, p, t0); break;
-            case 4: panel_q8<4>(x, wq, scales, y, K, N, p, t0); break;
-            case 3: panel_q8<3>(x, wq, scales, y, K, N, p, t0); break;
-            case 2: panel_q8<2>(x, wq, scales, y, K, N, p, t0); break;
-            case 1: panel_q8<1>(x, wq, scales, y, K, N, p, t0); break;
-            default: break;
-        }
-    }
+    matmul(x, Int8Panels{wq}, scales, y, T, K, N, num_threads);
 }
