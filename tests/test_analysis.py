@@ -74,3 +74,12 @@ def test_analyze_cli(tmp_path, capsys):
     assert main(["analyze", "--from-bench", str(tmp_path / "bad.json")]) == 2
     (tmp_path / "old.json").write_text(json.dumps({"runs": []}))
     assert main(["analyze", "--from-bench", str(tmp_path / "old.json")]) == 2
+
+
+def test_fractional_mean_k_interpolates_between_whole_ks():
+    alphas = [0.9, 0.7, 0.5]
+    assert analysis.expected_accepted_mean_k(alphas, 2.0) == pytest.approx(analysis.expected_accepted(alphas, 2))
+    half = analysis.expected_accepted_mean_k(alphas, 2.5)
+    assert half == pytest.approx((analysis.expected_accepted(alphas, 2) + analysis.expected_accepted(alphas, 3)) / 2)
+    assert analysis.fit_verify_slope([(2.0, 1.4, 1.0), (4.0, 1.8, 1.0)]) == pytest.approx(0.2)
+    assert analysis.fit_verify_slope([(0.2, 0.9, 1.0)]) == 0.0  # never a negative cost per token
