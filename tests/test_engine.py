@@ -46,12 +46,13 @@ def drafters(models):
         "draft-padded-vocab": lambda: DraftModelDrafter(models["padded_draft"], models["target"].model.vocab_size),
         "draft-early-exit": lambda: DraftModelDrafter(models["random_draft"], models["target"].model.vocab_size, 0.5),
         "quant-int8": lambda: make_drafter("quant:int8", models["target"], "cpu", "float32"),
+        "layerskip": lambda: make_drafter("layerskip:first:1", models["target"], "cpu", "float32"),
     }
 
 
 needs_kernel = pytest.mark.skipif(packed_kernel() is None, reason="int8 weights need the CPU kernel (AVX2, g++)")
 ALL_DRAFTERS = ["ngram", "draft-random", "draft-self", "draft-padded-vocab", "draft-early-exit",
-                pytest.param("quant-int8", marks=needs_kernel)]
+                pytest.param("quant-int8", marks=needs_kernel), "layerskip"]
 
 
 @pytest.mark.parametrize("drafter", ALL_DRAFTERS)
@@ -98,6 +99,28 @@ def test_quant_drafter_is_close_to_its_target_and_shares_what_it_can(models):
         make_drafter("quant:int8", int8_target, "cpu", "float32")
     with pytest.raises(SpecdecError, match="needs the native backend"):
         make_drafter("quant:int8", load_model(str(models["target"].path), backend="transformers"), "cpu", "float32")
+
+
+def test_layer_skip_draft_shares_weights_and_runs_only_its_layers(models):
+    from specdec.drafters.self_draft import parse_layer_subset
+
+    target = models["target"].model
+    tokens = torch.tensor([[5, 9, 13, 2]])
+    positions = positions_after(0, 4, 1, tokens.device)
+    same = target.layer_subset_copy([0, 1])  # every layer: must be the target exactly
+    assert torch.equal(same.forward(tokens, positions, same.new_cache(1, 8)).logits,
+                       target.forward(tokens, positions, target.new_cache(1, 8)).logits)
+    first = target.layer_subset_copy([0])
+    assert first.num_layers == 1 and target.num_layers == 2 and first.new_cache(1, 8).keys.shape[0] == 1
+    assert first.model.layers[0] is target.model.layers[0] and first.lm_head is target.lm_head
+    assert not torch.equal(first.forward(tokens, positions, first.new_cache(1, 8)).logits,
+                           target.forward(tokens, positions, target.new_cache(1, 8)).logits)
+    assert parse_layer_subset("every:3", 10) == [0, 3, 6, 9]
+    assert parse_layer_subset("first:4", 30) == [0, 1, 2, 3]
+    assert parse_layer_subset("0-2,8-9", 10) == [0, 1, 2, 8, 9]
+    for bad in ("first:0", "every:0", "0-40", "x", "0-9"):
+        with pytest.raises(SpecdecError, match="layerskip"):
+            parse_layer_subset(bad, 10)
 
 
 def test_draft_equal_to_target_accepts_nearly_everything(models):

@@ -6,7 +6,7 @@ from specdec.drafters.base import Draft, Drafter, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel
 
-DRAFTER_SPECS = "none | ngram | ngram:MAX_N | draft:MODEL | draft:MODEL@MIN_CONFIDENCE | quant:int8"
+DRAFTER_SPECS = "none | ngram | ngram:MAX_N | draft:MODEL | draft:MODEL@MIN_CONFIDENCE | quant:int8 | layerskip[:SUBSET]"
 
 
 def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Drafter | None:
@@ -35,28 +35,14 @@ def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Dra
         check_same_tokenizer(target, draft)
         return DraftModelDrafter(draft, target.model.vocab_size, min_confidence)
     if kind == "quant":
+        from specdec.drafters.self_draft import quantized_self_draft
+
         return quantized_self_draft(target, arg)
+    if kind == "layerskip":
+        from specdec.drafters.self_draft import layer_skip_draft
+
+        return layer_skip_draft(target, arg)
     raise InvalidParameterError(f"unknown drafter {spec!r} (choose from: {DRAFTER_SPECS})")
-
-
-def quantized_self_draft(target: LoadedModel, weights: str):
-    """The target itself with quantized matrices as the draft: same tokenizer, closely aligned
-    distributions, no second checkpoint; memory: the quantized matrices and the draft's KV cache."""
-    import dataclasses
-
-    from specdec.drafters.draft_model import DraftModelDrafter
-
-    if weights != "int8":
-        raise InvalidParameterError(f"quant drafter: unsupported weight format {weights!r} (supported: int8)")
-    model = target.model
-    if not hasattr(model, "quantized_copy") or not hasattr(model.lm_head, "quantized_copy"):
-        raise InvalidParameterError("quant drafter: needs the native backend with the CPU kernel "
-                                    "(packed float32 weights on a CPU with AVX2/FMA)")
-    if model.lm_head.weight_format == weights:
-        raise InvalidParameterError(f"quant drafter: the target already has {weights} weights; "
-                                    "a copy in the same format would only repeat it")
-    draft = dataclasses.replace(target, name=f"{target.name}-{weights}", model=model.quantized_copy(weights))
-    return DraftModelDrafter(draft, model.vocab_size, name=f"quant:{weights}")
 
 
 __all__ = ["Draft", "Drafter", "VerifyResult", "make_drafter", "DRAFTER_SPECS"]

@@ -171,6 +171,22 @@ class LlamaForCausalLM(nn.Module):
             twin.model.embed_tokens = PackedEmbedding(twin.lm_head)
         return twin
 
+    def layer_subset_copy(self, layers: Sequence[int]) -> "LlamaForCausalLM":
+        """The same model running only `layers` (in order), sharing every weight: a layer-skip self-draft.
+        Its KV cache has one layer per kept layer."""
+        import copy
+        import dataclasses
+
+        if not layers or sorted(set(layers)) != list(layers) or layers[-1] >= self.config.num_layers or layers[0] < 0:
+            raise ValueError(f"layers must be increasing indices in [0, {self.config.num_layers})")
+        twin = copy.copy(self)
+        twin._modules = dict(self._modules)
+        stack = copy.copy(self.model)
+        stack._modules = {**self.model._modules, "layers": nn.ModuleList(self.model.layers[i] for i in layers)}
+        twin._modules["model"] = stack
+        twin.config = dataclasses.replace(self.config, num_layers=len(layers))
+        return twin
+
     # -- the CausalLM interface (specdec.models.base) --------------------------------
     @property
     def vocab_size(self) -> int:

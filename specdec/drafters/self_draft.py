@@ -1,0 +1,79 @@
+"""Self-drafting: the target itself, made cheaper, drafts for itself. No second checkpoint, the same
+tokenizer, and distributions close to the target's.
+
+- `quant:int8`: the target's matrices quantized to int8 (a quarter of the memory, ~0.6x the step time here);
+- `layerskip:SPEC`: the target running a subset of its layers, sharing every weight (memory: its KV only).
+
+Both are draft-model drafters (specdec.drafters.draft_model) over a derived model, so drafting,
+rollback and the exact acceptance rule are the ones tested for draft models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.errors import InvalidParameterError
+from specdec.models.loading import LoadedModel
+
+LAYERSKIP_SPECS = "first:N | every:N | RANGES (e.g. 0-7,28-29)"
+
+# Chosen by `python -m specdec.bench.layer_skip_search` (docs/drafters.md has the search and its figures).
+DEFAULT_LAYER_SUBSETS: dict[str, str] = {}
+FALLBACK_LAYER_SUBSET = "every:2"
+
+
+def quantized_self_draft(target: LoadedModel, weights: str) -> DraftModelDrafter:
+    if weights != "int8":
+        raise InvalidParameterError(f"quant drafter: unsupported weight format {weights!r} (supported: int8)")
+    model = _native_packed(target, "quant")
+    if model.lm_head.weight_format == weights:
+        raise InvalidParameterError(f"quant drafter: the target already has {weights} weights; "
+                                    "a copy in the same format would only repeat it")
+    draft = dataclasses.replace(target, name=f"{target.name}-{weights}", model=model.quantized_copy(weights))
+    return DraftModelDrafter(draft, model.vocab_size, name=f"quant:{weights}")
+
+
+def parse_layer_subset(spec: str, num_layers: int) -> list[int]:
+    """'first:N' (layers 0..N-1), 'every:N' (0, N, 2N, ... and always the last), or ranges '0-7,28-29'."""
+    kind, _, value = spec.partition(":")
+    try:
+        if kind == "first":
+            layers = list(range(int(value)))
+        elif kind == "every":
+            step = int(value)
+            if step < 1:
+                raise ValueError
+            layers = sorted(set(range(0, num_layers, step)) | {num_layers - 1})
+        else:
+            layers = []
+            for part in spec.split(","):
+                low, _, high = part.partition("-")
+                layers += range(int(low), int(high or low) + 1)
+            layers = sorted(set(layers))
+    except ValueError:
+        raise InvalidParameterError(f"layerskip drafter: cannot read {spec!r} ({LAYERSKIP_SPECS})") from None
+    if not layers or layers[0] < 0 or layers[-1] >= num_layers:
+        raise InvalidParameterError(f"layerskip drafter: {spec!r} selects no layers within 0..{num_layers - 1}")
+    if len(layers) == num_layers:
+        raise InvalidParameterError(f"layerskip drafter: {spec!r} keeps all {num_layers} layers (no cheaper draft)")
+    return layers
+
+
+def layer_skip_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
+    model = target.model
+    if not hasattr(model, "layer_subset_copy"):
+        raise InvalidParameterError("layerskip drafter: needs the native backend")
+    spec = spec or DEFAULT_LAYER_SUBSETS.get(target.name, FALLBACK_LAYER_SUBSET)
+    layers = parse_layer_subset(spec, model.num_layers)
+    draft = dataclasses.replace(target, name=f"{target.name}-layers{len(layers)}",
+                                model=model.layer_subset_copy(layers))
+    return DraftModelDrafter(draft, model.vocab_size, name=f"layerskip:{spec}")
+
+
+def _native_packed(target: LoadedModel, what: str):
+    model = target.model
+    if not hasattr(model, "quantized_copy") or not hasattr(model.lm_head, "quantized_copy"):
+        raise InvalidParameterError(f"{what} drafter: needs the native backend with the CPU kernel "
+                                    "(packed float32 weights on a CPU with AVX2/FMA)")
+    return model
