@@ -35,8 +35,9 @@ def measure_bandwidth(buffer_mb: int = 1024, repeats: int = 5, device: str = "cp
 
 
 def weight_bytes_per_token(model) -> int:
-    """Bytes of weights one decode step reads: every matrix a token passes through, once. An embedding
-    table is read one row per token, unless it is the tied LM head (then the head reads all of it)."""
+    """Bytes of weights one decode step reads: every matrix a token passes through, once, in its stored
+    format (int8 panels count one byte a weight). An embedding table is read one row per token, unless
+    it is the tied LM head (then the head reads all of it)."""
     module = model if isinstance(model, nn.Module) else getattr(model, "model", None)
     if not isinstance(module, nn.Module):
         raise TypeError(f"cannot count the weights of {type(model).__name__}")
@@ -46,7 +47,7 @@ def weight_bytes_per_token(model) -> int:
         if isinstance(sub, nn.Embedding):
             continue  # one row per token, below, unless the head shares it
         for tensor in [*sub.parameters(recurse=False), *sub.buffers(recurse=False)]:
-            if tensor is not None and tensor.is_floating_point() and id(tensor) not in counted:
+            if tensor is not None and tensor.dtype != torch.bool and id(tensor) not in counted:
                 counted[id(tensor)] = tensor
                 total += tensor.numel() * tensor.element_size()
     shared = {t.data_ptr() for t in counted.values()}
