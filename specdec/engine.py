@@ -20,11 +20,12 @@ import torch
 from specdec.commit import Committer, CommitOutcome, StopCriteria
 from specdec.drafters.base import Draft, Drafter, VerifyResult
 from specdec.errors import ContextLengthError
-from specdec.models.base import CausalLM, positions_after
-from specdec.sampling import SamplingParams, processed_probs
+from specdec.models.base import CausalLM, positions_after, tree_attention_mask
+from specdec.sampling import SamplingParams, processed_probs, tree_processed_probs
 from specdec.speculation_length import FixedK, SpeculationLength
 from specdec.stats import GenerationStats, RoundStats
-from specdec.verify import verify_chain_greedy, verify_chain_sampling
+from specdec.tree import TokenTree
+from specdec.verify import verify_chain_greedy, verify_chain_sampling, verify_tree_greedy, verify_tree_sampling
 
 
 @dataclass
@@ -150,22 +151,36 @@ class _Generation:
         return self.drafter.propose(self.context, k, self.params, self.generator)
 
     def _verify_forward(self, draft: Draft) -> torch.Tensor:
-        """One target forward over [last committed] + draft: (K+1, V) logits."""
-        tokens = torch.tensor([[self.context[-1], *draft.tokens]], device=self.target.device)  # (1, K+1)
-        positions = positions_after(self.cache.length, tokens.shape[1], 1, tokens.device)
-        return self.target.forward(tokens, positions, self.cache).logits[0]
+        """One target forward over [last committed] + draft: (K+1, V) logits (a tree: one row per node)."""
+        device = self.target.device
+        if draft.is_chain:
+            tokens = torch.tensor([[self.context[-1], *draft.tokens]], device=device)  # (1, K+1)
+            positions = positions_after(self.cache.length, tokens.shape[1], 1, device)
+            return self.target.forward(tokens, positions, self.cache).logits[0]
+        tree = TokenTree.from_draft(draft.tokens, draft.parents)
+        tokens, positions, mask = tree.verify_inputs(self.context[-1], self.cache.length, device)
+        attn_mask = tree_attention_mask(self.cache.length, mask)  # (1, T+1, cache + T+1)
+        return self.target.forward(tokens, positions, self.cache, attn_mask).logits[0]
 
     def _accept(self, logits: torch.Tensor, draft: Draft) -> VerifyResult:
+        tree = None if draft.is_chain else TokenTree.from_draft(draft.tokens, draft.parents)
         if self.params.greedy and self.params.repetition_penalty == 1.0:
-            return verify_chain_greedy(logits, draft)
+            return verify_chain_greedy(logits, draft) if tree is None else verify_tree_greedy(logits, tree)
         history = torch.tensor(self.context, device=logits.device)
-        target_probs = processed_probs(logits, self.params, history, draft.tokens)  # (K+1, V)
-        return verify_chain_sampling(target_probs, draft, self.generator)
+        if tree is None:
+            target_probs = processed_probs(logits, self.params, history, draft.tokens)  # (K+1, V)
+            return verify_chain_sampling(target_probs, draft, self.generator)
+        target_probs = tree_processed_probs(logits, self.params, history, tree)  # (T+1, V)
+        return verify_tree_sampling(target_probs, tree, draft.draft_probs, self.generator)
 
     def _commit(self, draft: Draft, result: VerifyResult) -> CommitOutcome:
         outcome = self.committer.commit(result.tokens)
         # The cache keeps [last committed] + accepted drafts; the new last token is the next input.
-        self.cache.truncate(self.cache.length - len(draft) + result.num_accepted)
+        root_slot = self.cache.length - len(draft) - 1
+        if draft.is_chain:
+            self.cache.truncate(root_slot + 1 + result.num_accepted)
+        else:  # the accepted path's slots move up behind the root
+            self.cache.compact(root_slot + 1, [root_slot + 1 + node for node in result.accepted_path])
         self.context.extend(result.tokens)
         if self._drafted and outcome.finish_reason is None:
             self.drafter.on_verified(self.context, draft, result)

@@ -95,3 +95,19 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     cdf = probs.cumsum(-1)  # (..., V)
     u = torch.rand((*probs.shape[:-1], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
     return torch.searchsorted(cdf, u * cdf[..., -1:], right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+
+
+def tree_processed_probs(
+    logits: torch.Tensor,  # (T+1, V): after the root, then after each tree node
+    params: SamplingParams,
+    history: torch.Tensor,  # (N,) committed context ids
+    tree,  # specdec.tree.TokenTree
+) -> torch.Tensor:
+    """`processed_probs` for a token tree: row n + 1 also penalizes the tokens on node n's path."""
+    if params.repetition_penalty == 1.0:
+        return processed_probs(logits, params)
+    rows = [processed_probs(logits[:1], params, history)]
+    for node in range(len(tree)):
+        path = torch.tensor([tree.tokens[n] for n in tree.ancestors(node)], device=history.device)
+        rows.append(processed_probs(logits[node + 1: node + 2], params, torch.cat([history, path])))
+    return torch.cat(rows)

@@ -20,6 +20,7 @@ import torch
 
 from specdec.drafters.base import Draft, VerifyResult
 from specdec.sampling import sample
+from specdec.tree import ROOT, TokenTree
 
 
 def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
@@ -80,3 +81,60 @@ def verify_chain_greedy(target_logits: torch.Tensor, draft: Draft) -> VerifyResu
     while count < len(draft) and draft.tokens[count] == choice[count]:
         count += 1
     return VerifyResult(len(draft), list(range(count)), draft.tokens[:count] + [choice[count]])
+
+
+# -- trees -----------------------------------------------------------------------------------
+# Row 0 of the target's output is its distribution after the root (the last committed token), row
+# n + 1 its distribution after node n's path. Verification walks down from the root.
+
+
+def verify_tree_greedy(target_logits: torch.Tensor, tree: TokenTree) -> VerifyResult:
+    """target_logits (T+1, V): follow the child whose token is the target's argmax, as deep as the
+    tree allows; then the argmax after the last accepted node."""
+    choice = target_logits.argmax(-1).tolist()  # T+1 ints: one host sync per round
+    path: list[int] = []
+    node = ROOT
+    while True:
+        matching = [child for child in tree.children[node] if tree.tokens[child] == choice[node + 1]]
+        if not matching:
+            break
+        node = matching[0]
+        path.append(node)
+    return VerifyResult(len(tree), path, [tree.tokens[n] for n in path] + [choice[node + 1]])
+
+
+def verify_tree_sampling(
+    target_probs: torch.Tensor,  # (T+1, V) processed target distributions: root, then each node
+    tree: TokenTree,
+    draft_probs: torch.Tensor | None,  # (T, V): the distribution node n was drawn from; None = one-hot
+    generator: torch.Generator | None,
+) -> VerifyResult:
+    """Multi-draft rejection sampling (SpecInfer; EAGLE): at each node try its children in order;
+    child x (drawn from q, independently of its siblings, or proposed deterministically: q one-hot)
+    is accepted with probability min(1, r(x) / q(x)) where r starts as the target's distribution;
+    after a rejection r becomes normalize(max(0, r - q)). The first accepted child is descended into;
+    when none is, the next token is drawn from r (at a leaf r is the target's: the bonus token).
+    Each step is a single-draft speculative step against r, so the committed tokens follow the
+    target's distribution exactly."""
+    path: list[int] = []
+    node = ROOT
+    while True:
+        residual = target_probs[node + 1]  # (V,) sums to 1
+        accepted = None
+        for child in tree.children[node]:
+            token = tree.tokens[child]
+            q = draft_probs[child] if draft_probs is not None else one_hot_probs(
+                torch.tensor(token, device=residual.device), residual.shape[-1])  # (V,)
+            uniform = torch.rand((), generator=generator, device=residual.device)
+            if uniform * q[token] < residual[token]:
+                accepted = child
+                break
+            reduced = residual_distribution(residual, q)
+            total = reduced.sum()
+            if total > 0:  # rounding can empty it when r == q; r is then still the right law
+                residual = reduced / total
+        if accepted is None:
+            next_token = int(sample(residual.unsqueeze(0), generator)[0])
+            return VerifyResult(len(tree), path, [tree.tokens[n] for n in path] + [next_token])
+        path.append(accepted)
+        node = accepted

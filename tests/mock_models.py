@@ -49,12 +49,22 @@ class MockLM:
 
     def forward(self, tokens, positions, cache, attn_mask=None, hidden_layers=(), last_logits_only=False):
         new = tokens[0].tolist()
-        assert positions[0].tolist() == list(range(cache.length, cache.length + len(new))), "positions out of step"
         assert cache.length + len(new) <= cache.max_length
+        past = cache.length
         cache.tokens.extend(new)
         self.forwards.append(len(new))
-        rows = range(cache.length - 1, cache.length) if last_logits_only else range(cache.length - len(new), cache.length)
-        logits = torch.stack([self.logits_after(tuple(cache.tokens[: i + 1])) for i in rows])
+        rows = range(len(new) - 1, len(new)) if last_logits_only else range(len(new))
+        if attn_mask is None:  # a chain: each new token sees everything before it
+            assert positions[0].tolist() == list(range(past, past + len(new))), "positions out of step"
+            prefixes = [tuple(cache.tokens[: past + i + 1]) for i in rows]
+        else:  # a tree: each row sees exactly the slots its mask allows, and sits at their count - 1
+            visible = attn_mask[0]  # (T, past + T)
+            prefixes = []
+            for i in rows:
+                prefix = tuple(t for t, seen in zip(cache.tokens, visible[i].tolist()) if seen)
+                assert visible[i, past + i] and positions[0, i] == len(prefix) - 1, "tree mask/positions disagree"
+                prefixes.append(prefix)
+        logits = torch.stack([self.logits_after(prefix) for prefix in prefixes])
         return ForwardOutput(logits=logits.unsqueeze(0), hidden_states={})
 
 
