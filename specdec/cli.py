@@ -234,9 +234,9 @@ def cmd_analyze(args) -> int:
         if args.plot and fitted:
             from specdec.bench.plots import plot_tokens_per_round
 
-            k = max(1, round(max(f.mean_k for f in fitted)))
-            measured = [(f.method, sum(f.alphas) / len(f.alphas), f.measured_tokens_per_round) for f in fitted]
-            plot_tokens_per_round(k, measured, Path(args.plot))
+            measured = [(f.method, (f.measured_tokens_per_round - 1) / f.mean_k, f.measured_tokens_per_round,
+                         max(1, round(f.mean_k))) for f in fitted]
+            plot_tokens_per_round(measured, Path(args.plot))
         return 0
     alphas = _alpha_list(args.alpha)
     verify = analysis.VerifyCost(slope=args.verify_slope)

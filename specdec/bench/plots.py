@@ -32,22 +32,29 @@ def plot_speedup_per_task(summary: dict[str, dict[str, dict]], path: Path, title
     return _save(fig, path)
 
 
-def plot_tokens_per_round(k: int, measured: Sequence[tuple[str, float, float]], path: Path) -> Path:
-    """The expected tokens per round against alpha for this K (accepted, and accepted + one
-    recovered/bonus token), with each drafter's measured (alpha, tau) on top."""
+def plot_tokens_per_round(measured: Sequence[tuple[str, float, float, int]], path: Path) -> Path:
+    """The seed's chart: expected tokens per round against alpha for K (accepted drafts, and accepted +
+    the recovered/bonus token), with each drafter's measured (alpha, tau) on top. `measured` holds
+    (name, alpha, tau, K); drafters with different K (adaptive) each get their own curve and colour."""
     alphas = np.linspace(0.0, 1.0, 201)
-    accepted = np.array([expected_accepted(a, k) for a in alphas])
-    fig, ax = plt.subplots(figsize=(6.0, 4.0))
-    ax.plot(alphas, accepted, label=f"accepted drafts, K={k}")
-    ax.plot(alphas, accepted + 1, label=f"tokens per round (+ bonus), K={k}")
-    for name, alpha, tau in measured:
-        ax.scatter([alpha], [tau], zorder=3)
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    ks = sorted({k for *_, k in measured}) or [1]
+    if len(ks) == 1:
+        accepted = np.array([expected_accepted(a, ks[0]) for a in alphas])
+        ax.plot(alphas, accepted, color="grey", linestyle="--", label=f"accepted drafts, K={ks[0]}")
+        ax.plot(alphas, accepted + 1, color="black", label=f"tokens per round (+ bonus), K={ks[0]}")
+    for index, (name, alpha, tau, k) in enumerate(measured):
+        color = f"C{index}"
+        if len(ks) > 1:
+            ax.plot(alphas, [1 + expected_accepted(a, k) for a in alphas], color=color, linewidth=1,
+                    label=f"tokens per round, K={k} ({name})")
+        ax.scatter([alpha], [tau], color=color, zorder=3)
         ax.annotate(name, (alpha, tau), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel("acceptance rate alpha")
     ax.set_ylabel("tokens")
     ax.set_title("expected tokens per round vs acceptance (measured: dots)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     return _save(fig, path)
 
 

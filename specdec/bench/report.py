@@ -100,13 +100,13 @@ def roofline_lines(roofline: Roofline, summary: dict[str, dict[str, dict]]) -> l
     return lines
 
 
-def chart_k(results: BenchResults) -> int:
-    """K for the tokens-per-round chart: the configured K, or the mean K the drafters chose."""
+def drafter_k(results: BenchResults, method: str) -> int:
+    """K for a drafter's curve: the configured K, or the mean K it drafted per round (adaptive K)."""
     if results.config.k.isdigit():
         return int(results.config.k)
-    speculative = [r for r in results.runs if r.tau is not None and r.rounds]
-    rounds = sum(r.rounds for r in speculative)
-    return max(1, round(sum(r.drafted for r in speculative) / rounds)) if rounds else 1
+    runs = [r for r in results.runs if r.method == method and r.rounds]
+    rounds = sum(r.rounds for r in runs)
+    return max(1, round(sum(r.drafted for r in runs) / rounds)) if rounds else 1
 
 
 def write_report_dir(results: BenchResults, out_dir: Path) -> list[Path]:
@@ -115,14 +115,15 @@ def write_report_dir(results: BenchResults, out_dir: Path) -> list[Path]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(results)
-    measured = [(method, by_task["overall"]["acceptance_rate"], by_task["overall"]["tau"])
+    measured = [(method, by_task["overall"]["acceptance_rate"], by_task["overall"]["tau"],
+                 drafter_k(results, method))
                 for method, by_task in summary.items() if by_task["overall"]["tau"] is not None]
     return [
         write_atomically(out_dir / "report.md", markdown(results)),
         write_atomically(out_dir / "results.json", json.dumps(results.to_dict(), indent=1)),
         plot_speedup_per_task(summary, out_dir / "speedup_per_task.png",
                               f"{results.config.target}, temperature {results.config.temperature}"),
-        plot_tokens_per_round(chart_k(results), measured, out_dir / "tokens_per_round.png"),
+        plot_tokens_per_round(measured, out_dir / "tokens_per_round.png"),
     ]
 
 
