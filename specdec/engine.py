@@ -128,11 +128,12 @@ class _Generation:
     def _round(self) -> CommitOutcome:
         t0 = time.perf_counter()
         draft = self._draft()
+        tree = None if draft.is_chain else TokenTree.from_draft(draft.tokens, draft.parents)
         t1 = time.perf_counter()
-        logits = self._verify_forward(draft)
+        logits = self._verify_forward(draft, tree)
         t2 = time.perf_counter()
-        result = self._accept(logits, draft)
-        outcome = self._commit(draft, result)
+        result = self._accept(logits, draft, tree)
+        outcome = self._commit(draft, result, tree)
         t3 = time.perf_counter()
         self.engine.speculation.observe(len(draft), result.num_accepted, t1 - t0, t2 - t1)
         self.rounds.append(RoundStats(self._k, len(draft), result.num_accepted, len(outcome.tokens),
@@ -150,20 +151,18 @@ class _Generation:
             return Draft.empty()
         return self.drafter.propose(self.context, k, self.params, self.generator)
 
-    def _verify_forward(self, draft: Draft) -> torch.Tensor:
+    def _verify_forward(self, draft: Draft, tree: TokenTree | None) -> torch.Tensor:
         """One target forward over [last committed] + draft: (K+1, V) logits (a tree: one row per node)."""
         device = self.target.device
-        if draft.is_chain:
+        if tree is None:
             tokens = torch.tensor([[self.context[-1], *draft.tokens]], device=device)  # (1, K+1)
             positions = positions_after(self.cache.length, tokens.shape[1], 1, device)
             return self.target.forward(tokens, positions, self.cache).logits[0]
-        tree = TokenTree.from_draft(draft.tokens, draft.parents)
         tokens, positions, mask = tree.verify_inputs(self.context[-1], self.cache.length, device)
         attn_mask = tree_attention_mask(self.cache.length, mask)  # (1, T+1, cache + T+1)
         return self.target.forward(tokens, positions, self.cache, attn_mask).logits[0]
 
-    def _accept(self, logits: torch.Tensor, draft: Draft) -> VerifyResult:
-        tree = None if draft.is_chain else TokenTree.from_draft(draft.tokens, draft.parents)
+    def _accept(self, logits: torch.Tensor, draft: Draft, tree: TokenTree | None) -> VerifyResult:
         if self.params.greedy and self.params.repetition_penalty == 1.0:
             return verify_chain_greedy(logits, draft) if tree is None else verify_tree_greedy(logits, tree)
         history = torch.tensor(self.context, device=logits.device)
@@ -173,11 +172,11 @@ class _Generation:
         target_probs = tree_processed_probs(logits, self.params, history, tree)  # (T+1, V)
         return verify_tree_sampling(target_probs, tree, draft.draft_probs, self.generator)
 
-    def _commit(self, draft: Draft, result: VerifyResult) -> CommitOutcome:
+    def _commit(self, draft: Draft, result: VerifyResult, tree: TokenTree | None) -> CommitOutcome:
         outcome = self.committer.commit(result.tokens)
         # The cache keeps [last committed] + accepted drafts; the new last token is the next input.
         root_slot = self.cache.length - len(draft) - 1
-        if draft.is_chain:
+        if tree is None:
             self.cache.truncate(root_slot + 1 + result.num_accepted)
         else:  # the accepted path's slots move up behind the root
             self.cache.compact(root_slot + 1, [root_slot + 1 + node for node in result.accepted_path])

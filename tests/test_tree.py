@@ -27,6 +27,19 @@ def random_tree(rng: random.Random, size: int, vocab: int = 5) -> TokenTree:
     return TokenTree(tuple(rng.randrange(vocab) for _ in range(size)), tuple(parents))
 
 
+def distinct_sibling_tree(rng: random.Random, size: int, vocab: int) -> TokenTree:
+    """A random tree whose siblings carry different tokens (as a drafter proposes them)."""
+    tokens, parents = [], []
+    for _ in range(size):
+        parent = rng.randrange(-1, len(tokens))
+        used = {tokens[s] for s in range(len(tokens)) if parents[s] == parent}
+        free = [t for t in range(vocab) if t not in used]
+        if free:
+            tokens.append(rng.choice(free))
+            parents.append(parent)
+    return TokenTree(tuple(tokens), tuple(parents))
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_structure_matches_brute_force(seed):
     rng = random.Random(seed)
@@ -74,19 +87,17 @@ def test_from_paths_merges_prefixes_and_rejects_bad_parents():
 @pytest.mark.parametrize("seed", range(10))
 def test_greedy_tree_verification_is_the_longest_argmax_path(seed):
     rng = random.Random(seed)
-    tree = random_tree(rng, 10, vocab=3)
+    tree = distinct_sibling_tree(rng, 14, vocab=3)
     logits = torch.randn(len(tree) + 1, 3, generator=torch.Generator().manual_seed(seed))
     result = verify.verify_tree_greedy(logits, tree)
     best = logits.argmax(-1).tolist()
-    # brute force: walk every path; the accepted one follows argmax at every step, first child first
-    expected, node = [], ROOT
-    while True:
-        kids = [c for c in range(len(tree)) if tree.parents[c] == node and tree.tokens[c] == best[node + 1]]
-        if not kids:
-            break
-        node = kids[0]
-        expected.append(node)
+    # brute force over every node: its path is acceptable when each token on it is the argmax of the
+    # row before it; the accepted path is the deepest acceptable one (unique: siblings differ)
+    acceptable = [path for path in (tree.ancestors(n) for n in range(len(tree)))
+                  if all(tree.tokens[n] == best[([ROOT] + path)[i] + 1] for i, n in enumerate(path))]
+    expected = max(acceptable, key=len, default=[])
     assert result.accepted_path == expected
+    node = expected[-1] if expected else ROOT
     assert result.tokens == [tree.tokens[n] for n in expected] + [best[node + 1]]
 
 

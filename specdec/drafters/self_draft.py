@@ -28,7 +28,10 @@ FALLBACK_LAYER_SUBSET = "every:2"
 def quantized_self_draft(target: LoadedModel, weights: str) -> DraftModelDrafter:
     if weights != "int8":
         raise InvalidParameterError(f"quant drafter: unsupported weight format {weights!r} (supported: int8)")
-    model = _native_packed(target, "quant")
+    model = target.model
+    if not hasattr(model, "quantized_copy") or not hasattr(model.lm_head, "quantized_copy"):
+        raise InvalidParameterError("quant drafter: needs the native backend with the CPU kernel "
+                                    "(packed float32 weights on a CPU with AVX2/FMA)")
     if model.lm_head.weight_format == weights:
         raise InvalidParameterError(f"quant drafter: the target already has {weights} weights; "
                                     "a copy in the same format would only repeat it")
@@ -71,11 +74,3 @@ def layer_skip_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     draft = dataclasses.replace(target, name=f"{target.name}-layers{len(layers)}",
                                 model=model.layer_subset_copy(layers))
     return DraftModelDrafter(draft, model.vocab_size, name=f"layerskip:{spec}")
-
-
-def _native_packed(target: LoadedModel, what: str):
-    model = target.model
-    if not hasattr(model, "quantized_copy") or not hasattr(model.lm_head, "quantized_copy"):
-        raise InvalidParameterError(f"{what} drafter: needs the native backend with the CPU kernel "
-                                    "(packed float32 weights on a CPU with AVX2/FMA)")
-    return model

@@ -120,10 +120,8 @@ def packed_matmul_int8(x: torch.Tensor, quantized: torch.Tensor, scales: torch.T
     Like `packed_matmul`: up to 16 rows the kernel (batch-invariant), more rows (prefill, a draft model
     catching up) a GEMM over panels dequantized for this call (compute-bound there, the copy is cheap)."""
     rows, cols = x.shape
-    if rows > SMALL_ROWS:
-        panels = quantized.to(torch.float32).mul_(scales.view(-1, 1, PANEL))  # (P, K, 16)
-        y = torch.matmul(x, panels)  # (P, T, 16)
-        return y.transpose(0, 1).reshape(rows, -1)[:, :out_features]
+    if rows > SMALL_ROWS:  # float32 panels for this call, then the float32 GEMM path
+        return packed_matmul(x, quantized.to(torch.float32).mul_(scales.view(-1, 1, PANEL)), out_features)
     y = torch.empty(rows, out_features, dtype=torch.float32)
     packed_kernel().packed_matmul_q8(x.data_ptr(), quantized.data_ptr(), scales.data_ptr(), y.data_ptr(), rows,
                                      cols, out_features, torch.get_num_threads())

@@ -17,11 +17,11 @@ import torch
 from specdec.errors import CorruptModelError, InvalidParameterError, UnknownModelError, UnsupportedModelError
 from specdec.models.base import CausalLM
 from specdec.models.config import NATIVE_MODEL_TYPES, ModelConfig
+from specdec.models.packed_linear import WEIGHT_FORMATS
 from specdec.paths import converted_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = ("auto", "native", "transformers")
-WEIGHT_FORMATS = ("float32", "int8")
 
 
 @dataclass

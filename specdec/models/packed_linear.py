@@ -6,6 +6,7 @@ input into one matrix, so a layer makes 4 kernel calls instead of 7.
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
@@ -41,13 +42,9 @@ class PackedLinear(nn.Module):
 
     def quantized_copy(self, weights: str) -> "PackedLinear":
         """A copy in another weight format; this layer is left as it is (for a quantized self-draft)."""
-        copy = PackedLinear.__new__(PackedLinear)
-        nn.Module.__init__(copy)
-        copy.out_features, copy.in_features, copy.split_sizes = self.out_features, self.in_features, self.split_sizes
-        copy.register_buffer("packed", self.packed)
-        copy.register_buffer("bias", self.bias)
-        copy.register_buffer("scales", self.scales)
-        return copy.quantize_(weights)
+        twin = copy.copy(self)
+        twin._buffers = dict(self._buffers)  # its own buffer table: quantize_ replaces entries, not tensors
+        return twin.quantize_(weights)
 
     @classmethod
     def fuse(cls, linears: Sequence[nn.Linear]) -> "PackedLinear":

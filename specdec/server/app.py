@@ -44,7 +44,7 @@ class ServerSettings:
 
 
 def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> FastAPI:
-    metrics: ServerMetrics | None = None
+    # `metrics` is bound below, before the worker starts, so the callback finds it.
     scheduler = Scheduler(generator, settings.max_active, settings.max_queue,
                           on_finished=lambda job, result: metrics.record_generation(result))
     metrics = ServerMetrics(lambda: scheduler.queue_length, lambda: scheduler.active_count)
@@ -165,9 +165,7 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
     async def finish(job: Job, request: Request) -> GenerationResult | Exception | None:
         while True:
             kind, payload = await next_event(job, request)
-            if kind == "done":
-                return payload
-            if kind == "failed":
+            if kind in ("done", "failed"):
                 return payload
             if kind == "cancelled":
                 return None

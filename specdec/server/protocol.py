@@ -177,8 +177,6 @@ def parse_request(body: bytes, kind: type[_Common]) -> _Common:
         if error["type"] == "missing":
             message = "is required"
         raise BadRequest(f"{param}: {message}" if param else message, param) from None
-    except BadRequest:
-        raise
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,

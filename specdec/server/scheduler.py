@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -50,7 +49,6 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     loop: asyncio.AbstractEventLoop | None = None
     cancelled: bool = False
-    submitted: float = field(default_factory=time.perf_counter)
 
     def cancel(self) -> None:
         self.cancelled = True  # read by the worker before each round
