@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from specdec.errors import SpecdecError
+from specdec.errors import InvalidParameterError, SpecdecError
 
 EXIT_USAGE = 2
 
@@ -107,6 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--max-k", type=int, default=16)
     analyze.add_argument("--from-bench", default=None, help="fit alpha, c and v(K) to `specdec bench --json` output")
     analyze.add_argument("--plot", default=None, help="write a PNG chart here")
+    train = commands.add_parser("train", help="train an EAGLE or Medusa head for a target on this machine")
+    train.add_argument("kind", choices=["eagle", "medusa"])
+    train.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
+    train.add_argument("--out", required=True, help="directory for head.safetensors and head.json")
+    train.add_argument("--steps", type=int, default=600)
+    train.add_argument("--batch-windows", type=int, default=8, help="token windows per step")
+    train.add_argument("--learning-rate", type=float, default=1e-3)
+    train.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head scores (most predicted first)")
+    train.add_argument("--medusa-heads", type=int, default=4)
+    train.add_argument("--intermediate-size", type=int, default=0, help="EAGLE layer MLP width (0: the target's)")
+    train.add_argument("--code-tokens", type=int, default=160_000, help="corpus tokens of Python source")
+    train.add_argument("--prose-tokens", type=int, default=80_000, help="corpus tokens of package documentation")
+    train.add_argument("--generated", type=int, default=48, help="answers the target writes itself for the corpus")
+    train.add_argument("--window", type=int, default=256, help="tokens per training window")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--device", default="cpu", help="cpu or cuda")
     return parser
 
 
@@ -114,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         commands = {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models, "bench": cmd_bench,
-                    "serve": cmd_serve, "analyze": cmd_analyze}
+                    "serve": cmd_serve, "analyze": cmd_analyze, "train": cmd_train}
         return commands[args.command](args)
     except SpecdecError as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
@@ -260,3 +276,35 @@ def _alpha_list(text: str) -> list[float]:
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(main())
+
+
+def cmd_train(args) -> int:
+    from pathlib import Path
+
+    from specdec.models.loading import load_model
+    from specdec.training.command import run_training
+    from specdec.training.corpus import CorpusConfig
+    from specdec.training.train import TrainConfig
+
+    numbers = {"--steps": args.steps, "--batch-windows": args.batch_windows, "--draft-vocab": args.draft_vocab,
+               "--medusa-heads": args.medusa_heads, "--window": args.window}
+    for flag, value in numbers.items():
+        if value < 1 or (flag == "--window" and value < 8):
+            raise InvalidParameterError(f"{flag} must be at least {8 if flag == '--window' else 1}")
+    if min(args.code_tokens, args.prose_tokens, args.generated, args.intermediate_size) < 0 or args.learning_rate <= 0:
+        raise InvalidParameterError("corpus sizes and --intermediate-size must be >= 0, --learning-rate > 0")
+    out = Path(args.out)
+    if out.exists() and not (out / "head.json").exists() and any(out.iterdir()):
+        raise InvalidParameterError(f"{out}: exists and is not a head directory; choose a new --out")
+    corpus = CorpusConfig(args.code_tokens, args.prose_tokens, args.generated, window=args.window, seed=args.seed)
+    config = TrainConfig(args.kind, steps=args.steps, batch_windows=args.batch_windows,
+                         learning_rate=args.learning_rate, draft_vocab_size=args.draft_vocab,
+                         medusa_heads=args.medusa_heads, intermediate_size=args.intermediate_size, seed=args.seed)
+    target = load_model(args.target, device=args.device, backend="native")
+    info = run_training(args.kind, target, out, corpus, config)
+    validation = info["training"]["validation"]
+    print(f"specdec: wrote {out} ({args.kind} head for {target.name}); validation: "
+          + ", ".join(f"{k} {v}" for k, v in validation.items() if isinstance(v, float))
+          + f"; end to end: tau {validation['end_to_end']['tau']}, greedy exact "
+          f"{validation['end_to_end']['greedy_matches_plain']}")
+    return 0

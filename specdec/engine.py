@@ -86,6 +86,9 @@ class _Generation:
         if criteria.max_new_tokens > room:  # generation ends at the context limit, reported as "length"
             criteria = StopCriteria(room, criteria.eos_token_ids, criteria.stop_strings)
         self.engine, self.target, self.drafter = engine, target, engine.drafter
+        # Feature drafters (EAGLE, Medusa) read this hidden layer of every target forward.
+        self.feature_layer: int | None = getattr(self.drafter, "feature_layer", None)
+        self.hidden_layers = () if self.feature_layer is None else (self.feature_layer,)
         self.params = params
         self.prompt_ids = prompt_ids
         self.context = list(prompt_ids)  # prompt + committed tokens
@@ -117,12 +120,15 @@ class _Generation:
     def _prefill(self) -> None:
         """Put every prompt token but the last into the target's cache; let the drafter prepare."""
         head = self.prompt_ids[:-1]
+        out = None
         if head:
             tokens = torch.tensor([head], device=self.target.device)  # (1, P-1)
-            self.target.forward(tokens, positions_after(0, len(head), 1, tokens.device), self.cache,
-                                last_logits_only=True)
+            out = self.target.forward(tokens, positions_after(0, len(head), 1, tokens.device), self.cache,
+                                      hidden_layers=self.hidden_layers, last_logits_only=True)
         if self.drafter is not None:
             self.drafter.begin(self.prompt_ids, self.params, self.cache.max_length)
+            if self.feature_layer is not None and out is not None:
+                self.drafter.take_features(out.hidden_states[self.feature_layer][0])  # (P-1, C)
         self.prefill_seconds = time.perf_counter() - self.started
 
     def _round(self) -> CommitOutcome:
@@ -157,10 +163,14 @@ class _Generation:
         if tree is None:
             tokens = torch.tensor([[self.context[-1], *draft.tokens]], device=device)  # (1, K+1)
             positions = positions_after(self.cache.length, tokens.shape[1], 1, device)
-            return self.target.forward(tokens, positions, self.cache).logits[0]
-        tokens, positions, mask = tree.verify_inputs(self.context[-1], self.cache.length, device)
-        attn_mask = tree_attention_mask(self.cache.length, mask)  # (1, T+1, cache + T+1)
-        return self.target.forward(tokens, positions, self.cache, attn_mask).logits[0]
+            out = self.target.forward(tokens, positions, self.cache, hidden_layers=self.hidden_layers)
+        else:
+            tokens, positions, mask = tree.verify_inputs(self.context[-1], self.cache.length, device)
+            attn_mask = tree_attention_mask(self.cache.length, mask)  # (1, T+1, cache + T+1)
+            out = self.target.forward(tokens, positions, self.cache, attn_mask, hidden_layers=self.hidden_layers)
+        if self.feature_layer is not None:
+            self._features = out.hidden_states[self.feature_layer][0]  # (K+1 or T+1, C)
+        return out.logits[0]
 
     def _accept(self, logits: torch.Tensor, draft: Draft, tree: TokenTree | None) -> VerifyResult:
         if self.params.greedy and self.params.repetition_penalty == 1.0:
@@ -181,6 +191,9 @@ class _Generation:
         else:  # the accepted path's slots move up behind the root
             self.cache.compact(root_slot + 1, [root_slot + 1 + node for node in result.accepted_path])
         self.context.extend(result.tokens)
+        if self.feature_layer is not None and outcome.finish_reason is None:
+            rows = [0] + [1 + node for node in result.accepted_path]  # root, then the accepted drafts
+            self.drafter.take_features(self._features[rows])  # (1 + accepted, C)
         if self._drafted and outcome.finish_reason is None:
             self.drafter.on_verified(self.context, draft, result)
         return outcome

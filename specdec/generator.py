@@ -40,11 +40,21 @@ def speculation_length(k: int | str) -> SpeculationLength:
     return FixedK(value)
 
 
+def _speculation_for(drafter: Drafter | None, k: int | str) -> SpeculationLength:
+    if drafter is None:
+        return FixedK(0)
+    # Tree drafters (EAGLE, Medusa) draft a node budget, which AdaptiveK's chain model does not describe.
+    tree_budget = getattr(drafter, "default_k", None)
+    if k == "auto" and tree_budget is not None:
+        return FixedK(tree_budget)
+    return speculation_length(k)
+
+
 class SpeculativeGenerator:
     def __init__(self, target: LoadedModel, drafter: Drafter | None = None, k: int | str = 4):
         self.target = target
         self.drafter = drafter
-        self.engine = SpeculativeEngine(target.model, drafter, speculation_length(k) if drafter else FixedK(0))
+        self.engine = SpeculativeEngine(target.model, drafter, _speculation_for(drafter, k))
 
     @classmethod
     def from_pretrained(

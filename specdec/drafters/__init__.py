@@ -6,7 +6,8 @@ from specdec.drafters.base import Draft, Drafter, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel
 
-DRAFTER_SPECS = "none | ngram | ngram:MAX_N | draft:MODEL | draft:MODEL@MIN_CONFIDENCE | quant:int8 | layerskip[:SUBSET]"
+DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL | draft:MODEL@MIN_CONFIDENCE | quant:int8 | "
+                 "layerskip[:SUBSET] | eagle[:HEAD_DIR][@depth=D,topk=W,budget=N] | medusa[:HEAD_DIR][@budget=N]")
 
 
 def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Drafter | None:
@@ -42,6 +43,10 @@ def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Dra
         from specdec.drafters.self_draft import layer_skip_draft
 
         return layer_skip_draft(target, arg)
+    if kind in ("eagle", "medusa"):
+        from specdec.drafters.heads import head_drafter
+
+        return head_drafter(kind, arg, target)
     raise InvalidParameterError(f"unknown drafter {spec!r} (choose from: {DRAFTER_SPECS})")
 
 

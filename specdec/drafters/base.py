@@ -89,3 +89,17 @@ class Drafter(Protocol):
     def fresh(self) -> "Drafter":
         """A drafter with this one's settings and shared weights but its own per-generation state,
         for generations that run interleaved (the server)."""
+
+
+class FeatureDrafter(Drafter, Protocol):
+    """A drafter that reads the target's hidden states (EAGLE, Medusa).
+
+    The engine asks the target for hidden layer `feature_layer` in every forward and hands the drafter
+    the rows of committed tokens: after prefill those of prompt[:-1], after each round those of the
+    round's root and accepted drafts. So when `propose` runs, the drafter has had the feature of every
+    context token but the last (which the target has not processed yet)."""
+
+    feature_layer: int
+
+    def take_features(self, features: torch.Tensor) -> None:
+        """features (n, C): the target's hidden states of the next n committed tokens, in order."""

@@ -242,9 +242,11 @@ class LlamaForCausalLM(nn.Module):
             if index in wanted:
                 hidden[index] = x
         cache.advance(num_new)
-        if last_logits_only:
-            x = x[:, -1:]
-        x = self.model.norm(x)
-        if self.config.num_layers in wanted:
+        if self.config.num_layers in wanted:  # every row's normed state, even when one row's logits are asked
+            x = self.model.norm(x)
             hidden[self.config.num_layers] = x
+            if last_logits_only:
+                x = x[:, -1:]
+        else:
+            x = self.model.norm(x[:, -1:] if last_logits_only else x)
         return ForwardOutput(logits=self.lm_head(x).float(), hidden_states=hidden)

@@ -1,0 +1,35 @@
+"""Building EAGLE and Medusa drafters from a spec: `eagle[:HEAD_DIR][@depth=D,topk=W,budget=N]`,
+`medusa[:HEAD_DIR][@budget=N]`. Without HEAD_DIR, the head shipped with specdec for the target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdec.drafters.eagle import EagleDrafter, TreeShape, parse_tree_options
+from specdec.drafters.medusa import MedusaDrafter
+from specdec.errors import InvalidParameterError
+from specdec.heads.checkpoint import load_head
+
+SHIPPED_HEADS = Path(__file__).resolve().parent.parent / "heads" / "shipped"
+
+
+def shipped_head(kind: str, target_name: str) -> Path:
+    path = SHIPPED_HEADS / f"{target_name}-{kind}"
+    if not path.is_dir():
+        raise InvalidParameterError(
+            f"no {kind} head ships for {target_name!r}; train one with "
+            f"`specdec train {kind} --target {target_name} --out DIR` and use --drafter {kind}:DIR")
+    return path
+
+
+def head_drafter(kind: str, arg: str, target):
+    location, _, options = arg.partition("@")
+    path = Path(location).expanduser() if location else shipped_head(kind, target.name)
+    head = load_head(path, target, kind)
+    if kind == "eagle":
+        shape = parse_tree_options(options, TreeShape())
+        return EagleDrafter(head, target.model, shape, name=f"eagle:{path.name}")
+    budget = parse_tree_options(options, TreeShape(budget=16))
+    if (budget.depth, budget.top_k) != (TreeShape().depth, TreeShape().top_k):
+        raise InvalidParameterError("medusa drafter: only budget=N applies (the tree follows the heads' accuracy)")
+    return MedusaDrafter(head, target.model, budget.budget, name=f"medusa:{path.name}")

@@ -1,0 +1,70 @@
+"""The EAGLE head (Li et al. 2024): one decoder layer that predicts the target's next feature.
+
+Input at position j is the pair (embedding of token j+1, target feature f_j): the feature that produced
+token j+1, and that token. The head outputs a prediction of f_{j+1}, which the target's LM head turns
+into the distribution of token j+2. Knowing which token was sampled removes the uncertainty a feature
+alone carries, which is why EAGLE drafts far better than heads on the feature alone (Medusa).
+
+While drafting, the head feeds its own predicted features back in, autoregressively, over a tree; its
+KV cache holds committed pairs (from the target's true features) plus the tree being drafted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from specdec.models.config import ModelConfig
+from specdec.models.kv_cache import KVCache
+from specdec.models.llama import DecoderLayer, RMSNorm
+from specdec.models.rope import rope_cos_sin, rope_inverse_frequencies
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleShape:
+    intermediate_size: int  # the decoder layer's MLP width (the target's by default)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class EagleHead(nn.Module):
+    def __init__(self, target_config: ModelConfig, shape: EagleShape):
+        super().__init__()
+        self.shape = shape
+        self.config = dataclasses.replace(target_config, num_layers=1, intermediate_size=shape.intermediate_size,
+                                          qkv_bias=False, o_bias=False, mlp_bias=False)
+        hidden = target_config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden)
+        self.layer = DecoderLayer(self.config)
+        self.norm = RMSNorm(hidden, target_config.rms_norm_eps)
+        self.register_buffer("inv_freq", rope_inverse_frequencies(target_config.rope, target_config.head_dim),
+                             persistent=False)
+
+    def new_cache(self, max_length: int, batch_size: int = 1) -> KVCache:
+        c = self.config
+        return KVCache(1, batch_size, c.num_kv_heads, max_length, c.head_dim, self.fc.weight.dtype,
+                       self.fc.weight.device)
+
+    def forward(
+        self,
+        token_embeds: torch.Tensor,  # (B, T, C) embeddings of tokens j+1
+        features: torch.Tensor,  # (B, T, C) target (or predicted) features f_j
+        positions: torch.Tensor,  # (B, T) j
+        cache: KVCache,
+        attn_mask: torch.Tensor | None,  # (B or 1, T, cache.length + T) bool; None = causal over the new pairs
+    ) -> torch.Tensor:
+        """(B, T, C) predicted features f_{j+1}; appends T entries to the cache."""
+        from specdec.models.base import causal_attention_mask
+
+        num_new = token_embeds.shape[1]
+        cache.check_room(num_new)
+        if attn_mask is None and num_new > 1:
+            attn_mask = causal_attention_mask(cache.length, num_new, token_embeds.device)
+        x = self.fc(torch.cat([token_embeds, features], dim=-1))  # (B, T, C)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        x = self.layer(x, cos, sin, cache, 0, attn_mask)
+        cache.advance(num_new)
+        return self.norm(x)

@@ -1,0 +1,57 @@
+"""The pieces of a target a head borrows: token embeddings, LM head rows, the feature it taps.
+
+Heads predict the target's final normed hidden state (the LM head's input, `ForwardOutput.hidden_states
+[num_layers]`), and score tokens with the target's own LM head restricted to a draft vocabulary: the
+tokens the target actually predicts most often. Scoring 8k rows instead of 49k-152k makes a draft step
+several times cheaper on a CPU, and costs nothing in exactness: the draft may propose any subset.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.errors import InvalidParameterError
+
+
+def native_model(model):
+    """The native decoder behind a CausalLM, or a clear error (heads need its embeddings and LM head)."""
+    if not hasattr(model, "model") or not hasattr(model.model, "embed_tokens") or not hasattr(model, "config"):
+        raise InvalidParameterError("EAGLE and Medusa heads need the native backend (--backend native)")
+    return model
+
+
+def feature_layer(model) -> int:
+    """The tapped layer: the final normed hidden state (index num_layers in ForwardOutput.hidden_states)."""
+    return model.num_layers
+
+
+def lm_head_rows(model, token_ids: torch.Tensor) -> torch.Tensor:
+    """(N, C) rows of the target's LM head for token_ids (N,), in float32, whatever its storage."""
+    from specdec.models.packed_linear import PackedLinear
+    from specdec.kernels import unpack_rows
+
+    head = model.lm_head
+    if isinstance(head, PackedLinear):
+        return unpack_rows(head.packed, token_ids, head.scales).float()
+    return head.weight.detach()[token_ids].float()
+
+
+def embed(model, tokens: torch.Tensor) -> torch.Tensor:
+    """(B, T) token ids -> (B, T, C) the target's input embeddings (constants: no gradient, usable in training)."""
+    with torch.no_grad():
+        return model.model.embed_tokens(tokens).float()
+
+
+class DraftVocabulary:
+    """The token ids a head scores, and the LM head rows that score them."""
+
+    def __init__(self, model, token_ids: torch.Tensor):
+        self.token_ids = token_ids.to(torch.int64)  # (N,) target ids, most frequent first
+        self.rows = lm_head_rows(model, self.token_ids.to(model.device)).contiguous()  # (N, C)
+
+    def __len__(self) -> int:
+        return self.token_ids.shape[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., C) -> (..., N) draft logits over the draft vocabulary."""
+        return hidden @ self.rows.T

@@ -1,0 +1,93 @@
+"""`specdec train eagle|medusa`: corpus -> cached target features -> fitted head -> measured -> saved."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from specdec.heads.checkpoint import LoadedHead, TargetIdentity, save_head
+from specdec.paths import specdec_home
+from specdec.training.corpus import CorpusConfig, build_corpus
+from specdec.training.features import cache_features, draft_vocabulary
+from specdec.training.train import TrainConfig, fit
+
+VALIDATION_FRACTION = 0.05
+# End-to-end check after training: the head drafts for the target on prompts it never saw.
+VALIDATION_PROMPTS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Write a Python class for a stack with push, pop and peek.",
+    "Explain what a hash table is and when to use one.",
+    "Give three tips for writing readable code.",
+]
+
+
+def feature_dir(target, identity: TargetIdentity, corpus: CorpusConfig) -> Path:
+    key = hashlib.sha256(json.dumps([asdict(corpus), identity.weights_sha256, identity.tokenizer_sha256]).encode())
+    return specdec_home() / "features" / f"{target.name}-{key.hexdigest()[:16]}"
+
+
+def corpus_windows(target, corpus: CorpusConfig, directory: Path, progress: bool) -> list[list[int]]:
+    path = directory / "windows.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    windows = build_corpus(target, corpus, progress)
+    if not windows:
+        raise ValueError("the corpus is empty: no text found to train on")
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(windows))
+    partial.replace(path)
+    return windows
+
+
+def measure_end_to_end(target, head: LoadedHead, max_new_tokens: int = 64) -> dict:
+    """tau and exactness of the new head drafting for the target, greedy, on VALIDATION_PROMPTS."""
+    from specdec.drafters.eagle import EagleDrafter, TreeShape
+    from specdec.drafters.medusa import MedusaDrafter
+    from specdec.generator import SpeculativeGenerator
+
+    drafter = (EagleDrafter(head, target.model, TreeShape(), "eagle") if head.kind == "eagle"
+               else MedusaDrafter(head, target.model, 16, "medusa"))
+    plain, speculative = SpeculativeGenerator(target, None), SpeculativeGenerator(target, drafter)
+    taus, matches, per_depth = [], [], []
+    for prompt in VALIDATION_PROMPTS:
+        reference = plain.generate(prompt, max_new_tokens=max_new_tokens)
+        result = speculative.generate(prompt, max_new_tokens=max_new_tokens)
+        taus.append(result.stats.tau)
+        matches.append(result.token_ids == reference.token_ids)
+    return {"tau": round(sum(taus) / len(taus), 3), "greedy_matches_plain": all(matches),
+            "prompts": len(VALIDATION_PROMPTS), "max_new_tokens": max_new_tokens}
+
+
+def run_training(kind: str, target, out_dir: Path, corpus: CorpusConfig, config: TrainConfig,
+                 progress: bool = True) -> dict:
+    """Train a head for `target` (a LoadedModel, native backend) and save it to out_dir; head.json's dict."""
+    from specdec.heads.target_parts import native_model
+
+    model = native_model(target.model)
+    identity = TargetIdentity.of(target)
+    directory = feature_dir(target, identity, corpus)
+    windows = corpus_windows(target, corpus, directory, progress)
+    features = cache_features(model, windows, directory / "shards", progress=progress)
+    train, validation = features.split(VALIDATION_FRACTION)
+    vocab, coverage = draft_vocabulary(train, config.draft_vocab_size)
+    checkpoint = specdec_home() / "training" / (
+        hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:16] + f"-{kind}.pt")
+    module, figures = fit(config, model, train, vocab, checkpoint, progress)
+    from specdec.training.train import Objective
+
+    figures["validation"] = Objective(config, model, vocab).validate(module, validation)
+    figures["draft_vocab_coverage"] = round(coverage, 4)
+    figures["corpus"] = asdict(corpus)
+    figures["config"] = config.to_dict()
+    print(f"specdec: measuring the {kind} head end to end on {len(VALIDATION_PROMPTS)} prompts", file=sys.stderr)
+    head = LoadedHead(kind, module, vocab, {"training": figures})
+    figures["validation"]["end_to_end"] = measure_end_to_end(target, head)
+    save_head(out_dir, kind, module, vocab, identity, figures)
+    checkpoint.unlink(missing_ok=True)
+    return json.loads((out_dir / "head.json").read_text())
