@@ -63,3 +63,17 @@ def test_ngram_speculation_equals_plain_greedy(smollm2, k):
         assert first_difference_is_near_tie(smollm2, SpeculativeGenerator(smollm2, None).encode(prompt),
                                             spec.token_ids, plain.token_ids)
     assert spec.stats.accepted > 0
+
+
+def test_shipped_eagle_head_drafts_exactly_and_well(smollm2):
+    """The committed EAGLE head loads for the real model (weights and tokenizer fingerprints match) and
+    drafts well: greedy output equals plain decoding with several tokens per target forward."""
+    from specdec.drafters import make_drafter
+    from specdec.drafters.heads import SHIPPED_HEADS
+    from specdec.generator import SpeculativeGenerator
+
+    drafter = make_drafter(f"eagle:{SHIPPED_HEADS / 'smollm2-135m-instruct-eagle'}", smollm2, "cpu", "float32")
+    text = PROMPT[0]["content"]
+    spec = SpeculativeGenerator(smollm2, drafter).generate(text, 64)
+    assert spec.token_ids == SpeculativeGenerator(smollm2, None).generate(text, 64).token_ids
+    assert spec.stats.tau > MIN_SHIPPED_TAU

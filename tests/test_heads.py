@@ -1,0 +1,227 @@
+"""EAGLE and Medusa: the engine's feature plumbing, greedy equality with plain decoding, the trees they
+draft, head checkpoints tied to one target, and `specdec train` end to end on a tiny model."""
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from head_fixtures import eagle_drafter, medusa_drafter, random_eagle
+from specdec.drafters.eagle import TreeShape
+from specdec.drafters.medusa import default_accuracy, static_tree
+from specdec.errors import CorruptModelError, InvalidParameterError
+from specdec.generator import SpeculativeGenerator
+from specdec.heads.checkpoint import TargetIdentity, load_head, save_head
+from specdec.models.base import positions_after
+from specdec.models.loading import load_model
+from specdec.sampling import SamplingParams
+from tiny_models import save_tiny_model
+
+PROMPTS = ["hello hello the world", "in the beginning", "x"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("heads")
+    return {"target": load_model(str(save_tiny_model(root / "target", "llama", seed=21))),
+            "other": load_model(str(save_tiny_model(root / "other", "llama", seed=22))),
+            "dir": root / "target"}
+
+
+def plain(target, prompt, max_new=40, **sampling):
+    return SpeculativeGenerator(target, None).generate(prompt, max_new, chat=False, **sampling).token_ids
+
+
+class Recording:
+    """Wraps a feature drafter and keeps every feature row the engine hands it."""
+
+    def __init__(self, inner):
+        self.inner, self.rows = inner, []
+        self.name, self.feature_layer, self.default_k = inner.name, inner.feature_layer, inner.default_k
+
+    def take_features(self, features):
+        self.rows.append(features.clone())
+        self.inner.take_features(features)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_engine_hands_over_the_targets_features_of_every_committed_token(tiny, kind):
+    model = tiny["target"].model
+    drafter = Recording(eagle_drafter(model) if kind == "eagle" else medusa_drafter(model))
+    gen = SpeculativeGenerator(tiny["target"], drafter)
+    prompt = gen.encode("hello hello the world", chat=False)
+    result = gen.generate("hello hello the world", 30, chat=False)
+    got = torch.cat(drafter.rows)  # (n, C): features of context[0 .. n-1]
+    context = prompt + result.token_ids
+    # every token's but the last round's (not needed: generation ended) and the last token's
+    assert 1 <= len(context) - 1 - got.shape[0] <= 10
+    tokens = torch.tensor([context[: got.shape[0]]])
+    out = model.forward(tokens, positions_after(0, tokens.shape[1], 1, "cpu"), model.new_cache(1, 256),
+                        hidden_layers=(model.num_layers,))
+    torch.testing.assert_close(got, out.hidden_states[model.num_layers][0], atol=2e-4, rtol=1e-4)
+    assert result.stats.drafted > 0 and result.stats.rounds < len(result.token_ids) + 1
+
+
+SHAPES = [TreeShape(1, 1, 1), TreeShape(3, 1, 3), TreeShape(4, 3, 10), TreeShape(6, 4, 24), TreeShape(2, 8, 5)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_eagle_greedy_output_equals_plain_decoding(tiny, shape):
+    for seed, prompt in enumerate(PROMPTS):
+        drafter = eagle_drafter(tiny["target"].model, shape, seed=seed)
+        spec = SpeculativeGenerator(tiny["target"], drafter).generate(prompt, 40, chat=False)
+        assert spec.token_ids == plain(tiny["target"], prompt)
+        assert spec.stats.drafted > 0
+
+
+def test_eagle_with_a_small_draft_vocabulary_stays_exact(tiny):
+    drafter = eagle_drafter(tiny["target"].model, vocab=torch.arange(0, 263, 5))
+    for prompt in PROMPTS:
+        assert SpeculativeGenerator(tiny["target"], drafter).generate(prompt, 40, chat=False).token_ids == \
+            plain(tiny["target"], prompt)
+
+
+@pytest.mark.parametrize("budget", [1, 4, 8, 20])
+def test_medusa_greedy_output_equals_plain_decoding(tiny, budget):
+    for seed, prompt in enumerate(PROMPTS):
+        drafter = medusa_drafter(tiny["target"].model, budget, seed=seed)
+        assert SpeculativeGenerator(tiny["target"], drafter).generate(prompt, 40, chat=False).token_ids == \
+            plain(tiny["target"], prompt)
+
+
+class OracleHead:
+    """Predicts the target's true feature at the next position of the greedy continuation, whatever the
+    input: the node on the greedy path then drafts the target's own choice."""
+
+    def __init__(self, real_head, target, prompt: str, length: int):
+        gen = SpeculativeGenerator(target, None)
+        full = gen.encode(prompt, chat=False) + gen.generate(prompt, length, chat=False).token_ids
+        model = target.model
+        out = model.forward(torch.tensor([full]), positions_after(0, len(full), 1, "cpu"), model.new_cache(1, 512),
+                            hidden_layers=(model.num_layers,))
+        self.features = out.hidden_states[model.num_layers][0]  # (len, C)
+        self.real_head = real_head
+
+    def new_cache(self, max_length, batch_size=1):
+        return self.real_head.new_cache(max_length, batch_size)
+
+    def __call__(self, token_embeds, features, positions, cache, attn_mask):
+        cache.advance(token_embeds.shape[1])
+        return self.features[positions[0] + 1].unsqueeze(0)  # (1, T, C): f_{j+1} of the greedy path
+
+
+def test_a_head_predicting_the_true_features_is_accepted_to_full_depth(tiny):
+    """Checks the pairing of features with tokens, positions and tree bookkeeping: with perfect features
+    every round accepts `depth` tokens (plus the bonus)."""
+    target = tiny["target"]
+    # top_k 1: the chain of the draft's argmax, which with true features is the target's greedy path.
+    # (Wider trees rank by cumulative draft probability and may prune that path: EAGLE-2's trade-off.)
+    drafter = eagle_drafter(target.model, TreeShape(depth=4, top_k=1, budget=4))
+    drafter.head = OracleHead(drafter.head, target, "in the beginning", 40)
+    result = SpeculativeGenerator(target, drafter).generate("in the beginning", 30, chat=False)
+    assert result.token_ids == plain(target, "in the beginning", 30)
+    assert result.stats.tau >= 4.5  # 5 per round but the last (cut by max_new_tokens)
+
+
+def test_eagle_tree_structure_and_head_cache(tiny):
+    model = tiny["target"].model
+    shape = TreeShape(depth=5, top_k=4, budget=16)
+    drafter = eagle_drafter(model, shape)
+    gen = SpeculativeGenerator(tiny["target"], drafter)
+    prompt = gen.encode("hello hello the world", chat=False)
+    drafter.begin(prompt, SamplingParams(), 128)
+    out = model.forward(torch.tensor([prompt[:-1]]), positions_after(0, len(prompt) - 1, 1, "cpu"),
+                        model.new_cache(1, 128), hidden_layers=(model.num_layers,))
+    drafter.take_features(out.hidden_states[model.num_layers][0])
+    draft = drafter.propose(prompt, 16, SamplingParams(), None)
+    assert len(draft) == 16 and draft.draft_probs is None
+    assert all(-1 <= p < i for i, p in enumerate(draft.parents))
+    depth = [0] * len(draft)
+    for i, p in enumerate(draft.parents):
+        depth[i] = 1 if p == -1 else depth[p] + 1
+    assert max(depth) <= shape.depth
+    siblings = {}
+    for i, p in enumerate(draft.parents):
+        siblings.setdefault(p, []).append(draft.tokens[i])
+    assert all(len(s) == len(set(s)) <= shape.top_k for s in siblings.values())
+    assert drafter.cache.length == len(prompt) - 1  # drafted nodes forgotten: committed pairs only
+
+
+def brute_force_tree(accuracy, budget):
+    paths = [p for d in range(1, len(accuracy) + 1) for p in itertools.product(range(len(accuracy[0])), repeat=d)]
+
+    def prob(path):
+        value = 1.0
+        for depth, rank in enumerate(path):
+            value *= accuracy[depth][rank]
+        return value
+
+    return set(sorted(paths, key=prob, reverse=True)[:budget])
+
+
+@pytest.mark.parametrize("budget", [1, 5, 16, 40])
+def test_medusa_static_tree_is_the_most_probable_paths(budget):
+    accuracy = tuple(tuple(0.5 * 0.7 ** h * 0.45 ** r + 0.001 * (h + r) for r in range(4)) for h in range(3))
+    paths = static_tree(accuracy, budget)
+    assert set(paths) == brute_force_tree(accuracy, budget)
+    seen = set()
+    for path in paths:
+        assert len(path) == 1 or path[:-1] in seen  # parents first
+        seen.add(path)
+    assert len(default_accuracy(4)) == 4
+
+
+def test_head_checkpoint_round_trip_and_target_check(tiny, tmp_path):
+    target = tiny["target"]
+    head = random_eagle(target.model, seed=3)
+    save_head(tmp_path / "head", "eagle", head.module, head.draft_vocab, TargetIdentity.of(target), {"note": 1})
+    info = json.loads((tmp_path / "head" / "head.json").read_text())
+    assert info["target"]["name"] == target.name and len(info["target"]["weights_sha256"]) == 64
+    loaded = load_head(tmp_path / "head", target, "eagle")
+    for name, value in head.module.state_dict().items():
+        torch.testing.assert_close(loaded.module.state_dict()[name], value.to(torch.bfloat16).float())
+    assert torch.equal(loaded.draft_vocab, head.draft_vocab)
+    with pytest.raises(InvalidParameterError, match="weights"):
+        load_head(tmp_path / "head", tiny["other"], "eagle")  # same tokenizer, other weights
+    with pytest.raises(InvalidParameterError, match="not a medusa head"):
+        load_head(tmp_path / "head", target, "medusa")
+    with pytest.raises(InvalidParameterError, match="not a head directory"):
+        load_head(tmp_path / "missing", target)
+    (tmp_path / "head" / "head.json").write_text("{")
+    with pytest.raises(CorruptModelError):
+        load_head(tmp_path / "head", target)
+
+
+def test_cli_train_then_generate_with_the_head(tiny, tmp_path):
+    out = tmp_path / "eagle-head"
+    env_python = [sys.executable, "-m", "specdec.cli"]
+    train = subprocess.run(
+        env_python + ["train", "eagle", "--target", str(tiny["dir"]), "--out", str(out), "--steps", "4",
+                      "--batch-windows", "2", "--code-tokens", "2000", "--prose-tokens", "1000", "--generated", "1",
+                      "--window", "32", "--draft-vocab", "200"], capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stderr[-2000:]
+    info = json.loads((out / "head.json").read_text())
+    assert info["training"]["validation"]["end_to_end"]["greedy_matches_plain"] is True
+    assert info["draft_vocab_size"] <= 200 and info["training"]["steps"] == 4
+    gen = subprocess.run(env_python + ["generate", "hello", "--no-chat", "--target", str(tiny["dir"]),
+                                       "--drafter", f"eagle:{out}@depth=3,topk=2,budget=6", "--max-new-tokens",
+                                       "12", "--json"], capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0, gen.stderr[-2000:]
+    assert json.loads(gen.stdout)["token_ids"] == plain(tiny["target"], "hello", 12)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("eagle:/nonexistent/head", "not a head directory"),
+    ("eagle", "no eagle head ships"),
+    ("medusa:/nonexistent@budget=x", "not a head directory"),
+])
+def test_cli_bad_head_specs_are_one_line_errors(tiny, spec, message):
+    run = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "hi", "--no-chat", "--target",
+                          str(tiny["dir"]), "--drafter", spec], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
