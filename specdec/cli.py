@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--max-k", type=int, default=16)
     analyze.add_argument("--from-bench", default=None, help="fit alpha, c and v(K) to `specdec bench --json` output")
     analyze.add_argument("--plot", default=None, help="write a PNG chart here")
+    datastore = commands.add_parser("datastore", help="retrieval datastores for --drafter retrieval:DIR")
+    datastore_commands = datastore.add_subparsers(dest="datastore_command", required=True)
+    build = datastore_commands.add_parser("build", help="tokenize a corpus and index it (suffix array)")
+    build.add_argument("corpus", nargs="+", help="text files or directories (walked for code and text files)")
+    build.add_argument("--target", default=DEFAULT_MODEL, help="the model whose tokenizer the datastore uses")
+    build.add_argument("--out", required=True, help="datastore directory to write")
+
     train = commands.add_parser("train", help="train an EAGLE or Medusa head for a target on this machine")
     train.add_argument("kind", choices=["eagle", "medusa"])
     train.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
@@ -130,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         commands = {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models, "bench": cmd_bench,
-                    "serve": cmd_serve, "analyze": cmd_analyze, "train": cmd_train}
+                    "serve": cmd_serve, "analyze": cmd_analyze, "train": cmd_train,
+                    "datastore": cmd_datastore}
         return commands[args.command](args)
     except SpecdecError as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
@@ -209,6 +217,18 @@ def cmd_models(args) -> int:
     return 0
 
 
+def split_drafter_specs(text: str) -> list[str]:
+    """'ngram,eagle@depth=4,topk=4,draft:M' -> ['ngram', 'eagle@depth=4,topk=4', 'draft:M']: a tree drafter's
+    options (key=value after '@') contain commas too."""
+    specs: list[str] = []
+    for item in filter(None, text.split(",")):
+        if specs and "@" in specs[-1] and "=" in item and ":" not in item and "@" not in item:
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    return specs
+
+
 def cmd_bench(args) -> int:
     from pathlib import Path
 
@@ -221,7 +241,7 @@ def cmd_bench(args) -> int:
     split = lambda text: [item for item in text.split(",") if item]  # noqa: E731
     speculation_length(args.k)
     SamplingParams(temperature=args.temperature)
-    config = BenchConfig(args.target, split(args.drafters), split(args.tasks), args.limit, args.max_new_tokens,
+    config = BenchConfig(args.target, split_drafter_specs(args.drafters), split(args.tasks), args.limit, args.max_new_tokens,
                          args.temperature, args.seed, str(args.k), split(args.peers), args.device,
                          args.roofline_mb, args.weights)
     prompts = load_prompts(config.tasks, config.limit, Path(args.spec_bench) if args.spec_bench else None)
@@ -273,9 +293,6 @@ def _alpha_list(text: str) -> list[float]:
         raise InvalidParameterError(f"--alpha must be a number or a comma-separated list, not {text!r}") from None
 
 
-if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    sys.exit(main())
 
 
 def cmd_train(args) -> int:
@@ -308,3 +325,22 @@ def cmd_train(args) -> int:
           + f"; end to end: tau {validation['end_to_end']['tau']}, greedy exact "
           f"{validation['end_to_end']['greedy_matches_plain']}")
     return 0
+
+
+def cmd_datastore(args) -> int:
+    from pathlib import Path
+
+    from specdec.datastore import build_datastore
+    from specdec.models.loading import load_tokenizer, read_config, resolve_model_dir
+
+    name, model_dir = resolve_model_dir(args.target)
+    tokenizer = load_tokenizer(model_dir)
+    vocab_size = int(read_config(model_dir).get("vocab_size", len(tokenizer)))
+    info = build_datastore([Path(p) for p in args.corpus], tokenizer, vocab_size, Path(args.out), name)
+    print(f"specdec: wrote {args.out}: {info['tokens']:,} tokens from {info['files']} files")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

@@ -225,3 +225,10 @@ def test_cli_bad_head_specs_are_one_line_errors(tiny, spec, message):
     run = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "hi", "--no-chat", "--target",
                           str(tiny["dir"]), "--drafter", spec], capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_bench_drafter_list_keeps_tree_options_together():
+    from specdec.cli import split_drafter_specs
+
+    assert split_drafter_specs("ngram,eagle@depth=4,topk=4,draft:m@0.4,medusa:d@budget=8,eagle") == [
+        "ngram", "eagle@depth=4,topk=4", "draft:m@0.4", "medusa:d@budget=8", "eagle"]

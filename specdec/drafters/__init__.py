@@ -7,7 +7,8 @@ from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel
 
 DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL | draft:MODEL@MIN_CONFIDENCE | quant:int8 | "
-                 "layerskip[:SUBSET] | eagle[:HEAD_DIR][@depth=D,topk=W,budget=N] | medusa[:HEAD_DIR][@budget=N]")
+                 "layerskip[:SUBSET] | eagle[:HEAD_DIR][@depth=D,topk=W,budget=N] | medusa[:HEAD_DIR][@budget=N] | "
+                 "retrieval:DATASTORE_DIR[@budget=N]")
 
 
 def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Drafter | None:
@@ -47,6 +48,15 @@ def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Dra
         from specdec.drafters.heads import head_drafter
 
         return head_drafter(kind, arg, target)
+    if kind == "retrieval" and arg:
+        from specdec.datastore import Datastore
+        from specdec.drafters.eagle import TreeShape, parse_tree_options
+        from specdec.drafters.retrieval import RetrievalDrafter
+
+        location, _, options = arg.partition("@")
+        shape = parse_tree_options(options, TreeShape(depth=8, budget=16))
+        store = Datastore.open(location, target.tokenizer)
+        return RetrievalDrafter(store, f"retrieval:{location.rstrip('/').rsplit('/', 1)[-1]}", shape.budget, shape.depth)
     raise InvalidParameterError(f"unknown drafter {spec!r} (choose from: {DRAFTER_SPECS})")
 
 

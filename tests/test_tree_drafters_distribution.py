@@ -1,5 +1,5 @@
 """Whole-loop exactness of the tree drafters under sampling: EAGLE and Medusa (random heads, so many
-rejections at every depth) through the engine reproduce the target's law over 3-token continuations.
+rejections at every depth) and retrieval (a random datastore) through the engine reproduce the target's law over 3-token continuations.
 A native 4-token-vocabulary model makes the 64 outcomes enumerable; chi-square at alpha = 1e-6 as in
 test_loop_distribution. A broken residual rule must fail the same check."""
 
@@ -55,8 +55,18 @@ def engine_for(kind: str) -> SpeculativeEngine:
     model = vocab4_target()
     if kind == "eagle":
         drafter = eagle_drafter(model, TreeShape(depth=3, top_k=2, budget=5), seed=1)
-    else:
+    elif kind == "medusa":
         drafter = medusa_drafter(model, budget=4, seed=1)
+    else:
+        from pydivsufsort import divsufsort
+
+        from specdec.datastore import Datastore
+        from specdec.drafters.retrieval import RetrievalDrafter
+
+        rng = np.random.default_rng(3)
+        tokens = rng.integers(0, VOCAB, 400).astype(np.int32)
+        store = Datastore(tokens, divsufsort(tokens.astype(np.uint32)).astype(np.int64), {"separator": VOCAB})
+        drafter = RetrievalDrafter(store, "retrieval:random", budget=5, depth=3)
     return SpeculativeEngine(model, drafter, FixedK(drafter.default_k))
 
 
@@ -84,7 +94,8 @@ def sample(kind: str, params: SamplingParams, n: int) -> np.ndarray:
 
 CONFIGS = [("eagle", SamplingParams(temperature=1.0), 20_000),
            ("eagle", SamplingParams(temperature=0.7, top_k=3), 10_000),
-           ("medusa", SamplingParams(temperature=1.0), 10_000)]
+           ("medusa", SamplingParams(temperature=1.0), 10_000),
+           ("retrieval", SamplingParams(temperature=1.0), 10_000)]
 
 
 @pytest.mark.statistical
