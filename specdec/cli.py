@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--intermediate-size", type=int, default=0, help="EAGLE layer MLP width (0: the target's)")
     train.add_argument("--code-tokens", type=int, default=160_000, help="corpus tokens of Python source")
     train.add_argument("--prose-tokens", type=int, default=80_000, help="corpus tokens of package documentation")
-    train.add_argument("--generated", type=int, default=48, help="answers the target writes itself for the corpus")
+    train.add_argument("--generated", type=int, default=1024, help="answers the target writes itself for the corpus")
+    train.add_argument("--answer-tokens", type=int, default=200, help="tokens per self-generated answer")
     train.add_argument("--window", type=int, default=256, help="tokens per training window")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -304,7 +305,7 @@ def cmd_train(args) -> int:
     from specdec.training.train import TrainConfig
 
     numbers = {"--steps": args.steps, "--batch-windows": args.batch_windows, "--draft-vocab": args.draft_vocab,
-               "--medusa-heads": args.medusa_heads, "--window": args.window}
+               "--medusa-heads": args.medusa_heads, "--window": args.window, "--answer-tokens": args.answer_tokens}
     for flag, value in numbers.items():
         if value < 1 or (flag == "--window" and value < 8):
             raise InvalidParameterError(f"{flag} must be at least {8 if flag == '--window' else 1}")
@@ -313,7 +314,8 @@ def cmd_train(args) -> int:
     out = Path(args.out)
     if out.exists() and not (out / "head.json").exists() and any(out.iterdir()):
         raise InvalidParameterError(f"{out}: exists and is not a head directory; choose a new --out")
-    corpus = CorpusConfig(args.code_tokens, args.prose_tokens, args.generated, window=args.window, seed=args.seed)
+    corpus = CorpusConfig(args.code_tokens, args.prose_tokens, args.generated, args.answer_tokens, window=args.window,
+                          seed=args.seed)
     config = TrainConfig(args.kind, steps=args.steps, batch_windows=args.batch_windows,
                          learning_rate=args.learning_rate, draft_vocab_size=args.draft_vocab,
                          medusa_heads=args.medusa_heads, intermediate_size=args.intermediate_size, seed=args.seed)

@@ -95,7 +95,10 @@ class _Generation:
         self.committer = Committer(tokenizer, criteria)
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        capacity = min(target.max_context, len(prompt_ids) + criteria.max_new_tokens + engine.speculation.max_k + 1)
+        # Drafters with side inputs (lookahead) need that many more slots in each verify forward.
+        self.side_capacity = getattr(self.drafter, "side_capacity", 0)
+        capacity = min(target.max_context,
+                       len(prompt_ids) + criteria.max_new_tokens + engine.speculation.max_k + 1 + self.side_capacity)
         self.cache = target.new_cache(1, capacity)
         self.rounds: list[RoundStats] = []
         self.started = time.perf_counter()
@@ -149,7 +152,7 @@ class _Generation:
     def _draft(self) -> Draft:
         # Never draft past what may still be committed or what the cache can hold.
         remaining = self.committer.criteria.max_new_tokens - len(self.committer.token_ids)
-        room = self.cache.max_length - self.cache.length - 1
+        room = self.cache.max_length - self.cache.length - 1 - self.side_capacity
         self._k = self.engine.speculation.next_k()
         k = min(self._k, remaining - 1, room)
         self._drafted = self.drafter is not None and k > 0
@@ -166,11 +169,17 @@ class _Generation:
             out = self.target.forward(tokens, positions, self.cache, hidden_layers=self.hidden_layers)
         else:
             tokens, positions, mask = tree.verify_inputs(self.context[-1], self.cache.length, device)
-            attn_mask = tree_attention_mask(self.cache.length, mask)  # (1, T+1, cache + T+1)
+            if draft.side_tokens:
+                tokens, positions, mask = with_side_inputs(draft, tokens, positions, mask)
+            attn_mask = tree_attention_mask(self.cache.length, mask)  # (1, T+1(+S), cache + T+1(+S))
             out = self.target.forward(tokens, positions, self.cache, attn_mask, hidden_layers=self.hidden_layers)
         if self.feature_layer is not None:
             self._features = out.hidden_states[self.feature_layer][0]  # (K+1 or T+1, C)
-        return out.logits[0]
+        logits = out.logits[0]
+        if draft.side_tokens:
+            draft.side_outputs = logits[len(draft) + 1:].argmax(-1).tolist()
+            logits = logits[: len(draft) + 1]
+        return logits
 
     def _accept(self, logits: torch.Tensor, draft: Draft, tree: TokenTree | None) -> VerifyResult:
         if self.params.greedy and self.params.repetition_penalty == 1.0:
@@ -185,7 +194,7 @@ class _Generation:
     def _commit(self, draft: Draft, result: VerifyResult, tree: TokenTree | None) -> CommitOutcome:
         outcome = self.committer.commit(result.tokens)
         # The cache keeps [last committed] + accepted drafts; the new last token is the next input.
-        root_slot = self.cache.length - len(draft) - 1
+        root_slot = self.cache.length - len(draft) - len(draft.side_tokens) - 1
         if tree is None:
             self.cache.truncate(root_slot + 1 + result.num_accepted)
         else:  # the accepted path's slots move up behind the root
@@ -197,3 +206,20 @@ class _Generation:
         if self._drafted and outcome.finish_reason is None:
             self.drafter.on_verified(self.context, draft, result)
         return outcome
+
+
+def with_side_inputs(draft: Draft, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Append a draft's side inputs (lookahead's Jacobi branch) after root + nodes: (1, T+1+S) tokens and
+    positions, (T+1+S, T+1+S) mask in which side tokens see the root and their own side_mask only."""
+    device = tokens.device
+    side = len(draft.side_tokens)
+    root_position = int(positions[0, 0])
+    tokens = torch.cat([tokens, torch.tensor([draft.side_tokens], device=device)], dim=1)
+    positions = torch.cat([positions, torch.tensor([[root_position + d for d in draft.side_positions]],
+                                                   device=device)], dim=1)
+    full = torch.zeros(mask.shape[0] + side, mask.shape[0] + side, dtype=torch.bool, device=device)
+    full[: mask.shape[0], : mask.shape[0]] = mask
+    full[mask.shape[0]:, 0] = True  # the root
+    full[mask.shape[0]:, mask.shape[0]:] = draft.side_mask.to(device)
+    return tokens, positions, full

@@ -198,19 +198,24 @@ def test_head_checkpoint_round_trip_and_target_check(tiny, tmp_path):
         load_head(tmp_path / "head", target)
 
 
-def test_cli_train_then_generate_with_the_head(tiny, tmp_path):
-    out = tmp_path / "eagle-head"
+@pytest.mark.parametrize("kind,options", [("eagle", "@depth=3,topk=2,budget=6"), ("medusa", "@budget=6")])
+def test_cli_train_then_generate_with_the_head(tiny, tmp_path, kind, options):
+    out = tmp_path / f"{kind}-head"
     env_python = [sys.executable, "-m", "specdec.cli"]
     train = subprocess.run(
-        env_python + ["train", "eagle", "--target", str(tiny["dir"]), "--out", str(out), "--steps", "4",
-                      "--batch-windows", "2", "--code-tokens", "2000", "--prose-tokens", "1000", "--generated", "1",
-                      "--window", "32", "--draft-vocab", "200"], capture_output=True, text=True, timeout=600)
+        env_python + ["train", kind, "--target", str(tiny["dir"]), "--out", str(out), "--steps", "4",
+                      "--batch-windows", "2", "--code-tokens", "2000", "--prose-tokens", "1000", "--generated", "3",
+                      "--answer-tokens", "40", "--window", "32", "--draft-vocab", "200", "--medusa-heads", "2"],
+        capture_output=True, text=True, timeout=600)
     assert train.returncode == 0, train.stderr[-2000:]
     info = json.loads((out / "head.json").read_text())
     assert info["training"]["validation"]["end_to_end"]["greedy_matches_plain"] is True
     assert info["draft_vocab_size"] <= 200 and info["training"]["steps"] == 4
+    if kind == "medusa":
+        accuracy = info["training"]["validation"]["rank_accuracy"]
+        assert len(accuracy) == 2 and all(len(row) == 10 and 0 <= min(row) <= max(row) <= 1 for row in accuracy)
     gen = subprocess.run(env_python + ["generate", "hello", "--no-chat", "--target", str(tiny["dir"]),
-                                       "--drafter", f"eagle:{out}@depth=3,topk=2,budget=6", "--max-new-tokens",
+                                       "--drafter", f"{kind}:{out}{options}", "--max-new-tokens",
                                        "12", "--json"], capture_output=True, text=True, timeout=300)
     assert gen.returncode == 0, gen.stderr[-2000:]
     assert json.loads(gen.stdout)["token_ids"] == plain(tiny["target"], "hello", 12)

@@ -1,5 +1,6 @@
 """Whole-loop exactness of the tree drafters under sampling: EAGLE and Medusa (random heads, so many
-rejections at every depth) and retrieval (a random datastore) through the engine reproduce the target's law over 3-token continuations.
+rejections at every depth) retrieval (a random datastore) and lookahead
+(its Jacobi branch riding along in the verify forward) through the engine reproduce the target's law over 3-token continuations.
 A native 4-token-vocabulary model makes the 64 outcomes enumerable; chi-square at alpha = 1e-6 as in
 test_loop_distribution. A broken residual rule must fail the same check."""
 
@@ -57,6 +58,10 @@ def engine_for(kind: str) -> SpeculativeEngine:
         drafter = eagle_drafter(model, TreeShape(depth=3, top_k=2, budget=5), seed=1)
     elif kind == "medusa":
         drafter = medusa_drafter(model, budget=4, seed=1)
+    elif kind == "lookahead":
+        from specdec.drafters.lookahead import LookaheadDrafter
+
+        drafter = LookaheadDrafter(window=3, ngram=3, pool=3)
     else:
         from pydivsufsort import divsufsort
 
@@ -95,7 +100,8 @@ def sample(kind: str, params: SamplingParams, n: int) -> np.ndarray:
 CONFIGS = [("eagle", SamplingParams(temperature=1.0), 20_000),
            ("eagle", SamplingParams(temperature=0.7, top_k=3), 10_000),
            ("medusa", SamplingParams(temperature=1.0), 10_000),
-           ("retrieval", SamplingParams(temperature=1.0), 10_000)]
+           ("retrieval", SamplingParams(temperature=1.0), 10_000),
+           ("lookahead", SamplingParams(temperature=1.0), 10_000)]
 
 
 @pytest.mark.statistical

@@ -8,7 +8,7 @@ from specdec.models.loading import LoadedModel
 
 DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL | draft:MODEL@MIN_CONFIDENCE | quant:int8 | "
                  "layerskip[:SUBSET] | eagle[:HEAD_DIR][@depth=D,topk=W,budget=N] | medusa[:HEAD_DIR][@budget=N] | "
-                 "retrieval:DATASTORE_DIR[@budget=N]")
+                 "retrieval:DATASTORE_DIR[@budget=N] | lookahead[:W,N,G]")
 
 
 def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Drafter | None:
@@ -48,6 +48,14 @@ def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Dra
         from specdec.drafters.heads import head_drafter
 
         return head_drafter(kind, arg, target)
+    if kind == "lookahead":
+        from specdec.drafters.lookahead import LookaheadDrafter
+
+        try:
+            window, ngram, pool = (int(v) for v in arg.split(",")) if arg else (4, 3, 4)
+        except ValueError:
+            raise InvalidParameterError(f"lookahead drafter: {arg!r} is not W,N,G (e.g. 4,3,4)") from None
+        return LookaheadDrafter(window, ngram, pool)
     if kind == "retrieval" and arg:
         from specdec.datastore import Datastore
         from specdec.drafters.eagle import TreeShape, parse_tree_options

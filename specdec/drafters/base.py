@@ -35,6 +35,15 @@ class Draft:
     draft_probs: torch.Tensor | None = None  # (N, V) float32
     # per-token cost figures the drafter wants reported; filled by drafters that measure them
     info: dict[str, float] = field(default_factory=dict)
+    # Side inputs (lookahead decoding's Jacobi branch): tokens the target also runs in the verify forward
+    # but that are never verified or kept. side_positions are offsets from the root's position;
+    # side_mask[i, j] says whether side token i attends to side token j (all see the committed prefix and
+    # the root, none sees the draft nodes, and no draft node sees them). The engine fills side_outputs
+    # with the target's argmax after each side token.
+    side_tokens: list[int] = field(default_factory=list)
+    side_positions: list[int] = field(default_factory=list)
+    side_mask: torch.Tensor | None = None  # (S, S) bool
+    side_outputs: list[int] | None = None
 
     @classmethod
     def chain(cls, tokens: Sequence[int], draft_probs: torch.Tensor | None = None) -> "Draft":
@@ -49,7 +58,7 @@ class Draft:
 
     @property
     def is_chain(self) -> bool:
-        return self.parents == list(range(-1, len(self.tokens) - 1))
+        return self.parents == list(range(-1, len(self.tokens) - 1)) and not self.side_tokens
 
 
 @dataclass

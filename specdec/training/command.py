@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import LoadedHead, TargetIdentity, save_head
 from specdec.paths import specdec_home
-from specdec.training.corpus import CorpusConfig, build_corpus
-from specdec.training.features import cache_features, draft_vocabulary
+from specdec.training.corpus import CorpusConfig, build_corpus, generation_prompts
+from specdec.training.features import (cache_features, concatenate, draft_vocabulary, generated_features,
+                                       pack_sequences)
 from specdec.training.train import TrainConfig, fit
 
 VALIDATION_FRACTION = 0.05
@@ -35,9 +38,7 @@ def corpus_windows(target, corpus: CorpusConfig, directory: Path, progress: bool
     path = directory / "windows.json"
     if path.exists():
         return json.loads(path.read_text())
-    windows = build_corpus(target, corpus, progress)
-    if not windows:
-        raise ValueError("the corpus is empty: no text found to train on")
+    windows = build_corpus(target.tokenizer, corpus)
     directory.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(windows))
@@ -73,8 +74,19 @@ def run_training(kind: str, target, out_dir: Path, corpus: CorpusConfig, config:
     identity = TargetIdentity.of(target)
     directory = feature_dir(target, identity, corpus)
     windows = corpus_windows(target, corpus, directory, progress)
-    features = cache_features(model, windows, directory / "shards", progress=progress)
-    train, validation = features.split(VALIDATION_FRACTION)
+    text = cache_features(model, windows, directory / "shards", progress=progress) if windows else None
+    parts = [text] if text is not None else []
+    if corpus.generated_answers:
+        prompts = generation_prompts(corpus.generated_answers, random.Random(corpus.seed + 1))
+        answers = generated_features(target, prompts, corpus.answer_tokens, directory / "generated", corpus.seed,
+                                     progress)
+        parts.append(pack_sequences(answers, corpus.window))
+    parts = [part for part in parts if len(part)]
+    if sum(map(len, parts)) < 2:
+        raise InvalidParameterError("the corpus is too small: fewer than two training windows "
+                                    "(raise --code-tokens, --prose-tokens or --generated, or lower --window)")
+    # The held-out windows are the last ones: the target's own answers when there are any.
+    train, validation = concatenate(parts).split(VALIDATION_FRACTION)
     vocab, coverage = draft_vocabulary(train, config.draft_vocab_size)
     checkpoint = specdec_home() / "training" / (
         hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:16] + f"-{kind}.pt")

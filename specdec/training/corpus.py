@@ -13,7 +13,6 @@ Selection is deterministic for a seed.
 from __future__ import annotations
 
 import random
-import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +29,8 @@ PROSE_INSTRUCTIONS = ["Explain this library.", "Write the documentation.", "Desc
 class CorpusConfig:
     code_tokens: int = 160_000
     prose_tokens: int = 80_000
-    generated_answers: int = 48  # target-written answers (max_new_tokens each, below)
-    answer_tokens: int = 192
+    generated_answers: int = 1024  # answers the target writes (specdec.training.self_generation)
+    answer_tokens: int = 200
     window: int = 256  # tokens per training window
     max_piece_chars: int = 3_000
     seed: int = 0
@@ -100,27 +99,35 @@ def pieces(files: list[Path], instructions: list[str], budget: int, tokenizer, c
 
 
 def generation_prompts(count: int, rng: random.Random) -> list[str]:
-    """Instructions made from stdlib docstrings and package summaries: what users ask a code model."""
+    """Instructions made from docstrings of installed Python code: two thirds "write this function",
+    one third "explain this module"; what users ask a small chat/code model."""
     import ast
 
-    prompts: list[str] = []
+    code: list[str] = []
+    prose: list[str] = []
     files = source_files((".py",))
     rng.shuffle(files)
     for path in files:
-        if len(prompts) >= count:
+        if len(code) >= count * 2 // 3 and len(prose) >= count - count * 2 // 3:
             break
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
             continue
+        module_doc = ast.get_docstring(tree)
+        if module_doc and 20 < len(module_doc.splitlines()[0]) < 120:
+            prose.append(f"Explain what a Python module for this does, with an example: "
+                         f"{module_doc.splitlines()[0].strip()}")
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
                 doc = ast.get_docstring(node)
                 if doc and 20 < len(doc.splitlines()[0]) < 120:
-                    line = doc.splitlines()[0].rstrip(".")
-                    prompts.append(f"Write a Python function `{node.name}`: {line[0].lower()}{line[1:]}.")
+                    line = doc.splitlines()[0].strip().rstrip(".")
+                    code.append(f"Write a Python function `{node.name}`: {line[0].lower()}{line[1:]}.")
                     break
-    return prompts[:count]
+    prompts = code[: count * 2 // 3] + prose[: count - count * 2 // 3]
+    rng.shuffle(prompts)
+    return prompts
 
 
 def pack_windows(sequences: list[list[int]], window: int) -> list[list[int]]:
@@ -129,28 +136,10 @@ def pack_windows(sequences: list[list[int]], window: int) -> list[list[int]]:
     return [stream[i: i + window] for i in range(0, len(stream) - window + 1, window)]
 
 
-def build_corpus(target, config: CorpusConfig, progress: bool = True) -> list[list[int]]:
-    """Token windows (each `config.window` long) for `target` (a LoadedModel)."""
+def build_corpus(tokenizer, config: CorpusConfig) -> list[list[int]]:
+    """Token windows (each `config.window` long) of code and prose for a target's tokenizer."""
     rng = random.Random(config.seed)
-    tokenizer = target.tokenizer
     sequences = list(pieces(source_files((".py",)), CODE_INSTRUCTIONS, config.code_tokens, tokenizer, config, rng))
     sequences += list(pieces(doc_files(), PROSE_INSTRUCTIONS, config.prose_tokens, tokenizer, config, rng))
-    if config.generated_answers:
-        sequences += generated_answers(target, generation_prompts(config.generated_answers, rng), config, progress)
     rng.shuffle(sequences)
     return pack_windows(sequences, config.window)
-
-
-def generated_answers(target, prompts: list[str], config: CorpusConfig, progress: bool) -> list[list[int]]:
-    """The target's own greedy answers (plain decoding), as prompt + answer token ids."""
-    from tqdm import tqdm
-
-    from specdec.generator import SpeculativeGenerator
-
-    generator = SpeculativeGenerator(target, None)
-    sequences = []
-    for prompt in tqdm(prompts, desc="self-generated answers", unit="answer", disable=not progress, file=sys.stderr):
-        ids = generator.encode(prompt)
-        result = generator.generate(prompt, max_new_tokens=config.answer_tokens)
-        sequences.append(ids + result.token_ids)
-    return sequences

@@ -1,0 +1,68 @@
+"""The target's own answers, generated in batches, with their features recorded on the way.
+
+Answers to instructions are what a drafter meets at inference, so most of the training data is the
+target talking: a batch of left-padded prompts is decoded together (the small-row kernel makes 16
+rows cost little more than one), and every forward's final normed hidden states and top-8 next-token
+probabilities are kept, so these tokens need no second feature pass. Half the batches decode greedily,
+half at temperature 0.7, for variety.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.training.features import TOP_K
+
+
+@torch.inference_mode()
+def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...],
+                   temperature: float, generator: torch.Generator) -> list[dict[str, torch.Tensor]]:
+    """Per prompt: tokens (n,), features (n, C) float16, top_ids (n, 8), top_probs (n, 8) for prompt +
+    answer (cut after EOS), where feature i is the target's state after token i."""
+    batch, longest = len(prompts), max(map(len, prompts))
+    pads = torch.tensor([longest - len(p) for p in prompts])
+    total = longest + max_new_tokens
+    tokens = torch.zeros(batch, longest, dtype=torch.int64)
+    for row, prompt in enumerate(prompts):
+        tokens[row, longest - len(prompt):] = torch.tensor(prompt)
+    columns = torch.arange(total)
+    valid = columns.unsqueeze(0) >= pads.unsqueeze(1)  # (B, S): padding slots are never attended to
+    cache = model.new_cache(batch, total)
+    # Prefill: causal over real tokens; a padding row sees itself only (a row seeing nothing gives NaN).
+    causal = torch.ones(longest, longest, dtype=torch.bool).tril()
+    mask = (causal & valid[:, None, :longest]) | torch.eye(longest, dtype=torch.bool)  # (B, P, P)
+    positions = (torch.arange(longest).unsqueeze(0) - pads.unsqueeze(1)).clamp_min(0)  # (B, P)
+    out = model.forward(tokens, positions, cache, attn_mask=mask, hidden_layers=(model.num_layers,))
+    features = [out.hidden_states[model.num_layers]]  # list of (B, T, C)
+    logits = [out.logits]
+    generated = []
+    for step in range(max_new_tokens):
+        last = logits[-1][:, -1]  # (B, V)
+        if temperature > 0:
+            choice = torch.multinomial(torch.softmax(last / temperature, -1), 1, generator=generator)[:, 0]
+        else:
+            choice = last.argmax(-1)
+        generated.append(choice)
+        if step + 1 == max_new_tokens:
+            break
+        stop = longest + step + 1
+        out = model.forward(choice.unsqueeze(1), (longest - pads + step).unsqueeze(1), cache,
+                            attn_mask=valid[:, None, :stop], hidden_layers=(model.num_layers,))
+        features.append(out.hidden_states[model.num_layers])
+        logits.append(out.logits)
+    all_features = torch.cat(features, dim=1)  # (B, P + new - 1, C)
+    top_probs, top_ids = torch.softmax(torch.cat(logits, dim=1), dim=-1).topk(TOP_K, dim=-1)
+    answers = torch.stack(generated, dim=1)  # (B, new)
+    results = []
+    for row in range(batch):
+        answer = answers[row].tolist()
+        ends = [i for i, t in enumerate(answer) if t in eos_ids]
+        keep_answer = ends[0] + 1 if ends else len(answer)
+        start = int(pads[row])
+        count = longest - start + keep_answer - 1  # tokens whose feature was computed
+        sequence = torch.tensor(prompts[row] + answer[:keep_answer])[:count]
+        results.append({"tokens": sequence.to(torch.int32),
+                        "features": all_features[row, start: start + count].to(torch.float16),
+                        "top_ids": top_ids[row, start: start + count].to(torch.int32),
+                        "top_probs": top_probs[row, start: start + count].to(torch.float16)})
+    return results
