@@ -11,6 +11,7 @@ from specdec.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 
+MIN_SHIPPED_TAU = 1.3  # measured 1.6-1.8 on code prompts; the head was trained for 41 min on 2 cores
 PROMPT = [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}]
 
 
