@@ -94,10 +94,6 @@ class Datastore:
                                         "target's; rebuild it with --target")
         return cls(tokens, suffixes, info)
 
-    @property
-    def size_bytes(self) -> int:
-        return int(self.tokens.nbytes + self.suffixes.nbytes)
-
     def _bound(self, pattern: np.ndarray, upper: bool) -> int:
         """First suffix index whose first len(pattern) tokens are >= pattern (> pattern when upper)."""
         low, high, length = 0, self.suffixes.shape[0], pattern.shape[0]

@@ -20,11 +20,6 @@ def native_model(model):
     return model
 
 
-def feature_layer(model) -> int:
-    """The tapped layer: the final normed hidden state (index num_layers in ForwardOutput.hidden_states)."""
-    return model.num_layers
-
-
 def lm_head_rows(model, token_ids: torch.Tensor) -> torch.Tensor:
     """(N, C) rows of the target's LM head for token_ids (N,), in float32, whatever its storage."""
     from specdec.models.packed_linear import PackedLinear

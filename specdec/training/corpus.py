@@ -73,13 +73,16 @@ def read_piece(path: Path, max_chars: int, rng: random.Random) -> str | None:
     return text[start: start + max_chars]
 
 
-def chat_ids(tokenizer, instruction: str, answer: str) -> list[int]:
-    """The token ids of one user/assistant exchange (plain text when the tokenizer has no template)."""
+def chat_ids(tokenizer, instruction: str, answer: str | None = None) -> list[int]:
+    """The token ids of a user instruction and, when given, the assistant's answer; without an answer the
+    prompt ends ready for the assistant to write one. Plain text when the tokenizer has no template."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": instruction},
-                                             {"role": "assistant", "content": answer}], tokenize=True)
+        messages = [{"role": "user", "content": instruction}]
+        if answer is not None:
+            messages.append({"role": "assistant", "content": answer})
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=answer is None, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    return tokenizer.encode(f"{instruction}\n{answer}")
+    return tokenizer.encode(instruction if answer is None else f"{instruction}\n{answer}")
 
 
 def pieces(files: list[Path], instructions: list[str], budget: int, tokenizer, config: CorpusConfig,

@@ -101,6 +101,7 @@ def generated_features(target, prompts: list[str], max_new_tokens: int, out_dir:
     from safetensors.torch import load_file, save_file
     from tqdm import tqdm
 
+    from specdec.training.corpus import chat_ids
     from specdec.training.self_generation import generate_batch
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -110,7 +111,7 @@ def generated_features(target, prompts: list[str], max_new_tokens: int, out_dir:
     for index, batch in enumerate(tqdm(batches, desc="self-generated answers", unit="batch", disable=not progress)):
         path = out_dir / f"generated-{index:05d}.safetensors"
         if not path.exists():
-            prompt_ids = [prompt_tokens(tokenizer, text) for text in batch]
+            prompt_ids = [chat_ids(tokenizer, text) for text in batch]
             generator = torch.Generator().manual_seed(seed * 100_003 + index)
             results = generate_batch(model, prompt_ids, max_new_tokens, target.eos_token_ids,
                                      0.0 if index % 2 == 0 else 0.7, generator)
@@ -124,14 +125,6 @@ def generated_features(target, prompts: list[str], max_new_tokens: int, out_dir:
         for start, stop in zip(bounds, bounds[1:]):
             sequences.append({key: value[start:stop] for key, value in flat.items()})
     return sequences
-
-
-def prompt_tokens(tokenizer, text: str) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    return tokenizer.encode(text)
 
 
 def pack_sequences(sequences: list[dict[str, torch.Tensor]], window: int) -> FeatureSet:
