@@ -46,13 +46,15 @@ def drafters(models):
         "draft-padded-vocab": lambda: DraftModelDrafter(models["padded_draft"], models["target"].model.vocab_size),
         "draft-early-exit": lambda: DraftModelDrafter(models["random_draft"], models["target"].model.vocab_size, 0.5),
         "quant-int8": lambda: make_drafter("quant:int8", models["target"], "cpu", "float32"),
+        "quant-int4": lambda: make_drafter("quant:int4", models["target"], "cpu", "float32"),
         "layerskip": lambda: make_drafter("layerskip:first:1", models["target"], "cpu", "float32"),
     }
 
 
-needs_kernel = pytest.mark.skipif(packed_kernel() is None, reason="int8 weights need the CPU kernel (AVX2, g++)")
+needs_kernel = pytest.mark.skipif(packed_kernel() is None, reason="low-bit weights need the CPU kernel (AVX2, g++)")
 ALL_DRAFTERS = ["ngram", "draft-random", "draft-self", "draft-padded-vocab", "draft-early-exit",
-                pytest.param("quant-int8", marks=needs_kernel), "layerskip"]
+                pytest.param("quant-int8", marks=needs_kernel), pytest.param("quant-int4", marks=needs_kernel),
+                "layerskip"]
 
 
 @pytest.mark.parametrize("drafter", ALL_DRAFTERS)
@@ -71,10 +73,12 @@ def test_greedy_output_equals_plain_decoding(models, drafter, k):
 
 
 @needs_kernel
+@pytest.mark.parametrize("weights", ["int8", "int4", "int4:64"])
 @pytest.mark.parametrize("k", [1, 4, "auto"])
-def test_int8_target_speculative_equals_its_own_plain_decoding(models, k, tmp_path):
-    target = load_model(str(models["target"].path), weights="int8")
-    assert target.model.lm_head.weight_format == "int8"
+def test_low_bit_target_speculative_equals_its_own_plain_decoding(models, weights, k, tmp_path):
+    target = load_model(str(models["target"].path), weights=weights)
+    assert target.model.lm_head.weight_format == "int8"  # an int4 model keeps an int8 head
+    assert target.model.model.layers[0].mlp.down_proj.weight_format == weights
     for prompt in PROMPTS:
         expected = plain_ids(target, prompt, 40)
         for drafter in (NgramDrafter(), DraftModelDrafter(target, target.model.vocab_size),
@@ -92,8 +96,13 @@ def test_quant_drafter_is_close_to_its_target_and_shares_what_it_can(models):
     assert draft.model.norm.weight is target.model.norm.weight  # norms are shared, not copied
     result = SpeculativeGenerator(models["target"], drafter, 4).generate(PROMPTS[0], 40, chat=False)
     assert result.stats.acceptance_rate > 0.8  # int8 weights barely move the tiny model's argmax
-    with pytest.raises(SpecdecError, match="unsupported weight format"):
+    with pytest.raises(SpecdecError, match="unknown weight format"):
         make_drafter("quant:int3", models["target"], "cpu", "float32")
+    with pytest.raises(SpecdecError, match="group size 96 must be a multiple of 32 dividing"):
+        make_drafter("quant:int4:96", models["target"], "cpu", "float32")
+    int4 = make_drafter("quant:int4", models["target"], "cpu", "float32")
+    assert int4.model.model.layers[0].self_attn.qkv_proj.weight_format == "int4"
+    assert int4.model.lm_head.weight_format == "int8" and target.lm_head.weight_format == "float32"
     int8_target = load_model(str(models["target"].path), weights="int8")
     with pytest.raises(SpecdecError, match="already has int8 weights"):
         make_drafter("quant:int8", int8_target, "cpu", "float32")

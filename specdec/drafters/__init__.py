@@ -6,7 +6,7 @@ from specdec.drafters.base import Draft, Drafter, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel
 
-DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL | draft:MODEL@MIN_CONFIDENCE | quant:int8 | "
+DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL | draft:MODEL@MIN_CONFIDENCE | quant:int8 | quant:int4[:GROUP] | "
                  "layerskip[:SUBSET] | eagle[:HEAD_DIR][@depth=D,topk=W,budget=N] | medusa[:HEAD_DIR][@budget=N] | "
                  "retrieval:DATASTORE_DIR[@budget=N] | lookahead[:W,N,G]")
 

@@ -1,7 +1,8 @@
 """Self-drafting: the target itself, made cheaper, drafts for itself. No second checkpoint, the same
 tokenizer, and distributions close to the target's.
 
-- `quant:int8`: the target's matrices quantized to int8 (a quarter of the memory, ~0.6x the step time here);
+- `quant:int8` / `quant:int4[:G]`: the target's matrices quantized to int8, or to grouped 4-bit weights
+  multiplied with int8-quantized activations (docs/runtime.md); a quarter / an eighth of the memory;
 - `layerskip:SPEC`: the target running a subset of its layers, sharing every weight (memory: its KV only).
 
 Both are draft-model drafters (specdec.drafters.draft_model) over a derived model, so drafting,
@@ -15,6 +16,7 @@ import dataclasses
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel
+from specdec.models.packed_linear import parse_weight_format
 
 LAYERSKIP_SPECS = "first:N | every:N | RANGES (e.g. 0-7,28-29)"
 
@@ -26,16 +28,24 @@ FALLBACK_LAYER_SUBSET = "every:2"
 
 
 def quantized_self_draft(target: LoadedModel, weights: str) -> DraftModelDrafter:
-    if weights != "int8":
-        raise InvalidParameterError(f"quant drafter: unsupported weight format {weights!r} (supported: int8)")
+    try:
+        kind, _ = parse_weight_format(weights)
+    except ValueError as error:
+        raise InvalidParameterError(f"quant drafter: {error}") from None
+    if kind == "float32":
+        raise InvalidParameterError("quant drafter: choose a quantized format (int8, int4, int4:GROUP)")
     model = target.model
     if not hasattr(model, "quantized_copy") or not hasattr(model.lm_head, "quantized_copy"):
         raise InvalidParameterError("quant drafter: needs the native backend with the CPU kernel "
                                     "(packed float32 weights on a CPU with AVX2/FMA)")
-    if model.lm_head.weight_format == weights:
-        raise InvalidParameterError(f"quant drafter: the target already has {weights} weights; "
-                                    "a copy in the same format would only repeat it")
-    draft = dataclasses.replace(target, name=f"{target.name}-{weights}", model=model.quantized_copy(weights))
+    if model.lm_head.weight_format != "float32":
+        raise InvalidParameterError(f"quant drafter: the target already has {model.lm_head.weight_format} weights; "
+                                    "a quantized self-draft is made from a float32 target")
+    try:
+        copy = model.quantized_copy(weights)
+    except ValueError as error:  # e.g. an int4 group size that does not divide a layer
+        raise InvalidParameterError(f"quant drafter: {error}") from None
+    draft = dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy)
     return DraftModelDrafter(draft, model.vocab_size, name=f"quant:{weights}")
 
 

@@ -1,10 +1,11 @@
 """CPU kernels compiled on first use, with a clean fallback.
 
-The packed small-row matmul (packed_matmul.cpp) is built with the system C++
-compiler into $SPECDEC_HOME/kernels the first time it is needed (about a
-second), then loaded through ctypes: no torch headers, no build step at install.
-Where there is no compiler, no AVX2/FMA, or SPECDEC_NO_KERNELS=1, `packed_kernel()`
-returns None and models keep stock torch linear layers.
+The packed small-row matmuls (packed_matmul.cpp: float32 and int8 panels;
+int4_matmul.cpp: grouped 4-bit weights with integer dot products) are built with
+the system C++ compiler into $SPECDEC_HOME/kernels the first time they are needed
+(a few seconds), then loaded through ctypes: no torch headers, no build step at
+install. Where there is no compiler, no AVX2/FMA/F16C, or SPECDEC_NO_KERNELS=1,
+`packed_kernel()` returns None and models keep stock torch linear layers.
 """
 
 from __future__ import annotations
@@ -23,36 +24,36 @@ import torch
 
 from specdec.paths import specdec_home
 
-SOURCE = Path(__file__).with_name("packed_matmul.cpp")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+SOURCES = [Path(__file__).with_name("packed_matmul.cpp"), Path(__file__).with_name("int4_matmul.cpp")]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 PANEL = 16  # output columns per packed panel (two AVX2 registers)
 
 
-def cpu_has_avx2_fma() -> bool:
+def cpu_has_avx2_fma_f16c() -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         return False
-    return " avx2" in flags and " fma" in flags
+    return " avx2" in flags and " fma" in flags and " f16c" in flags
 
 
 @functools.cache
 def packed_kernel() -> ctypes.CDLL | None:
     """The compiled kernel library, or None where it cannot be used here."""
-    if os.environ.get("SPECDEC_NO_KERNELS") or not cpu_has_avx2_fma():
+    if os.environ.get("SPECDEC_NO_KERNELS") or not cpu_has_avx2_fma_f16c():
         return None
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if compiler is None:
         return None
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
     library = specdec_home() / "kernels" / f"packed_matmul-{key}.so"
     if not library.exists():
         library.parent.mkdir(parents=True, exist_ok=True)
         partial = library.with_suffix(f".{os.getpid()}.partial")
-        result = subprocess.run([compiler, *FLAGS, "-o", str(partial), str(SOURCE)], capture_output=True, text=True)
+        result = subprocess.run([compiler, *FLAGS, "-o", str(partial), *map(str, SOURCES)], capture_output=True, text=True)
         if result.returncode != 0:
             partial.unlink(missing_ok=True)
             print(f"specdec: warning: could not build the CPU kernel, using torch matmul ({result.stderr.strip()[:200]})",
@@ -64,6 +65,8 @@ def packed_kernel() -> ctypes.CDLL | None:
     lib.packed_matmul_f32.restype = None
     lib.packed_matmul_q8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.packed_matmul_q8.restype = None
+    lib.int4_matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+    lib.int4_matmul.restype = None
     return lib
 
 
@@ -125,4 +128,60 @@ def packed_matmul_int8(x: torch.Tensor, quantized: torch.Tensor, scales: torch.T
     y = torch.empty(rows, out_features, dtype=torch.float32)
     packed_kernel().packed_matmul_q8(x.data_ptr(), quantized.data_ptr(), scales.data_ptr(), y.data_ptr(), rows,
                                      cols, out_features, torch.get_num_threads())
+    return y
+
+
+INT4_COLUMNS = 8  # output columns per int4 column block (one register of int32 lanes)
+INT4_BLOCK = 32  # inputs per activation block; weight groups are multiples of it
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float -> packed nibbles (ceil(N/8), K/8, 32) uint8 and float16 scales (ceil(N/8), K/G, 8).
+
+    Per output column and group of G inputs, as llama.cpp's Q4_0: d = m / -8 where m is the group's
+    value of largest magnitude, q = clamp(round(w / d) + 8, 0, 15), so w ~ d * (q - 8) uses all of
+    -8..7 and hits m exactly. The layout is int4_matmul.cpp's."""
+    rows, cols = weight.shape
+    if group_size <= 0 or group_size % INT4_BLOCK or cols % group_size:
+        raise ValueError(f"int4 group size {group_size} must be a multiple of {INT4_BLOCK} dividing the "
+                         f"layer's {cols} inputs")
+    padded = (rows + INT4_COLUMNS - 1) // INT4_COLUMNS * INT4_COLUMNS
+    weight = torch.nn.functional.pad(weight.float(), (0, 0, 0, padded - rows))
+    groups = weight.view(padded, cols // group_size, group_size)  # (N, K/G, G)
+    extreme = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True))  # (N, K/G, 1) signed
+    scales = (extreme / -8.0).half()  # stored precision: quantize against what the kernel will read
+    divisor = torch.where(scales != 0, scales.float(), torch.ones_like(scales, dtype=torch.float32))
+    q = (torch.round(groups / divisor) + 8).clamp_(0, 15).to(torch.uint8).view(padded, cols)  # (N, K)
+    # (C, 8 cols, K/8 steps, 2 halves, 4 inputs) -> (C, steps, 8 cols, 4 inputs) with halves as nibbles
+    q = q.view(padded // INT4_COLUMNS, INT4_COLUMNS, cols // 8, 2, 4)
+    nibbles = q[:, :, :, 0, :] | (q[:, :, :, 1, :] << 4)  # (C, 8, K/8, 4)
+    packed = nibbles.permute(0, 2, 1, 3).reshape(padded // INT4_COLUMNS, cols // 8, 32).contiguous()
+    scales = scales.view(padded // INT4_COLUMNS, INT4_COLUMNS, cols // group_size).transpose(1, 2).contiguous()
+    return packed, scales  # scales: (C, K/G, 8)
+
+
+def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The (N_padded, K) float32 matrix the int4 kernel multiplies by, or only `rows` of it: (..., K)."""
+    blocks, steps, _ = packed.shape
+    cols, groups = steps * 8, scales.shape[1]
+    if rows is None:
+        rows = torch.arange(blocks * INT4_COLUMNS)
+    block, column = rows // INT4_COLUMNS, rows % INT4_COLUMNS
+    quads = packed[block].view(*rows.shape, steps, INT4_COLUMNS, 4)  # (..., K/8, 8, 4)
+    quads = quads[..., column.unsqueeze(-1), :] if rows.dim() == 0 else \
+        torch.take_along_dim(quads, column.view(*rows.shape, 1, 1, 1).expand(*rows.shape, steps, 1, 4), dim=-2)
+    quads = quads.squeeze(-2)  # (..., K/8, 4)
+    q = torch.stack([quads & 0x0F, quads >> 4], dim=-2).reshape(*rows.shape, cols)  # (..., K)
+    scale = torch.take_along_dim(scales[block], column.view(*rows.shape, 1, 1).expand(*rows.shape, groups, 1),
+                                 dim=-1).squeeze(-1).float()  # (..., K/G)
+    return (q.float() - 8.0) * scale.repeat_interleave(cols // groups, dim=-1)
+
+
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
+    """(T, K) float32 contiguous @ int4 blocks -> (T, out_features), any T (see int4_matmul.cpp)."""
+    rows, cols = x.shape
+    group_size = cols // scales.shape[1]
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    packed_kernel().int4_matmul(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, cols,
+                                out_features, group_size, torch.get_num_threads())
     return y

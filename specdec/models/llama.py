@@ -127,12 +127,13 @@ class LlamaForCausalLM(nn.Module):
 
         Fuses q/k/v and gate/up, packs each matrix once, and frees the original
         layout; tied embeddings are then read from the packed LM head.
-        weights="int8" then quantizes each packed matrix (weight-only, per output
-        channel), layer by layer so the float32 copies are freed as it goes.
+        weights="int8" or "int4[:G]" then quantizes each packed matrix, layer by
+        layer so the float32 copies are freed as it goes (an int4 model keeps an
+        int8 LM head: packed_linear.head_weight_format).
         """
-        from specdec.models.packed_linear import PackedEmbedding, PackedLinear
+        from specdec.models.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
 
-        def packed(linears):
+        def packed(linears, weights=weights):
             return PackedLinear.fuse(linears).quantize_(weights)
 
         for layer in self.model.layers:
@@ -143,7 +144,7 @@ class LlamaForCausalLM(nn.Module):
             mlp.gate_up_proj = packed([mlp.gate_proj, mlp.up_proj])
             mlp.down_proj = packed([mlp.down_proj])
             del mlp.gate_proj, mlp.up_proj
-        self.lm_head = packed([self.lm_head])
+        self.lm_head = packed([self.lm_head], head_weight_format(weights))
         if self.config.tie_word_embeddings:
             self.model.embed_tokens = PackedEmbedding(self.lm_head)
 
@@ -154,9 +155,11 @@ class LlamaForCausalLM(nn.Module):
         quantized matrices are new memory."""
         import copy
 
-        from specdec.models.packed_linear import PackedEmbedding, PackedLinear
+        from specdec.models.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
 
         def clone(module: nn.Module) -> nn.Module:
+            if module is self.lm_head:
+                return module.quantized_copy(head_weight_format(weights))
             if isinstance(module, PackedLinear):
                 return module.quantized_copy(weights)
             twin = copy.copy(module)  # shares parameters and buffers; gets its own child table

@@ -17,7 +17,7 @@ import torch
 from specdec.errors import CorruptModelError, InvalidParameterError, UnknownModelError, UnsupportedModelError
 from specdec.models.base import CausalLM
 from specdec.models.config import NATIVE_MODEL_TYPES, ModelConfig
-from specdec.models.packed_linear import WEIGHT_FORMATS
+from specdec.models.packed_linear import parse_weight_format
 from specdec.paths import converted_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -80,10 +80,13 @@ def load_model(
 ) -> LoadedModel:
     """Load a model; `kernels=False` keeps stock torch matmuls instead of the packed CPU kernel.
 
-    weights="int8" quantizes the linear layers at load (weight-only, per output channel): that
-    quantized model is then the target, whose plain output speculation reproduces exactly."""
-    if weights not in WEIGHT_FORMATS:
-        raise InvalidParameterError(f"unknown weight format {weights!r} (choose from {', '.join(WEIGHT_FORMATS)})")
+    weights="int8" (weight-only, per output channel) or "int4[:G]" (grouped 4-bit, see packed_linear)
+    quantizes the linear layers at load: that quantized model is then the target, whose plain output
+    speculation reproduces exactly."""
+    try:
+        parse_weight_format(weights)
+    except ValueError as error:
+        raise InvalidParameterError(str(error)) from None
     if dtype not in DTYPES:
         raise InvalidParameterError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
     if backend not in BACKENDS:
@@ -103,7 +106,10 @@ def load_model(
     if backend == "native":
         model = load_native(model_dir, hf_config, device, DTYPES[dtype])
         if kernels and uses_packed_kernel(device, DTYPES[dtype]):
-            model.pack_weights(weights)
+            try:
+                model.pack_weights(weights)
+            except ValueError as error:  # e.g. an int4 group size that does not divide a layer
+                raise InvalidParameterError(f"{name}: {error}") from None
     else:
         model = load_transformers(model_dir, device, DTYPES[dtype])
     tokenizer = load_tokenizer(model_dir)

@@ -1,7 +1,12 @@
-"""Linear layers stored for the CPU small-row kernel (specdec.kernels).
+"""Linear layers stored for the CPU small-row kernels (specdec.kernels).
 
 `PackedLinear.fuse([q, k, v])` packs several projections that read the same
 input into one matrix, so a layer makes 4 kernel calls instead of 7.
+
+Weight formats: float32 panels; int8 (weight-only, per output channel, float32
+activations); int4 (grouped 4-bit weights, llama.cpp's Q4_0 scheme, multiplied
+with activations quantized to int8 per block of 32 inside the kernel: integer dot
+products are what make 4-bit pay on AVX2). `int4:G` picks the group size (default 32).
 """
 
 from __future__ import annotations
@@ -12,9 +17,33 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdec.kernels import pack_weight, packed_matmul, packed_matmul_int8, quantize_packed_int8, unpack_rows
+from specdec.kernels import (INT4_BLOCK, dequantize_int4, int4_matmul, pack_weight, packed_matmul, packed_matmul_int8,
+                             quantize_int4, quantize_packed_int8, unpack_rows)
 
-WEIGHT_FORMATS = ("float32", "int8")
+WEIGHT_FORMATS = ("float32", "int8", "int4")  # int4 also as int4:G (group size G, a multiple of 32)
+INT4_GROUP_SIZE = 32
+
+
+def parse_weight_format(weights: str) -> tuple[str, int | None]:
+    """'float32' | 'int8' | 'int4' | 'int4:G' -> (kind, int4 group size or None); ValueError otherwise."""
+    kind, _, group = weights.partition(":")
+    if kind not in WEIGHT_FORMATS or (group and kind != "int4"):
+        raise ValueError(f"unknown weight format {weights!r} (choose from float32, int8, int4, int4:GROUP)")
+    if kind != "int4":
+        return kind, None
+    try:
+        group_size = int(group) if group else INT4_GROUP_SIZE
+    except ValueError:
+        raise ValueError(f"int4 group size must be an integer, not {group!r}") from None
+    if group_size <= 0 or group_size % INT4_BLOCK:
+        raise ValueError(f"int4 group size must be a positive multiple of {INT4_BLOCK}, not {group_size}")
+    return kind, group_size
+
+
+def head_weight_format(weights: str) -> str:
+    """The LM head's format for a model in `weights`: int4 models keep an int8 head (as llama.cpp keeps
+    its output matrix at 6 bits): the logits a sampler sees stay close to the float model's."""
+    return "int8" if weights.startswith("int4") else weights
 
 
 class PackedLinear(nn.Module):
@@ -22,22 +51,33 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.split_sizes = list(split_sizes)
-        self.register_buffer("packed", pack_weight(weight))  # (P, K, 16) float32, or int8 with `scales`
+        # float32: (P, K, 16) panels; int8: the same panels in int8 with `scales` (P * 16,) per column;
+        # int4: (ceil(N/8), K/8, 32) uint8 nibbles with float16 `scales` (ceil(N/8), K/G, 8)
+        self.register_buffer("packed", pack_weight(weight))
         self.register_buffer("bias", None if bias is None else bias.float().clone())
-        self.register_buffer("scales", None)  # (P * 16,) per output column, for int8 panels
+        self.register_buffer("scales", None)
 
     @property
     def weight_format(self) -> str:
-        return "float32" if self.scales is None else "int8"
+        if self.packed.dtype == torch.float32:
+            return "float32"
+        if self.packed.dtype == torch.int8:
+            return "int8"
+        group_size = self.in_features // self.scales.shape[1]
+        return "int4" if group_size == INT4_GROUP_SIZE else f"int4:{group_size}"
 
     def quantize_(self, weights: str) -> "PackedLinear":
-        """Switch to another weight format in place (weight-only: activations stay float32)."""
-        if weights not in WEIGHT_FORMATS:
-            raise ValueError(f"unknown weight format {weights!r}")
-        if weights == "int8" and self.scales is None:
+        """Switch to another weight format in place; only float32 panels can be quantized."""
+        kind, group_size = parse_weight_format(weights)
+        if weights == self.weight_format:
+            return self
+        if self.weight_format != "float32":
+            raise ValueError(f"{self.weight_format} weights cannot be turned into {weights}")
+        if kind == "int8":
             self.packed, self.scales = quantize_packed_int8(self.packed)
-        elif weights == "float32" and self.scales is not None:
-            raise ValueError("int8 weights cannot be turned back into float32")
+        elif kind == "int4":
+            weight = self.packed.transpose(1, 2).reshape(-1, self.in_features)[:self.out_features]  # (N, K)
+            self.packed, self.scales = quantize_int4(weight, group_size)
         return self
 
     def quantized_copy(self, weights: str) -> "PackedLinear":
@@ -62,10 +102,12 @@ class PackedLinear(nn.Module):
         """(..., K) -> (..., N), or a tuple split as the fused layers were."""
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features).contiguous()
-        if self.scales is None:
+        if self.packed.dtype == torch.float32:
             y = packed_matmul(rows, self.packed, self.out_features)
-        else:
+        elif self.packed.dtype == torch.int8:
             y = packed_matmul_int8(rows, self.packed, self.scales, self.out_features)
+        else:
+            y = int4_matmul(rows, self.packed, self.scales, self.out_features)
         if self.bias is not None:
             y += self.bias
         y = y.reshape(*lead, self.out_features)
@@ -81,4 +123,6 @@ class PackedEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         head = self.head[0]
+        if head.weight_format.startswith("int4"):
+            return dequantize_int4(head.packed, head.scales, tokens)  # (B, T, C)
         return unpack_rows(head.packed, tokens, head.scales)  # (B, T, C)
