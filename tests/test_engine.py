@@ -73,11 +73,11 @@ def test_greedy_output_equals_plain_decoding(models, drafter, k):
 
 
 @needs_kernel
-@pytest.mark.parametrize("weights", ["int8", "int4", "int4:64"])
+@pytest.mark.parametrize("weights", ["int8", "int4", "int4:64", "int7"])
 @pytest.mark.parametrize("k", [1, 4, "auto"])
 def test_low_bit_target_speculative_equals_its_own_plain_decoding(models, weights, k, tmp_path):
     target = load_model(str(models["target"].path), weights=weights)
-    assert target.model.lm_head.weight_format == "int8"  # an int4 model keeps an int8 head
+    assert target.model.lm_head.weight_format == ("int7" if weights.startswith("int4") else weights)
     assert target.model.model.layers[0].mlp.down_proj.weight_format == weights
     for prompt in PROMPTS:
         expected = plain_ids(target, prompt, 40)
@@ -102,7 +102,7 @@ def test_quant_drafter_is_close_to_its_target_and_shares_what_it_can(models):
         make_drafter("quant:int4:96", models["target"], "cpu", "float32")
     int4 = make_drafter("quant:int4", models["target"], "cpu", "float32")
     assert int4.model.model.layers[0].self_attn.qkv_proj.weight_format == "int4"
-    assert int4.model.lm_head.weight_format == "int8" and target.lm_head.weight_format == "float32"
+    assert int4.model.lm_head.weight_format == "int7" and target.lm_head.weight_format == "float32"
     int8_target = load_model(str(models["target"].path), weights="int8")
     with pytest.raises(SpecdecError, match="already has int8 weights"):
         make_drafter("quant:int8", int8_target, "cpu", "float32")

@@ -1,7 +1,7 @@
 """CPU kernels compiled on first use, with a clean fallback.
 
 The packed small-row matmuls (packed_matmul.cpp: float32 and int8 panels;
-int4_matmul.cpp: grouped 4-bit weights with integer dot products) are built with
+integer_matmul.cpp: grouped 4-bit and 7-bit weights with integer dot products) are built with
 the system C++ compiler into $SPECDEC_HOME/kernels the first time they are needed
 (a few seconds), then loaded through ctypes: no torch headers, no build step at
 install. Where there is no compiler, no AVX2/FMA/F16C, or SPECDEC_NO_KERNELS=1,
@@ -24,7 +24,7 @@ import torch
 
 from specdec.paths import specdec_home
 
-SOURCES = [Path(__file__).with_name("packed_matmul.cpp"), Path(__file__).with_name("int4_matmul.cpp")]
+SOURCES = [Path(__file__).with_name("packed_matmul.cpp"), Path(__file__).with_name("integer_matmul.cpp")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 PANEL = 16  # output columns per packed panel (two AVX2 registers)
 
@@ -65,8 +65,9 @@ def packed_kernel() -> ctypes.CDLL | None:
     lib.packed_matmul_f32.restype = None
     lib.packed_matmul_q8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.packed_matmul_q8.restype = None
-    lib.int4_matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
-    lib.int4_matmul.restype = None
+    for kernel in (lib.int4_matmul, lib.int7_matmul):
+        kernel.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+        kernel.restype = None
     return lib
 
 
@@ -131,57 +132,75 @@ def packed_matmul_int8(x: torch.Tensor, quantized: torch.Tensor, scales: torch.T
     return y
 
 
-INT4_COLUMNS = 8  # output columns per int4 column block (one register of int32 lanes)
-INT4_BLOCK = 32  # inputs per activation block; weight groups are multiples of it
+INTEGER_COLUMNS = 8  # output columns per column block of the integer kernels (one register of int32 lanes)
+INTEGER_BLOCK = 32  # inputs per activation block; weight groups are multiples of it
+ZERO_POINTS = {4: 8, 7: 64}  # stored unsigned: w = scale * (q - zero)
 
 
-def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, K) float -> packed nibbles (ceil(N/8), K/8, 32) uint8 and float16 scales (ceil(N/8), K/G, 8).
+def quantize_grouped(weight: torch.Tensor, group_size: int, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float -> packed uint8 codes and float16 scales (ceil(N/8), K/G, 8), integer_matmul.cpp's layout.
 
-    Per output column and group of G inputs, as llama.cpp's Q4_0: d = m / -8 where m is the group's
-    value of largest magnitude, q = clamp(round(w / d) + 8, 0, 15), so w ~ d * (q - 8) uses all of
-    -8..7 and hits m exactly. The layout is int4_matmul.cpp's."""
+    bits=4, as llama.cpp's Q4_0: per output column and group of G inputs, d = m / -8 where m is the group's
+    value of largest magnitude, q = clamp(round(w / d), -8, 7): all 16 codes used and m hit exactly;
+    packed (ceil(N/8), K/8, 32), two codes a byte.
+    bits=7: d = max|w| / 63, q = round(w / d) in -63..63; packed (ceil(N/8), K/4, 32), a code a byte."""
     rows, cols = weight.shape
-    if group_size <= 0 or group_size % INT4_BLOCK or cols % group_size:
-        raise ValueError(f"int4 group size {group_size} must be a multiple of {INT4_BLOCK} dividing the "
+    if group_size <= 0 or group_size % INTEGER_BLOCK or cols % group_size:
+        raise ValueError(f"int{bits} group size {group_size} must be a multiple of {INTEGER_BLOCK} dividing the "
                          f"layer's {cols} inputs")
-    padded = (rows + INT4_COLUMNS - 1) // INT4_COLUMNS * INT4_COLUMNS
+    padded = (rows + INTEGER_COLUMNS - 1) // INTEGER_COLUMNS * INTEGER_COLUMNS
     weight = torch.nn.functional.pad(weight.float(), (0, 0, 0, padded - rows))
     groups = weight.view(padded, cols // group_size, group_size)  # (N, K/G, G)
-    extreme = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True))  # (N, K/G, 1) signed
-    scales = (extreme / -8.0).half()  # stored precision: quantize against what the kernel will read
+    if bits == 4:
+        extreme = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True))  # (N, K/G, 1), signed
+        scales, low, high = (extreme / -8.0).half(), -8, 7
+    else:
+        scales, low, high = (groups.abs().amax(dim=2, keepdim=True) / 63.0).half(), -63, 63
     divisor = torch.where(scales != 0, scales.float(), torch.ones_like(scales, dtype=torch.float32))
-    q = (torch.round(groups / divisor) + 8).clamp_(0, 15).to(torch.uint8).view(padded, cols)  # (N, K)
-    # (C, 8 cols, K/8 steps, 2 halves, 4 inputs) -> (C, steps, 8 cols, 4 inputs) with halves as nibbles
-    q = q.view(padded // INT4_COLUMNS, INT4_COLUMNS, cols // 8, 2, 4)
-    nibbles = q[:, :, :, 0, :] | (q[:, :, :, 1, :] << 4)  # (C, 8, K/8, 4)
-    packed = nibbles.permute(0, 2, 1, 3).reshape(padded // INT4_COLUMNS, cols // 8, 32).contiguous()
-    scales = scales.view(padded // INT4_COLUMNS, INT4_COLUMNS, cols // group_size).transpose(1, 2).contiguous()
-    return packed, scales  # scales: (C, K/G, 8)
+    zero = ZERO_POINTS[bits]
+    q = (torch.round(groups / divisor).clamp_(low, high) + zero).to(torch.uint8).view(padded, cols)  # (N, K)
+    blocks = padded // INTEGER_COLUMNS
+    if bits == 4:  # (C, 8 cols, K/8 steps, 2 halves, 4 inputs): the halves become low and high nibbles
+        q = q.view(blocks, INTEGER_COLUMNS, cols // 8, 2, 4)
+        codes = (q[:, :, :, 0, :] | (q[:, :, :, 1, :] << 4)).permute(0, 2, 1, 3)  # (C, K/8, 8, 4)
+    else:
+        codes = q.view(blocks, INTEGER_COLUMNS, cols // 4, 4).permute(0, 2, 1, 3)  # (C, K/4, 8, 4)
+    packed = codes.reshape(blocks, -1, 32).contiguous()
+    scales = scales.view(blocks, INTEGER_COLUMNS, cols // group_size).transpose(1, 2).contiguous()
+    return packed, scales
 
 
-def dequantize_int4(packed: torch.Tensor, scales: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """The (N_padded, K) float32 matrix the int4 kernel multiplies by, or only `rows` of it: (..., K)."""
-    blocks, steps, _ = packed.shape
-    cols, groups = steps * 8, scales.shape[1]
+def grouped_bits(packed: torch.Tensor, in_features: int) -> int:
+    """4 or 7: which quantize_grouped layout `packed` holds (two codes a byte, or one)."""
+    return 4 if packed.shape[1] * 8 == in_features else 7
+
+
+def dequantize_grouped(packed: torch.Tensor, scales: torch.Tensor, in_features: int,
+                       rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The (N_padded, K) float32 matrix the integer kernel multiplies by, or only `rows` of it: (..., K)."""
+    bits, blocks, groups = grouped_bits(packed, in_features), packed.shape[0], scales.shape[1]
     if rows is None:
-        rows = torch.arange(blocks * INT4_COLUMNS)
-    block, column = rows // INT4_COLUMNS, rows % INT4_COLUMNS
-    quads = packed[block].view(*rows.shape, steps, INT4_COLUMNS, 4)  # (..., K/8, 8, 4)
-    quads = quads[..., column.unsqueeze(-1), :] if rows.dim() == 0 else \
-        torch.take_along_dim(quads, column.view(*rows.shape, 1, 1, 1).expand(*rows.shape, steps, 1, 4), dim=-2)
-    quads = quads.squeeze(-2)  # (..., K/8, 4)
-    q = torch.stack([quads & 0x0F, quads >> 4], dim=-2).reshape(*rows.shape, cols)  # (..., K)
-    scale = torch.take_along_dim(scales[block], column.view(*rows.shape, 1, 1).expand(*rows.shape, groups, 1),
-                                 dim=-1).squeeze(-1).float()  # (..., K/G)
-    return (q.float() - 8.0) * scale.repeat_interleave(cols // groups, dim=-1)
+        rows = torch.arange(blocks * INTEGER_COLUMNS)
+    block, column = rows // INTEGER_COLUMNS, rows % INTEGER_COLUMNS
+    steps = packed.shape[1]
+    quads = packed[block].view(*rows.shape, steps, INTEGER_COLUMNS, 4)  # (..., steps, 8, 4)
+    index = column.view(*rows.shape, 1, 1, 1).expand(*rows.shape, steps, 1, 4)
+    quads = torch.take_along_dim(quads, index, dim=-2).squeeze(-2)  # (..., steps, 4)
+    if bits == 4:
+        quads = torch.stack([quads & 0x0F, quads >> 4], dim=-2)  # (..., K/8, 2, 4)
+    q = quads.reshape(*rows.shape, in_features).float() - ZERO_POINTS[bits]  # (..., K)
+    index = column.view(*rows.shape, 1, 1).expand(*rows.shape, groups, 1)
+    scale = torch.take_along_dim(scales[block], index, dim=-1).squeeze(-1).float()  # (..., K/G)
+    return q * scale.repeat_interleave(in_features // groups, dim=-1)
 
 
-def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
-    """(T, K) float32 contiguous @ int4 blocks -> (T, out_features), any T (see int4_matmul.cpp)."""
+def integer_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
+    """(T, K) float32 contiguous @ 4-bit or 7-bit grouped codes -> (T, out_features), any T
+    (integer_matmul.cpp: activations quantized to int8 per block of 32, integer dot products)."""
     rows, cols = x.shape
     group_size = cols // scales.shape[1]
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    packed_kernel().int4_matmul(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, cols,
-                                out_features, group_size, torch.get_num_threads())
+    kernel = packed_kernel().int4_matmul if grouped_bits(packed, cols) == 4 else packed_kernel().int7_matmul
+    kernel(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, cols, out_features, group_size,
+           torch.get_num_threads())
     return y

@@ -4,9 +4,10 @@
 input into one matrix, so a layer makes 4 kernel calls instead of 7.
 
 Weight formats: float32 panels; int8 (weight-only, per output channel, float32
-activations); int4 (grouped 4-bit weights, llama.cpp's Q4_0 scheme, multiplied
-with activations quantized to int8 per block of 32 inside the kernel: integer dot
-products are what make 4-bit pay on AVX2). `int4:G` picks the group size (default 32).
+activations); int4 and int7 (grouped 4-bit weights as llama.cpp's Q4_0, or 7-bit,
+multiplied with activations quantized to int8 per block of 32 inside the kernel:
+integer dot products are what make low-bit weights pay on AVX2). `int4:G` / `int7:G`
+pick the group size (default 32).
 """
 
 from __future__ import annotations
@@ -17,33 +18,34 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdec.kernels import (INT4_BLOCK, dequantize_int4, int4_matmul, pack_weight, packed_matmul, packed_matmul_int8,
-                             quantize_int4, quantize_packed_int8, unpack_rows)
+from specdec.kernels import (INTEGER_BLOCK, dequantize_grouped, grouped_bits, integer_matmul, pack_weight,
+                             packed_matmul, packed_matmul_int8, quantize_grouped, quantize_packed_int8, unpack_rows)
 
-WEIGHT_FORMATS = ("float32", "int8", "int4")  # int4 also as int4:G (group size G, a multiple of 32)
-INT4_GROUP_SIZE = 32
+WEIGHT_FORMATS = ("float32", "int8", "int4", "int7")  # int4 and int7 also as int4:G (group size G)
+GROUPED_FORMATS = {"int4": 4, "int7": 7}
+GROUP_SIZE = 32
 
 
 def parse_weight_format(weights: str) -> tuple[str, int | None]:
-    """'float32' | 'int8' | 'int4' | 'int4:G' -> (kind, int4 group size or None); ValueError otherwise."""
+    """'float32' | 'int8' | 'int4[:G]' | 'int7[:G]' -> (kind, group size or None); ValueError otherwise."""
     kind, _, group = weights.partition(":")
-    if kind not in WEIGHT_FORMATS or (group and kind != "int4"):
-        raise ValueError(f"unknown weight format {weights!r} (choose from float32, int8, int4, int4:GROUP)")
-    if kind != "int4":
+    if kind not in WEIGHT_FORMATS or (group and kind not in GROUPED_FORMATS):
+        raise ValueError(f"unknown weight format {weights!r} (choose from float32, int8, int4[:GROUP], int7[:GROUP])")
+    if kind not in GROUPED_FORMATS:
         return kind, None
     try:
-        group_size = int(group) if group else INT4_GROUP_SIZE
+        group_size = int(group) if group else GROUP_SIZE
     except ValueError:
-        raise ValueError(f"int4 group size must be an integer, not {group!r}") from None
-    if group_size <= 0 or group_size % INT4_BLOCK:
-        raise ValueError(f"int4 group size must be a positive multiple of {INT4_BLOCK}, not {group_size}")
+        raise ValueError(f"{kind} group size must be an integer, not {group!r}") from None
+    if group_size <= 0 or group_size % INTEGER_BLOCK:
+        raise ValueError(f"{kind} group size must be a positive multiple of {INTEGER_BLOCK}, not {group_size}")
     return kind, group_size
 
 
 def head_weight_format(weights: str) -> str:
-    """The LM head's format for a model in `weights`: int4 models keep an int8 head (as llama.cpp keeps
-    its output matrix at 6 bits): the logits a sampler sees stay close to the float model's."""
-    return "int8" if weights.startswith("int4") else weights
+    """The LM head's format for a model in `weights`: int4 models keep a 7-bit head (as llama.cpp keeps its
+    output matrix at 6 bits), so the logits a sampler sees stay close to the float model's."""
+    return "int7" if weights.startswith("int4") else weights
 
 
 class PackedLinear(nn.Module):
@@ -52,7 +54,7 @@ class PackedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.split_sizes = list(split_sizes)
         # float32: (P, K, 16) panels; int8: the same panels in int8 with `scales` (P * 16,) per column;
-        # int4: (ceil(N/8), K/8, 32) uint8 nibbles with float16 `scales` (ceil(N/8), K/G, 8)
+        # int4/int7: uint8 codes (ceil(N/8), K/8 or K/4, 32) with float16 `scales` (ceil(N/8), K/G, 8)
         self.register_buffer("packed", pack_weight(weight))
         self.register_buffer("bias", None if bias is None else bias.float().clone())
         self.register_buffer("scales", None)
@@ -63,8 +65,9 @@ class PackedLinear(nn.Module):
             return "float32"
         if self.packed.dtype == torch.int8:
             return "int8"
+        kind = f"int{grouped_bits(self.packed, self.in_features)}"
         group_size = self.in_features // self.scales.shape[1]
-        return "int4" if group_size == INT4_GROUP_SIZE else f"int4:{group_size}"
+        return kind if group_size == GROUP_SIZE else f"{kind}:{group_size}"
 
     def quantize_(self, weights: str) -> "PackedLinear":
         """Switch to another weight format in place; only float32 panels can be quantized."""
@@ -75,9 +78,9 @@ class PackedLinear(nn.Module):
             raise ValueError(f"{self.weight_format} weights cannot be turned into {weights}")
         if kind == "int8":
             self.packed, self.scales = quantize_packed_int8(self.packed)
-        elif kind == "int4":
+        elif kind in GROUPED_FORMATS:
             weight = self.packed.transpose(1, 2).reshape(-1, self.in_features)[:self.out_features]  # (N, K)
-            self.packed, self.scales = quantize_int4(weight, group_size)
+            self.packed, self.scales = quantize_grouped(weight, group_size, GROUPED_FORMATS[kind])
         return self
 
     def quantized_copy(self, weights: str) -> "PackedLinear":
@@ -107,7 +110,7 @@ class PackedLinear(nn.Module):
         elif self.packed.dtype == torch.int8:
             y = packed_matmul_int8(rows, self.packed, self.scales, self.out_features)
         else:
-            y = int4_matmul(rows, self.packed, self.scales, self.out_features)
+            y = integer_matmul(rows, self.packed, self.scales, self.out_features)
         if self.bias is not None:
             y += self.bias
         y = y.reshape(*lead, self.out_features)
@@ -123,6 +126,6 @@ class PackedEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         head = self.head[0]
-        if head.weight_format.startswith("int4"):
-            return dequantize_int4(head.packed, head.scales, tokens)  # (B, T, C)
+        if head.packed.dtype == torch.uint8:
+            return dequantize_grouped(head.packed, head.scales, head.in_features, tokens)  # (B, T, C)
         return unpack_rows(head.packed, tokens, head.scales)  # (B, T, C)

@@ -1,9 +1,9 @@
-"""The int4 kernel (grouped 4-bit weights x int8-quantized activations) against a float64 reference."""
+"""The integer kernels (grouped 4-bit / 7-bit weights x int8-quantized activations) against a float64 reference."""
 
 import pytest
 import torch
 
-from specdec.kernels import dequantize_int4, int4_matmul, packed_kernel, quantize_int4
+from specdec.kernels import ZERO_POINTS, dequantize_grouped, integer_matmul, packed_kernel, quantize_grouped
 from specdec.models.packed_linear import PackedEmbedding, PackedLinear
 
 pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA/F16C CPU or no C++ compiler here")
@@ -20,8 +20,8 @@ def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def reference(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
-    """float64: sum over blocks of dw * dx * (exact integer dot product of (q - 8) and xq)."""
-    weight = dequantize_int4(packed, scales)[:out_features].double()  # (N, K) = dw * (q - 8)
+    """float64: sum over blocks of dw * dx * (exact integer dot product of (q - zero) and xq)."""
+    weight = dequantize_grouped(packed, scales, x.shape[1])[:out_features].double()  # (N, K) = dw * (q - zero)
     group = x.shape[1] // scales.shape[1]
     dw = scales.double().transpose(1, 2).reshape(-1, scales.shape[1])[:out_features]  # (N, K/G)
     q = torch.round(weight / dw.repeat_interleave(group, dim=1).where(dw.repeat_interleave(group, 1) != 0,
@@ -36,35 +36,38 @@ def reference(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out_f
 @pytest.mark.parametrize("in_features,out_features,group", [(64, 16, 32), (96, 100, 32), (128, 33, 64),
                                                             (576, 1536, 32), (1536, 257, 128), (256, 7, 256)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13, 16, 17, 40])
-def test_int4_kernel_matches_float64_reference(in_features, out_features, group, rows):
-    gen = torch.Generator().manual_seed(in_features * 1000 + rows + group)
+@pytest.mark.parametrize("bits", [4, 7])
+def test_integer_kernel_matches_float64_reference(in_features, out_features, group, rows, bits):
+    gen = torch.Generator().manual_seed(in_features * 1000 + rows + group + bits)
     weight = torch.randn(out_features, in_features, generator=gen)
     x = torch.randn(rows, in_features, generator=gen)
     x[0, :32] = 0.0  # an all-zero activation block must not divide by zero
-    packed, scales = quantize_int4(weight, group)
+    weight[-1, :] = 0.0  # nor an all-zero weight group
+    packed, scales = quantize_grouped(weight, group, bits)
     expected = reference(x, packed, scales, out_features)
-    result = int4_matmul(x, packed, scales, out_features)
+    result = integer_matmul(x, packed, scales, out_features)
     # integer sums are exact: only the float32 scale products and the per-block accumulation round
     assert (result.double() - expected).abs().max() < 1e-5 * expected.abs().max() + 1e-6
 
 
-def test_int4_kernel_is_close_to_the_float_product():
-    """Quantizing both operands costs accuracy, boundedly: relative error of a 1536-input product ~ 1%."""
+@pytest.mark.parametrize("bits,low,high", [(4, 0.05, 0.15), (7, 0.003, 0.02)])
+def test_integer_kernel_is_close_to_the_float_product(bits, low, high):
+    """Quantizing both operands costs accuracy, boundedly (relative error of 1536-input products)."""
     gen = torch.Generator().manual_seed(9)
     weight, x = torch.randn(64, 1536, generator=gen), torch.randn(4, 1536, generator=gen)
-    packed, scales = quantize_int4(weight, 32)
+    packed, scales = quantize_grouped(weight, 32, bits)
     exact = x.double() @ weight.double().T
-    error = (int4_matmul(x, packed, scales, 64).double() - exact).norm() / exact.norm()
-    assert 0.01 < error < 0.15  # 4 bits: clearly lossy, far from garbage
+    error = (integer_matmul(x, packed, scales, 64).double() - exact).norm() / exact.norm()
+    assert low < error < high  # lossy, by the amount the bit width predicts
 
 
 def test_int4_quantization_round_trip():
     gen = torch.Generator().manual_seed(3)
     weight = torch.randn(20, 128, generator=gen)
     weight[5, 32:64] = 0.0  # an all-zero group
-    packed, scales = quantize_int4(weight, 32)
+    packed, scales = quantize_grouped(weight, 32, 4)
     assert packed.dtype == torch.uint8 and packed.shape == (3, 16, 32) and scales.shape == (3, 4, 8)
-    restored = dequantize_int4(packed, scales)[:20]
+    restored = dequantize_grouped(packed, scales, 128)[:20]
     step = scales.float().transpose(1, 2).reshape(-1, 4)[:20].abs().repeat_interleave(32, dim=1)  # (N, K)
     error, slack = (restored - weight).abs(), 1e-3 * step + 1e-7
     # half a step, except for values beyond 7.5 steps on the side opposite the extreme (-8..7 is asymmetric)
@@ -76,17 +79,29 @@ def test_int4_quantization_round_trip():
     assert torch.allclose(restored.view(20, 4, 32).gather(2, groups.abs().argmax(2, keepdim=True)), extreme,
                           rtol=1e-3)
     rows = torch.tensor([[0, 19], [8, 7]])
-    assert torch.equal(dequantize_int4(packed, scales, rows), dequantize_int4(packed, scales)[rows])
+    assert torch.equal(dequantize_grouped(packed, scales, 128, rows), dequantize_grouped(packed, scales, 128)[rows])
 
 
-def test_int4_rows_do_not_depend_on_batch_size():
+def test_int7_quantization_round_trip():
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(20, 128, generator=gen)
+    packed, scales = quantize_grouped(weight, 64, 7)
+    assert packed.shape == (3, 32, 32) and scales.shape == (3, 2, 8) and packed.max() <= 127
+    restored = dequantize_grouped(packed, scales, 128)[:20]
+    step = scales.float().transpose(1, 2).reshape(-1, 2)[:20].repeat_interleave(64, dim=1)  # (N, K)
+    assert torch.all((restored - weight).abs() <= step / 2 + 1e-3 * step)
+    assert ZERO_POINTS[7] == 64 and torch.all((packed.int() - 64).abs() <= 63)
+
+
+@pytest.mark.parametrize("bits", [4, 7])
+def test_integer_rows_do_not_depend_on_batch_size(bits):
     """Each row is quantized and accumulated on its own: a row's output is bit-identical alone or among 40."""
     gen = torch.Generator().manual_seed(4)
     weight, x = torch.randn(300, 256, generator=gen), torch.randn(40, 256, generator=gen)
-    packed, scales = quantize_int4(weight, 64)
-    together = int4_matmul(x, packed, scales, 300)
+    packed, scales = quantize_grouped(weight, 64, bits)
+    together = integer_matmul(x, packed, scales, 300)
     for row in range(40):
-        assert torch.equal(int4_matmul(x[row:row + 1].contiguous(), packed, scales, 300)[0], together[row])
+        assert torch.equal(integer_matmul(x[row:row + 1].contiguous(), packed, scales, 300)[0], together[row])
 
 
 def test_int4_packed_linear_formats_and_tied_embedding_rows():
@@ -103,4 +118,6 @@ def test_int4_packed_linear_formats_and_tied_embedding_rows():
     with pytest.raises(ValueError, match="dividing the layer's 64 inputs"):
         packed.quantized_copy("int4:128")
     ids = torch.tensor([[0, 17, 39]])
-    assert torch.equal(PackedEmbedding(copy)(ids), dequantize_int4(copy.packed, copy.scales)[ids])
+    assert torch.equal(PackedEmbedding(copy)(ids), dequantize_grouped(copy.packed, copy.scales, 64)[ids])
+    int7 = packed.quantized_copy("int7")
+    assert int7.weight_format == "int7" and (int7(x) - layer(x)).abs().max() < 0.02 * layer(x).abs().max()

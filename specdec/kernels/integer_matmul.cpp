@@ -1,0 +1,168 @@
+// y (T, N) = x (T, K) @ W^T with W in grouped 4-bit or 7-bit form and x quantized to int8 on the fly,
+// using integer dot products (vpmaddubsw) as llama.cpp does for Q4_0 x Q8_0.
+//
+// Why integer arithmetic: widening low-bit weights to float costs as many instructions as the FMAs
+// themselves, so a weight-only int8/int4 matmul with float activations is bound by arithmetic on AVX2
+// and a forward over 8 tokens costs 5-6x a forward over 1 (docs/benchmarks.md, 5a). One vpmaddubsw does
+// 32 multiply-adds; the weights are read once per call whatever the row count.
+//
+// Weights: W[n][k] = scale[n][k / G] * (q[n][k] - Z), one float16 scale per output column and group of G
+// inputs (G a multiple of 32), stored unsigned (vpmaddubsw's unsigned operand), as column blocks of 8
+// outputs, c = n / 8, j = n % 8, so that each 32-bit lane of a vpmaddubsw/vpmaddwd result is a partial
+// dot product of one output column (no horizontal sums):
+//   4-bit (Z = 8, q in 0..15):   wq[c][k / 8][4 j + i]: low nibble q[n][8 s + i], high nibble q[n][8 s + 4 + i]
+//   7-bit (Z = 64, q in 0..127): wq[c][k / 4][4 j + i] = q[n][4 s + i]
+//   scales[c][g][j] (float16 bits)
+//
+// Activations: each row is quantized per block of 32 inputs, xq = round(x * 127 / max|x|) with
+// dx = max|x| / 127 (Q8_0), and the block's sum of xq is kept, so that
+//   sum_k (q - Z) xq = sum_k q xq - Z sum_k xq.
+// Integer sums are exact; each output then adds dw * dx * isum over blocks in increasing k. Every row is
+// quantized and accumulated on its own, so a row's result does not depend on how many rows share the
+// call: plain and speculative decoding round identically, at any T (prefill uses this kernel too).
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#include <vector>
+
+namespace {
+
+constexpr int BLOCK = 32;  // inputs per activation block (and the smallest weight group)
+
+// xq (T, K) int8, dx (T, K / 32), xsum (T, K / 32) = sum of the block's xq.
+void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* xq, float* dx, int32_t* xsum) {
+    const int64_t blocks = K / BLOCK;
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t b = 0; b < blocks; b++) {
+            const float* in = x + t * K + b * BLOCK;
+            float amax = 0.0f;
+            for (int i = 0; i < BLOCK; i++) amax = fmaxf(amax, fabsf(in[i]));
+            const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int8_t* out = xq + t * K + b * BLOCK;
+            int32_t sum = 0;
+            for (int i = 0; i < BLOCK; i++) {
+                out[i] = (int8_t)nearbyintf(in[i] * inverse);
+                sum += out[i];
+            }
+            dx[t * blocks + b] = amax / 127.0f;
+            xsum[t * blocks + b] = sum;
+        }
+    }
+}
+
+// 4-bit weights: one 32-byte load holds 8 inputs of 8 columns; 16-bit partial sums are safe for a whole
+// block, as 8 vpmaddubsw of at most 2 * 15 * 127 each stay below 2^15.
+struct Nibbles {
+    static constexpr int32_t zero = 8;
+    static constexpr bool widen_each = false;
+    static constexpr int64_t bytes_per_block = BLOCK / 2;
+    static inline void load(const uint8_t* at, __m256i& first, __m256i& second) {  // inputs k..k+3, k+4..k+7
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+        const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+        first = _mm256_and_si256(packed, low_nibbles);
+        second = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+    }
+};
+
+// 7-bit weights: one byte each; one vpmaddubsw (2 * 127 * 127) already fills 15 bits, so each is widened.
+struct Bytes {
+    static constexpr int32_t zero = 64;
+    static constexpr bool widen_each = true;
+    static constexpr int64_t bytes_per_block = BLOCK;
+    static inline void load(const uint8_t* at, __m256i& first, __m256i& second) {
+        first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+        second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32));
+    }
+};
+
+// Rows t0..t0+TB-1 times one column block c.
+template <int TB, typename Weights>
+inline void column_block(const int8_t* xq, const float* dx, const int32_t* xsum, const uint8_t* wq,
+                         const uint16_t* scales, float* y, int64_t K, int64_t N, int64_t G, int64_t c, int64_t t0) {
+    const int64_t blocks = K / BLOCK, per_group = G / BLOCK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const uint8_t* w = wq + c * blocks * Weights::bytes_per_block * 8;
+    const uint16_t* s = scales + c * (K / G) * 8;
+    __m256 acc[TB];
+    for (int t = 0; t < TB; t++) acc[t] = _mm256_setzero_ps();
+    int64_t b = 0;  // block index, walked group by group (no division in the loop)
+    for (int64_t g = 0; g < K / G; g++) {
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g * 8)));
+        for (int64_t end = b + per_group; b < end; b++) {
+            __m256i sum16[TB], sum32[TB];
+            for (int t = 0; t < TB; t++) sum16[t] = sum32[t] = _mm256_setzero_si256();
+#pragma GCC unroll 1  // unrolled, the compiler hoists every vpmaddubsw and spills the results
+            for (int step = 0; step < BLOCK / 8; step++) {
+                __m256i first, second;
+                Weights::load(w + (b * BLOCK + step * 8) * Weights::bytes_per_block / BLOCK * 8, first, second);
+                const int64_t k = b * BLOCK + step * 8;
+                for (int t = 0; t < TB; t++) {
+                    const int8_t* row = xq + (t0 + t) * K + k;
+                    const __m256i p0 = _mm256_maddubs_epi16(first, _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row)));
+                    const __m256i p1 = _mm256_maddubs_epi16(second, _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row + 4)));
+                    if (Weights::widen_each) {
+                        sum32[t] = _mm256_add_epi32(sum32[t], _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)));
+                    } else {
+                        sum16[t] = _mm256_add_epi16(_mm256_add_epi16(sum16[t], p0), p1);
+                    }
+                }
+            }
+            for (int t = 0; t < TB; t++) {
+                const int64_t at = (t0 + t) * blocks + b;
+                const __m256i total = Weights::widen_each ? sum32[t] : _mm256_madd_epi16(sum16[t], ones);
+                const __m256i exact = _mm256_sub_epi32(total, _mm256_set1_epi32(Weights::zero * xsum[at]));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(dw, _mm256_set1_ps(dx[at])), acc[t]);
+            }
+        }
+    }
+    const int64_t n0 = c * 8;
+    for (int t = 0; t < TB; t++) {
+        float* out = y + (t0 + t) * N + n0;
+        if (n0 + 8 <= N) {
+            _mm256_storeu_ps(out, acc[t]);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, acc[t]);
+            for (int64_t j = 0; j < N - n0; j++) out[j] = tmp[j];
+        }
+    }
+}
+
+constexpr int TB_MAX = 4;
+
+
+template <typename Weights>
+void matmul(const float* x, const uint8_t* wq, const uint16_t* scales, float* y, int64_t T, int64_t K, int64_t N,
+            int64_t G, int num_threads) {
+    std::vector<int8_t> xq(T * K);
+    std::vector<float> dx(T * (K / BLOCK));
+    std::vector<int32_t> xsum(T * (K / BLOCK));
+    quantize_rows(x, T, K, xq.data(), dx.data(), xsum.data());
+    const int64_t column_blocks = (N + 7) / 8;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t c = 0; c < column_blocks; c++) {
+        const int8_t* q = xq.data();
+        int64_t t0 = 0;
+        for (; t0 + TB_MAX <= T; t0 += TB_MAX)
+            column_block<TB_MAX, Weights>(q, dx.data(), xsum.data(), wq, scales, y, K, N, G, c, t0);
+        switch (T - t0) {
+            case 3: column_block<3, Weights>(q, dx.data(), xsum.data(), wq, scales, y, K, N, G, c, t0); break;
+            case 2: column_block<2, Weights>(q, dx.data(), xsum.data(), wq, scales, y, K, N, G, c, t0); break;
+            case 1: column_block<1, Weights>(q, dx.data(), xsum.data(), wq, scales, y, K, N, G, c, t0); break;
+            default: break;
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" void int4_matmul(const float* x, const uint8_t* wq, const uint16_t* scales, float* y, int64_t T,
+                            int64_t K, int64_t N, int64_t G, int num_threads) {
+    matmul<Nibbles>(x, wq, scales, y, T, K, N, G, num_threads);
+}
+
+extern "C" void int7_matmul(const float* x, const uint8_t* wq, const uint16_t* scales, float* y, int64_t T,
+                            int64_t K, int64_t N, int64_t G, int num_threads) {
+    matmul<Bytes>(x, wq, scales, y, T, K, N, G, num_threads);
+}
