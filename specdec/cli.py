@@ -52,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="cpu", help="cpu or cuda")
     gen.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     gen.add_argument("--backend", default="auto", help="auto, native or transformers")
-    gen.add_argument("--weights", default="float32", help="float32 (default), int8 (weight-only) or int4[:GROUP] "
-                     "(4-bit groups x int8 activations), CPU kernel")
+    gen.add_argument("--weights", default="float32", help="float32 (default), int8 (weight-only), int4[:GROUP] or "
+                     "int7[:GROUP] (low-bit groups x int8 activations); CPU kernels")
     gen.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats)")
 
     pull = commands.add_parser("pull", help="download, verify and convert a zoo model")
@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", default="cpu", help="cpu or cuda")
     serve.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     serve.add_argument("--backend", default="auto", help="auto, native or transformers")
-    serve.add_argument("--weights", default="float32", help="float32 (default), int8 (weight-only) or int4[:GROUP] "
-                     "(4-bit groups x int8 activations), CPU kernel")
+    serve.add_argument("--weights", default="float32", help="float32 (default), int8 (weight-only), int4[:GROUP] or "
+                     "int7[:GROUP] (low-bit groups x int8 activations); CPU kernels")
 
     bench = commands.add_parser("bench", help="benchmark drafters against plain decoding and transformers")
     bench.add_argument("--target", default=DEFAULT_MODEL)
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peers", default="", help="comma-separated transformers peers: plain, lookup, assisted:MODEL")
     bench.add_argument("--spec-bench", default=None, help="path to Spec-Bench question.jsonl")
     bench.add_argument("--device", default="cpu")
-    bench.add_argument("--weights", default="float32", help="the target's weights: float32, int8 or int4[:GROUP] "
+    bench.add_argument("--weights", default="float32", help="the target's weights: float32, int8, int4[:GROUP] or int7[:GROUP] "
                        "(transformers peers always run float32)")
     bench.add_argument("--json", dest="json_out", default=None, help="write all results to this JSON file")
     bench.add_argument("--out", default=None, help="directory for report.md, results.json and PNG charts")

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA CPU
 
 
 @pytest.mark.parametrize("in_features,out_features", [(64, 16), (96, 100), (7, 33), (576, 1536), (1536, 257)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 12, 16, 17, 40])  # > 16: the GEMM path
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 12, 16, 17, 40, 70])  # > 64: the GEMM path
 def test_matches_float64_reference(in_features, out_features, rows):
     gen = torch.Generator().manual_seed(in_features * 1000 + rows)
     weight = torch.randn(out_features, in_features, generator=gen)

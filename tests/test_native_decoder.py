@@ -106,3 +106,44 @@ def test_unsupported_architecture_is_refused():
     with pytest.raises(UnsupportedModelError, match="yarn"):
         ModelConfig.from_hf_dict({**make_hf_model("llama").config.to_dict(),
                                   "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}})
+
+
+@pytest.mark.skipif(packed_kernel() is None, reason="bit-identical rows need the CPU kernels")
+@pytest.mark.parametrize("weights", ["float32", "int8", "int4", "int7"])
+def test_verification_rows_are_bit_identical_to_one_token_steps(weights):
+    """A verified token's logits must be exactly what plain decoding computes for it one step at a time
+    (chains and tree nodes alike), or greedy speculative output can leave the target's at near-ties; with
+    int8-quantized activations a last-bit difference would grow to visibly different logits. (Stock torch
+    matmuls are not batch-invariant; there the guarantee is equality up to near-ties.)"""
+    native = native_from_hf(make_hf_model("qwen2"))
+    native.pack_weights(weights)
+    gen = torch.Generator().manual_seed(11)
+    prefix, nodes = torch.randint(0, VOCAB, (1, 10), generator=gen), torch.randint(0, VOCAB, (1, 7), generator=gen)
+
+    def stepwise(path: list[int]) -> torch.Tensor:  # logits of the path's last node, one token per forward
+        cache = native.new_cache(1, 64)
+        native(prefix, positions_after(0, 10, 1, "cpu"), cache)
+        for depth, node in enumerate(path):
+            logits = native(nodes[:, node:node + 1], torch.tensor([[10 + depth]]), cache).logits[0, -1]
+        return logits
+
+    cache = native.new_cache(1, 64)
+    native(prefix, positions_after(0, 10, 1, "cpu"), cache)
+    chain = native(nodes, positions_after(10, 7, 1, "cpu"), cache).logits[0]  # (7, V)
+    for i in range(7):
+        assert torch.equal(chain[i], stepwise(list(range(i + 1)))), f"chain row {i}"
+
+    parents = [-1, 0, 0, 1, -1, 4, 2]
+    ancestors, depth = torch.zeros(7, 7, dtype=torch.bool), []
+    for i, p in enumerate(parents):
+        if p >= 0:
+            ancestors[i] = ancestors[p]
+        ancestors[i, i] = True
+        depth.append(0 if p < 0 else depth[p] + 1)
+    cache = native.new_cache(1, 64)
+    native(prefix, positions_after(0, 10, 1, "cpu"), cache)
+    tree = native(nodes, torch.tensor([[10 + d for d in depth]]), cache,
+                  attn_mask=tree_attention_mask(10, ancestors)).logits[0]
+    for i in range(7):
+        path = [j for j in range(7) if ancestors[i, j]]
+        assert torch.equal(tree[i], stepwise(path)), f"tree node {i}"

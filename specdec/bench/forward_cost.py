@@ -43,7 +43,8 @@ def forward_costs(model: CausalLM, context: int = 300, sizes=(1, 2, 4, 8, 16), r
 RUNTIMES = {
     "packed": ("native, packed kernel, float32", {}),
     "int8": ("native, packed kernel, int8 weights", {"weights": "int8"}),
-    "int4": ("native, int4 kernel (int8 activations), int8 head", {"weights": "int4"}),
+    "int4": ("native, int4 weights (7-bit head), integer kernel", {"weights": "int4"}),
+    "int7": ("native, int7 weights, integer kernel", {"weights": "int7"}),
     "torch": ("native, torch matmul, float32", {"kernels": False}),
     "transformers": ("transformers, float32", {"backend": "transformers"}),
 }
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("models", nargs="+")
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--runtimes", default="packed,int8,int4,torch,transformers",
+    parser.add_argument("--runtimes", default="packed,int8,int4,int7,torch,transformers",
                         help="comma-separated: " + ", ".join(RUNTIMES))
     args = parser.parse_args(argv)
     sizes = (1, 2, 4, 8, 16)

@@ -33,7 +33,10 @@ def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Dra
             raise InvalidParameterError(f"draft drafter: {confidence!r} is not a confidence in [0, 1)") from None
         if not 0 <= min_confidence < 1:
             raise InvalidParameterError("draft drafter: the early-exit confidence must be in [0, 1)")
-        draft = load_model(model, device=device, dtype=dtype)
+        # a draft model runs in the target's weight format: who quantized the target for speed wants a draft
+        # that is as fast (an int4 target gets an int4 draft)
+        weights = getattr(target.model, "weight_format", "float32")
+        draft = load_model(model, device=device, dtype=dtype, weights=weights)
         check_same_tokenizer(target, draft)
         return DraftModelDrafter(draft, target.model.vocab_size, min_confidence)
     if kind == "quant":

@@ -97,13 +97,15 @@ def unpack_rows(packed: torch.Tensor, rows: torch.Tensor, scales: torch.Tensor |
     return values if scales is None else values.float() * scales[rows].unsqueeze(-1)
 
 
-SMALL_ROWS = 16  # up to here the kernel; above, torch's GEMM (prefill is compute-bound, MKL is faster there)
+# Up to here the kernel (decoding and verification, trees of 24+ nodes included: its rows are batch-invariant);
+# above, torch's GEMM (prefill is compute-bound, MKL is faster there). Matches llama.ROW_BY_ROW_MAX.
+SMALL_ROWS = 64
 
 
 def packed_matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
     """(T, K) float32 contiguous @ packed (P, K, 16) -> (T, out_features).
 
-    Decoding and verification (T <= 16) take the kernel, whose rows round the
+    Decoding and verification (T <= SMALL_ROWS) take the kernel, whose rows round the
     same at any T; prefill takes a batched GEMM over the panels.
     """
     rows, cols = x.shape
@@ -121,7 +123,7 @@ def packed_matmul_int8(x: torch.Tensor, quantized: torch.Tensor, scales: torch.T
                        out_features: int) -> torch.Tensor:
     """(T, K) float32 contiguous @ int8 panels (P, K, 16) with per-column scales -> (T, out_features).
 
-    Like `packed_matmul`: up to 16 rows the kernel (batch-invariant), more rows (prefill, a draft model
+    Like `packed_matmul`: up to SMALL_ROWS rows the kernel (batch-invariant), more rows (prefill, a draft model
     catching up) a GEMM over panels dequantized for this call (compute-bound there, the copy is cheap)."""
     rows, cols = x.shape
     if rows > SMALL_ROWS:  # float32 panels for this call, then the float32 GEMM path

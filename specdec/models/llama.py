@@ -60,6 +60,7 @@ class Attention(nn.Module):
         cache: KVCache,
         layer: int,
         attn_mask: torch.Tensor | None,  # (B or 1, T, S) bool or None (no masking needed)
+        row_keys: list[int | torch.Tensor] | None = None,  # attention_rows(attn_mask): one row at a time
     ) -> torch.Tensor:
         batch, num_new, _ = x.shape
         q, k, v = self.project_qkv(x)
@@ -68,9 +69,38 @@ class Attention(nn.Module):
         v = v.reshape(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = cache.write(layer, k, v)  # (B, Hkv, S, D), S = cached + T
-        mask = None if attn_mask is None else attn_mask.unsqueeze(1)  # (B, 1, T, S)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # (B, H, T, D)
+        if row_keys is None:
+            mask = None if attn_mask is None else attn_mask.unsqueeze(1)  # (B, 1, T, S)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # (B, H, T, D)
+        else:  # each row exactly as a one-token step over the same keys computes it
+            out = torch.cat([F.scaled_dot_product_attention(q[:, :, t:t + 1], *keys_of_row(keys, values, seen),
+                                                            enable_gqa=True)
+                             for t, seen in enumerate(row_keys)], dim=2)  # (1, H, T, D)
         return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, self.num_heads * self.head_dim))
+
+
+ROW_BY_ROW_MAX = 64  # forwards up to this many new tokens (verification) attend row by row
+
+
+def attention_rows(attn_mask: torch.Tensor) -> list[int | torch.Tensor]:
+    """For each row of a (1, T, S) mask, the keys it sees: their count when they are a prefix of the
+    cache (a chain), else their indices (a tree node: the prefix and its ancestors, in cache order).
+
+    Why: a batched attention call rounds differently from T one-token calls, and with int8-quantized
+    activations (int4/int7 weights) such last-bit differences grow into visibly different logits. Run row
+    by row without a mask, a verified token's attention is bit-identical to the step plain decoding takes
+    for it, as the matmul kernels' rows already are."""
+    mask = attn_mask[0].cpu()  # (T, S)
+    counts = mask.sum(dim=1).tolist()
+    return [count if bool(mask[t, :count].all()) else mask[t].nonzero().squeeze(1).to(attn_mask.device)
+            for t, count in enumerate(counts)]
+
+
+def keys_of_row(keys: torch.Tensor, values: torch.Tensor, seen: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, Hkv, S, D) keys and values -> those one row attends to (attention_rows)."""
+    if isinstance(seen, int):
+        return keys[:, :, :seen], values[:, :, :seen]
+    return keys.index_select(2, seen), values.index_select(2, seen)
 
 
 class MLP(nn.Module):
@@ -95,8 +125,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, cache, layer, attn_mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, attn_mask)
+    def forward(self, x, cos, sin, cache, layer, attn_mask, row_keys=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, attn_mask, row_keys)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -129,7 +159,7 @@ class LlamaForCausalLM(nn.Module):
         layout; tied embeddings are then read from the packed LM head.
         weights="int8" or "int4[:G]" then quantizes each packed matrix, layer by
         layer so the float32 copies are freed as it goes (an int4 model keeps an
-        int8 LM head: packed_linear.head_weight_format).
+        7-bit LM head: packed_linear.head_weight_format).
         """
         from specdec.models.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
 
@@ -147,6 +177,12 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = packed([self.lm_head], head_weight_format(weights))
         if self.config.tie_word_embeddings:
             self.model.embed_tokens = PackedEmbedding(self.lm_head)
+
+    @property
+    def weight_format(self) -> str:
+        """The format the layers' matrices are stored in (the LM head may differ: head_weight_format)."""
+        down = self.model.layers[0].mlp.down_proj if len(self.model.layers) else self.lm_head
+        return getattr(down, "weight_format", "float32")
 
     def quantized_copy(self, weights: str) -> "LlamaForCausalLM":
         """The same model with its packed matrices in another format (e.g. an int8 self-draft).
@@ -236,12 +272,15 @@ class LlamaForCausalLM(nn.Module):
         cache.check_room(num_new)
         if attn_mask is None and num_new > 1:
             attn_mask = causal_attention_mask(cache.length, num_new, tokens.device)
+        row_keys = None
+        if 1 < num_new <= ROW_BY_ROW_MAX and tokens.shape[0] == 1:
+            row_keys = attention_rows(attn_mask)
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
         x = self.model.embed_tokens(tokens)  # (B, T, C)
         for index, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache, index, attn_mask)
+            x = layer(x, cos, sin, cache, index, attn_mask, row_keys)
             if index in wanted:
                 hidden[index] = x
         cache.advance(num_new)
