@@ -172,7 +172,9 @@ def cmd_generate(args) -> int:
         s = result.stats
         print()
         print(f"[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, drafter {s.drafter}, "
-              f"tau {s.tau:.2f}, acceptance {s.acceptance_rate:.0%}]", file=sys.stderr)
+              f"tau {s.tau:.2f}, acceptance {s.acceptance_rate:.0%}, {s.draft_ms_per_round:.1f} + "
+              f"{s.verify_ms_per_round:.1f} ms per round (draft + verify), drafter memory "
+              f"{s.drafter_memory_bytes / 1e6:.1f} MB]", file=sys.stderr)
     return 0
 
 

@@ -113,8 +113,9 @@ class _Generation:
         self.seconds = time.perf_counter() - self.started
 
     def result(self) -> GenerationResult:
+        memory = self.drafter.memory_bytes() if hasattr(self.drafter, "memory_bytes") else 0
         stats = GenerationStats.from_rounds(
-            self.engine.drafter_name, len(self.prompt_ids), self.rounds, self.seconds, self.prefill_seconds
+            self.engine.drafter_name, len(self.prompt_ids), self.rounds, self.seconds, self.prefill_seconds, memory
         )
         c = self.committer
         return GenerationResult(c.text, list(c.token_ids), c.finish_reason or "length", stats)

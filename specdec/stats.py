@@ -35,10 +35,14 @@ class GenerationStats:
     tokens_per_second: float  # new tokens / wall time, prefill included
     decode_tokens_per_second: float  # new tokens / time after prefill
     k_chosen: dict[int, int] = field(default_factory=dict)  # K -> rounds that used it
+    draft_ms_per_round: float = 0.0  # cost per round: drafting ...
+    verify_ms_per_round: float = 0.0  # ... and the target's verify forward
+    drafter_memory_bytes: int = 0  # what the drafter holds beyond the target (weights, caches, indexes)
 
     @classmethod
     def from_rounds(
-        cls, drafter: str, prompt_tokens: int, rounds: list[RoundStats], seconds: float, prefill_seconds: float
+        cls, drafter: str, prompt_tokens: int, rounds: list[RoundStats], seconds: float, prefill_seconds: float,
+        drafter_memory_bytes: int = 0,
     ) -> "GenerationStats":
         new_tokens = sum(r.committed for r in rounds)
         drafted = sum(r.drafted for r in rounds)
@@ -70,6 +74,9 @@ class GenerationStats:
             tokens_per_second=new_tokens / max(seconds, 1e-9),
             decode_tokens_per_second=new_tokens / decode_seconds,
             k_chosen=dict(sorted(k_chosen.items())),
+            draft_ms_per_round=1e3 * sum(r.draft_seconds for r in rounds) / max(len(rounds), 1),
+            verify_ms_per_round=1e3 * sum(r.verify_seconds for r in rounds) / max(len(rounds), 1),
+            drafter_memory_bytes=drafter_memory_bytes,
         )
 
     def to_dict(self) -> dict:

@@ -132,6 +132,32 @@ def test_layer_skip_draft_shares_weights_and_runs_only_its_layers(models):
             parse_layer_subset(bad, 10)
 
 
+@needs_kernel
+def test_stats_report_each_drafters_memory_and_cost_per_round(models):
+    """Memory a drafter adds beyond the target: a draft model its weights + KV cache; a self-draft only
+    what it does not share (layer-skip: its KV cache alone; int4: the quantized matrices); n-gram its index."""
+    from specdec.drafters.base import module_bytes
+
+    target = models["target"]
+    weights = module_bytes(target.model)
+    cache_bytes = lambda drafter: drafter.cache.keys.nbytes + drafter.cache.values.nbytes  # noqa: E731
+    figures = {}
+    for spec in ("ngram", "quant:int4", "layerskip:first:1", "draft-random"):
+        drafter = drafters(models)[spec]() if spec in drafters(models) else make_drafter(spec, target, "cpu",
+                                                                                        "float32")
+        stats = SpeculativeGenerator(target, drafter, 3).generate(PROMPTS[0], 20, chat=False).stats
+        assert stats.drafter_memory_bytes == drafter.memory_bytes() > 0
+        assert stats.draft_ms_per_round > 0 and stats.verify_ms_per_round > 0
+        assert stats.verify_ms_per_round == pytest.approx(1e3 * stats.verify_seconds / stats.rounds)
+        figures[spec] = (stats.drafter_memory_bytes, drafter)
+    assert figures["layerskip:first:1"][0] == cache_bytes(figures["layerskip:first:1"][1])  # no weights
+    int4_bytes, int4 = figures["quant:int4"]
+    assert cache_bytes(int4) < int4_bytes < cache_bytes(int4) + weights / 2  # 4-bit layers, 7-bit head
+    draft_bytes, draft = figures["draft-random"]
+    assert draft_bytes == module_bytes(models["random_draft"].model) + cache_bytes(draft)
+    assert figures["ngram"][0] < 1e6
+
+
 def test_draft_equal_to_target_accepts_nearly_everything(models):
     target = models["target"]
     gen = SpeculativeGenerator(target, DraftModelDrafter(target, target.model.vocab_size), 4)

@@ -35,6 +35,7 @@ def summarize(results: BenchResults) -> dict[str, dict[str, dict]]:
         verify = sum(r.verify_seconds or 0 for r in runs)
         draft = sum(r.draft_seconds or 0 for r in runs)
         decode = sum(r.decode_seconds or 0 for r in runs)
+        rounds = sum(r.rounds or 0 for r in runs)
         summary[method][task] = {
             "prompts": len(runs),
             "decode_tokens_per_second": sum(r.new_tokens for r in runs) / decode if decode else None,
@@ -46,6 +47,10 @@ def summarize(results: BenchResults) -> dict[str, dict[str, dict]]:
             "draft_share": draft / sum(r.seconds for r in runs) if speculative else None,
             "verify_share": verify / sum(r.seconds for r in runs) if verify else None,
             "greedy_matches": f"{sum(matches)}/{len(matches)}" if matches else "",
+            # cost per round (speculative methods): rounds are target forwards after prefill
+            "draft_ms_per_round": 1e3 * draft / rounds if rounds and speculative else None,
+            "verify_ms_per_round": 1e3 * verify / rounds if rounds and speculative else None,
+            "drafter_memory_mb": max((r.drafter_memory_bytes or 0 for r in runs), default=0) / 1e6,
         }
     return summary
 
@@ -69,15 +74,18 @@ def markdown(results: BenchResults) -> str:
                  for t in tasks]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "speculative details (overall)", "",
-              "| method | tau | acceptance | acceptance per position | draft time | verify time | greedy = plain |",
-              "|---|---|---|---|---|---|---|"]
+              "| method | tau | acceptance | acceptance per position | draft time | verify time | "
+              "ms per round (draft + verify) | drafter memory | greedy = plain |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for method, by_task in summary.items():
         o = by_task["overall"]
         if o["tau"] is None:
             continue
         positions = " ".join(f"{a:.2f}" for a in o["acceptance_per_position"][:8])
         lines.append(f"| {method} | {o['tau']:.2f} | {o['acceptance_rate']:.2f} | {positions} | "
-                     f"{o['draft_share']:.0%} | {o['verify_share']:.0%} | {o['greedy_matches']} |")
+                     f"{o['draft_share']:.0%} | {o['verify_share']:.0%} | "
+                     f"{o['draft_ms_per_round']:.1f} + {o['verify_ms_per_round']:.1f} | "
+                     f"{o['drafter_memory_mb']:.1f} MB | {o['greedy_matches']} |")
     if results.roofline:
         lines += roofline_lines(results.roofline, summary)
     return "\n".join(lines) + "\n"

@@ -53,6 +53,7 @@ class PromptRun:
     drafted: int | None = None
     accepted: int | None = None
     decode_seconds: float | None = None  # seconds after prefill
+    drafter_memory_bytes: int | None = None  # what the drafter holds beyond the target, at the end
 
 
 @dataclass
@@ -97,6 +98,7 @@ class Method:
             verify_seconds=s.verify_seconds,
             k_chosen=s.k_chosen if speculative else None,
             rounds=s.rounds, drafted=s.drafted, accepted=s.accepted, decode_seconds=s.seconds - s.prefill_seconds,
+            drafter_memory_bytes=s.drafter_memory_bytes if speculative else None,
         )
         return run, result.token_ids
 

@@ -12,10 +12,12 @@ the committed context; the next `propose` catches up first.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import torch
+from torch import nn
 
 from specdec.sampling import SamplingParams
 
@@ -98,6 +100,39 @@ class Drafter(Protocol):
     def fresh(self) -> "Drafter":
         """A drafter with this one's settings and shared weights but its own per-generation state,
         for generations that run interleaved (the server)."""
+
+    def memory_bytes(self) -> int:
+        """Bytes this drafter holds beyond the target: its own weights (not those it shares with the
+        target), caches and indexes, at their current size. Reported as stats.drafter_memory_bytes."""
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor | None], shared_with: nn.Module | None = None) -> int:
+    """Bytes of distinct tensors (by storage), leaving out those that live in `shared_with`."""
+    shared = set()
+    if shared_with is not None:
+        shared = {t.untyped_storage().data_ptr() for t in [*shared_with.parameters(), *shared_with.buffers()]}
+    seen: dict[int, int] = {}
+    for tensor in tensors:
+        if tensor is not None and tensor.untyped_storage().data_ptr() not in shared:
+            seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def module_bytes(module, shared_with: nn.Module | None = None) -> int:
+    """Bytes of a module's own tensors (0 for what is not an nn.Module, e.g. a transformers adapter)."""
+    if not isinstance(module, nn.Module):
+        return 0
+    return tensor_bytes([*module.parameters(), *module.buffers()], shared_with)
+
+
+def container_bytes(value) -> int:
+    """Bytes of a Python index (dicts, lists, tuples, sets of ints), as sys.getsizeof counts its objects."""
+    size = sys.getsizeof(value)
+    if isinstance(value, dict):
+        return size + sum(container_bytes(k) + container_bytes(v) for k, v in value.items())
+    if isinstance(value, (list, tuple, set)):
+        return size + sum(container_bytes(item) for item in value)
+    return size
 
 
 class FeatureDrafter(Drafter, Protocol):

@@ -18,8 +18,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from torch import nn
 
-from specdec.drafters.base import Draft, VerifyResult
+from specdec.drafters.base import Draft, VerifyResult, module_bytes, tensor_bytes
 from specdec.errors import SpecdecError
 from specdec.models.base import positions_after
 from specdec.models.loading import LoadedModel
@@ -39,10 +40,13 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
 
 class DraftModelDrafter:
     def __init__(self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.0,
-                 name: str | None = None):
+                 name: str | None = None, shares_with: nn.Module | None = None):
         """min_confidence: stop drafting early when the draft's top probability falls below it
-        (after at least one token): unlikely tokens cost a draft step and are rarely accepted."""
+        (after at least one token): unlikely tokens cost a draft step and are rarely accepted.
+        shares_with: the target's model when the draft reuses some of its tensors (self-drafts), so
+        that memory_bytes counts only what the draft adds."""
         self.name = name or f"draft:{draft.name}"
+        self.shares_with = shares_with
         self.draft = draft
         self.model = draft.model
         self.vocab_size = target_vocab_size
@@ -50,7 +54,14 @@ class DraftModelDrafter:
         self.cache = None
 
     def fresh(self) -> "DraftModelDrafter":
-        return DraftModelDrafter(self.draft, self.vocab_size, self.min_confidence, self.name)  # shares the weights
+        return DraftModelDrafter(self.draft, self.vocab_size, self.min_confidence, self.name,  # shares the weights
+                                 self.shares_with)
+
+    def memory_bytes(self) -> int:
+        module = self.model if isinstance(self.model, nn.Module) else getattr(self.model, "model", None)
+        weights = module_bytes(module, self.shares_with)
+        cache = tensor_bytes([getattr(self.cache, "keys", None), getattr(self.cache, "values", None)])
+        return weights + cache
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         self.cache = self.model.new_cache(1, min(max_length, self.model.max_context))

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, VerifyResult
+from specdec.drafters.base import Draft, VerifyResult, module_bytes, tensor_bytes
 from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import LoadedHead
 from specdec.heads.target_parts import DraftVocabulary, embed
@@ -58,6 +58,11 @@ class EagleDrafter:
 
     def fresh(self) -> "EagleDrafter":
         return EagleDrafter(self.loaded, self.target_model, self.shape, self.name, self.vocab)  # shares weights
+
+    def memory_bytes(self) -> int:
+        """The head's weights, the draft vocabulary's LM-head rows and the head's KV cache."""
+        cache = [getattr(self.cache, "keys", None), getattr(self.cache, "values", None)]
+        return module_bytes(self.head, self.target_model) + tensor_bytes([self.vocab.rows, *cache], self.target_model)
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         # committed pairs (< max_length) + the tree's fed nodes (top_k per expanded depth)

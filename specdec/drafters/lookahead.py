@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, VerifyResult
+from specdec.drafters.base import Draft, VerifyResult, container_bytes
 from specdec.errors import InvalidParameterError
 from specdec.sampling import SamplingParams
 from specdec.tree import TokenTree
@@ -56,6 +56,10 @@ class LookaheadDrafter:
                 mask[me, [index(0, c) for c in range(column + 1)]] = True  # level 0 up to this column
                 mask[me, [index(j, column) for j in range(1, level + 1)]] = True  # own column, levels 1..level
         return mask, positions
+
+    def memory_bytes(self) -> int:
+        """The n-gram pool and the Jacobi window (its extra KV slots live in the target's cache)."""
+        return container_bytes(self.pool) + container_bytes(self.levels)
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         # Start the Jacobi window from random prompt tokens (any start converges; prompt tokens help).

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, VerifyResult
+from specdec.drafters.base import Draft, VerifyResult, module_bytes, tensor_bytes
 from specdec.heads.checkpoint import LoadedHead
 from specdec.heads.target_parts import DraftVocabulary
 from specdec.sampling import SamplingParams
@@ -63,6 +63,10 @@ class MedusaDrafter:
 
     def fresh(self) -> "MedusaDrafter":
         return MedusaDrafter(self.loaded, self.target_model, self.default_k, self.name, self.vocab)
+
+    def memory_bytes(self) -> int:
+        """The heads' weights and the draft vocabulary's LM-head rows."""
+        return module_bytes(self.heads, self.target_model) + tensor_bytes([self.vocab.rows], self.target_model)
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         self.last_feature = None

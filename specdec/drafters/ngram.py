@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, VerifyResult
+from specdec.drafters.base import Draft, VerifyResult, container_bytes
 from specdec.errors import InvalidParameterError
 from specdec.sampling import SamplingParams
 
@@ -33,6 +33,9 @@ class NgramDrafter:
 
     def fresh(self) -> "NgramDrafter":
         return NgramDrafter(self.max_ngram, self.min_ngram)
+
+    def memory_bytes(self) -> int:
+        return container_bytes(self.index)
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int = 0) -> None:
         self.index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}

@@ -30,6 +30,10 @@ class RetrievalDrafter:
     def fresh(self) -> "RetrievalDrafter":
         return self  # no per-generation state: the datastore is read-only
 
+    def memory_bytes(self) -> int:
+        """The datastore's token and suffix arrays (memory-mapped: the OS pages in what queries touch)."""
+        return self.store.tokens.nbytes + self.store.suffixes.nbytes
+
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         pass
 

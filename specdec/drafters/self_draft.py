@@ -46,7 +46,7 @@ def quantized_self_draft(target: LoadedModel, weights: str) -> DraftModelDrafter
     except ValueError as error:  # e.g. an int4 group size that does not divide a layer
         raise InvalidParameterError(f"quant drafter: {error}") from None
     draft = dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy)
-    return DraftModelDrafter(draft, model.vocab_size, name=f"quant:{weights}")
+    return DraftModelDrafter(draft, model.vocab_size, name=f"quant:{weights}", shares_with=model)
 
 
 def parse_layer_subset(spec: str, num_layers: int) -> list[int]:
@@ -83,4 +83,4 @@ def layer_skip_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     layers = parse_layer_subset(spec, model.num_layers)
     draft = dataclasses.replace(target, name=f"{target.name}-layers{len(layers)}",
                                 model=model.layer_subset_copy(layers))
-    return DraftModelDrafter(draft, model.vocab_size, name=f"layerskip:{spec}")
+    return DraftModelDrafter(draft, model.vocab_size, name=f"layerskip:{spec}", shares_with=model)
