@@ -58,3 +58,16 @@ def test_weight_bytes_per_token_counts_each_matrix_once(tiny_dirs):
         assert weight_bytes_per_token(hf) == expected
         packed_padding = weight_bytes_per_token(native.model) - expected
         assert 0 <= packed_padding < 0.05 * expected  # packed panels round columns up to 16
+
+
+def test_quality_of_weight_formats_against_float32(tiny_dirs):
+    from specdec.bench.quality import measure
+    from specdec.kernels import packed_kernel
+
+    formats = ["float32", "int7", "int4"] if packed_kernel() is not None else ["float32"]
+    rows = {(r.weights, r.text): r for r in measure(str(tiny_dirs["qwen2"]), formats, tokens=96)}
+    reference = rows[("float32", "code")]
+    assert reference.top1_agreement == 1.0 and abs(reference.kl_from_float32) < 1e-6 and reference.perplexity > 1
+    if packed_kernel() is not None:  # more bits, closer to float32
+        assert rows[("int7", "code")].kl_from_float32 < rows[("int4", "code")].kl_from_float32
+        assert rows[("int7", "code")].top1_agreement >= rows[("int4", "code")].top1_agreement
