@@ -24,7 +24,7 @@ import torch
 
 from specdec.paths import specdec_home
 
-SOURCES = [Path(__file__).with_name("packed_matmul.cpp"), Path(__file__).with_name("integer_matmul.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("packed_matmul.cpp", "integer_matmul.cpp", "attention.cpp")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 PANEL = 16  # output columns per packed panel (two AVX2 registers)
 
@@ -65,6 +65,9 @@ def packed_kernel() -> ctypes.CDLL | None:
     lib.packed_matmul_f32.restype = None
     lib.packed_matmul_q8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.packed_matmul_q8.restype = None
+    lib.attention_rows.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6
+                                   + [ctypes.c_float, ctypes.c_int])
+    lib.attention_rows.restype = None
     for kernel in (lib.int4_matmul, lib.int7_matmul):
         kernel.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
         kernel.restype = None
@@ -206,3 +209,16 @@ def integer_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, 
     kernel(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, cols, out_features, group_size,
            torch.get_num_threads())
     return y
+
+
+def attention_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
+                   prefix: int) -> torch.Tensor:
+    """q (1, H, T, D), the cache's keys/values views (1, Hkv, prefix + T, D), visible (T, T) uint8 ->
+    (1, T, H * D): each row's attention as its own one-token step computes it (attention.cpp)."""
+    _, heads, rows, dim = q.shape
+    q = q.contiguous()
+    out = torch.empty(1, rows, heads * dim, dtype=torch.float32)
+    packed_kernel().attention_rows(q.data_ptr(), keys.data_ptr(), values.data_ptr(), visible.data_ptr(),
+                                   out.data_ptr(), rows, heads, keys.shape[1], dim, prefix, keys.stride(1),
+                                   dim ** -0.5, torch.get_num_threads())
+    return out

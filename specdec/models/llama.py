@@ -11,12 +11,14 @@ new tokens.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.kernels import attention_rows, packed_kernel
 from specdec.models.base import ForwardOutput, causal_attention_mask
 from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import KVCache
@@ -60,7 +62,7 @@ class Attention(nn.Module):
         cache: KVCache,
         layer: int,
         attn_mask: torch.Tensor | None,  # (B or 1, T, S) bool or None (no masking needed)
-        row_keys: list[int | torch.Tensor] | None = None,  # attention_rows(attn_mask): one row at a time
+        rows: RowAttention | None = None,  # attend row by row (decoding and verification)
     ) -> torch.Tensor:
         batch, num_new, _ = x.shape
         q, k, v = self.project_qkv(x)
@@ -69,38 +71,57 @@ class Attention(nn.Module):
         v = v.reshape(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = cache.write(layer, k, v)  # (B, Hkv, S, D), S = cached + T
-        if row_keys is None:
-            mask = None if attn_mask is None else attn_mask.unsqueeze(1)  # (B, 1, T, S)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # (B, H, T, D)
-        else:  # each row exactly as a one-token step over the same keys computes it
-            out = torch.cat([F.scaled_dot_product_attention(q[:, :, t:t + 1], *keys_of_row(keys, values, seen),
-                                                            enable_gqa=True)
-                             for t, seen in enumerate(row_keys)], dim=2)  # (1, H, T, D)
+        if rows is not None:
+            return self.o_proj(rows.attend(q, keys, values))
+        mask = None if attn_mask is None else attn_mask.unsqueeze(1)  # (B, 1, T, S)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # (B, H, T, D)
         return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, self.num_heads * self.head_dim))
 
 
-ROW_BY_ROW_MAX = 64  # forwards up to this many new tokens (verification) attend row by row
+ROW_BY_ROW_MAX = 64  # forwards up to this many new tokens (decoding, verification) attend row by row
 
 
-def attention_rows(attn_mask: torch.Tensor) -> list[int | torch.Tensor]:
-    """For each row of a (1, T, S) mask, the keys it sees: their count when they are a prefix of the
-    cache (a chain), else their indices (a tree node: the prefix and its ancestors, in cache order).
+@dataclass
+class RowAttention:
+    """Attention computed row by row, each row exactly as its one-token step computes it.
 
     Why: a batched attention call rounds differently from T one-token calls, and with int8-quantized
-    activations (int4/int7 weights) such last-bit differences grow into visibly different logits. Run row
-    by row without a mask, a verified token's attention is bit-identical to the step plain decoding takes
-    for it, as the matmul kernels' rows already are."""
-    mask = attn_mask[0].cpu()  # (T, S)
-    counts = mask.sum(dim=1).tolist()
-    return [count if bool(mask[t, :count].all()) else mask[t].nonzero().squeeze(1).to(attn_mask.device)
-            for t, count in enumerate(counts)]
+    activations (int4/int7 weights) such last-bit differences grow into visibly different logits. Row by
+    row, a verified token's attention is bit-identical to the step plain decoding takes for it, as the
+    matmul kernels' rows already are. Every row sees the `prefix` cached keys; `visible` says which of the
+    new tokens' keys it sees (a chain: those up to itself; a tree node: its ancestors and itself)."""
 
+    prefix: int
+    visible: torch.Tensor  # (T, T) bool
 
-def keys_of_row(keys: torch.Tensor, values: torch.Tensor, seen: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, Hkv, S, D) keys and values -> those one row attends to (attention_rows)."""
-    if isinstance(seen, int):
-        return keys[:, :, :seen], values[:, :, :seen]
-    return keys.index_select(2, seen), values.index_select(2, seen)
+    @classmethod
+    def for_forward(cls, attn_mask: torch.Tensor | None, prefix: int, num_new: int) -> "RowAttention | None":
+        """None where rows do not all see the whole prefix (then the batched call with the mask)."""
+        if attn_mask is None:
+            return cls(prefix, torch.ones(1, 1, dtype=torch.bool))
+        mask = attn_mask[0].cpu()  # (T, S)
+        if not bool(mask[:, :prefix].all()):
+            return None
+        return cls(prefix, mask[:, prefix:prefix + num_new].contiguous())
+
+    def keys_of_row(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, Hkv, S, D) keys and values -> those `row` attends to, in cache order."""
+        seen = self.visible[row]
+        count = int(seen.sum())
+        if bool(seen[:count].all()):  # a chain row: a prefix of the cache
+            return keys[:, :, :self.prefix + count], values[:, :, :self.prefix + count]
+        index = torch.cat([torch.arange(self.prefix), self.prefix + seen.nonzero().squeeze(1)]).to(keys.device)
+        return keys.index_select(2, index), values.index_select(2, index)
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """q (1, H, T, D) over the cache's (1, Hkv, S, D) -> (1, T, H * D)."""
+        _, heads, rows, dim = q.shape
+        if q.device.type == "cpu" and q.dtype == torch.float32 and packed_kernel() is not None:
+            return attention_rows(q, keys, values, self.visible.to(torch.uint8), self.prefix)
+        out = torch.cat([F.scaled_dot_product_attention(q[:, :, t:t + 1], *self.keys_of_row(t, keys, values),
+                                                        enable_gqa=True)
+                         for t in range(rows)], dim=2)  # (1, H, T, D)
+        return out.transpose(1, 2).reshape(1, rows, heads * dim)
 
 
 class MLP(nn.Module):
@@ -125,8 +146,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, cache, layer, attn_mask, row_keys=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, attn_mask, row_keys)
+    def forward(self, x, cos, sin, cache, layer, attn_mask, rows=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, attn_mask, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -272,15 +293,15 @@ class LlamaForCausalLM(nn.Module):
         cache.check_room(num_new)
         if attn_mask is None and num_new > 1:
             attn_mask = causal_attention_mask(cache.length, num_new, tokens.device)
-        row_keys = None
-        if 1 < num_new <= ROW_BY_ROW_MAX and tokens.shape[0] == 1:
-            row_keys = attention_rows(attn_mask)
+        rows = None
+        if num_new <= ROW_BY_ROW_MAX and tokens.shape[0] == 1:
+            rows = RowAttention.for_forward(attn_mask, cache.length, num_new)
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
         x = self.model.embed_tokens(tokens)  # (B, T, C)
         for index, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache, index, attn_mask, row_keys)
+            x = layer(x, cos, sin, cache, index, attn_mask, rows)
             if index in wanted:
                 hidden[index] = x
         cache.advance(num_new)
