@@ -142,9 +142,11 @@ def test_stats_report_each_drafters_memory_and_cost_per_round(models):
     weights = module_bytes(target.model)
     cache_bytes = lambda drafter: drafter.cache.keys.nbytes + drafter.cache.values.nbytes  # noqa: E731
     figures = {}
-    for spec in ("ngram", "quant:int4", "layerskip:first:1", "draft-random"):
-        drafter = drafters(models)[spec]() if spec in drafters(models) else make_drafter(spec, target, "cpu",
-                                                                                        "float32")
+    made = {"ngram": drafters(models)["ngram"], "draft-random": drafters(models)["draft-random"],
+            **{spec: lambda spec=spec: make_drafter(spec, target, "cpu", "float32")
+               for spec in ("quant:int4", "layerskip:first:1")}}
+    for spec, make in made.items():
+        drafter = make()
         stats = SpeculativeGenerator(target, drafter, 3).generate(PROMPTS[0], 20, chat=False).stats
         assert stats.drafter_memory_bytes == drafter.memory_bytes() > 0
         assert stats.draft_ms_per_round > 0 and stats.verify_ms_per_round > 0

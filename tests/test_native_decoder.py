@@ -7,6 +7,7 @@ from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after, tree_attention_mask
 from specdec.models.config import ModelConfig
 from specdec.models.llama import LlamaForCausalLM
+from specdec.tree import TokenTree
 from tiny_models import VOCAB, make_hf_model
 
 TOLERANCE = 1e-4
@@ -133,17 +134,10 @@ def test_verification_rows_are_bit_identical_to_one_token_steps(weights):
     for i in range(7):
         assert torch.equal(chain[i], stepwise(list(range(i + 1)))), f"chain row {i}"
 
-    parents = [-1, 0, 0, 1, -1, 4, 2]
-    ancestors, depth = torch.zeros(7, 7, dtype=torch.bool), []
-    for i, p in enumerate(parents):
-        if p >= 0:
-            ancestors[i] = ancestors[p]
-        ancestors[i, i] = True
-        depth.append(0 if p < 0 else depth[p] + 1)
+    tree = TokenTree.from_draft(nodes[0].tolist(), [-1, 0, 0, 1, -1, 4, 2])
     cache = native.new_cache(1, 64)
     native(prefix, positions_after(0, 10, 1, "cpu"), cache)
-    tree = native(nodes, torch.tensor([[10 + d for d in depth]]), cache,
-                  attn_mask=tree_attention_mask(10, ancestors)).logits[0]
+    logits = native(nodes, torch.tensor([[9 + d for d in tree.depths]]), cache,  # depths start at 1
+                    attn_mask=tree_attention_mask(10, tree.ancestor_mask())).logits[0]
     for i in range(7):
-        path = [j for j in range(7) if ancestors[i, j]]
-        assert torch.equal(tree[i], stepwise(path)), f"tree node {i}"
+        assert torch.equal(logits[i], stepwise(tree.ancestors(i))), f"tree node {i}"

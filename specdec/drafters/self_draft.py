@@ -33,7 +33,7 @@ def quantized_self_draft(target: LoadedModel, weights: str) -> DraftModelDrafter
     except ValueError as error:
         raise InvalidParameterError(f"quant drafter: {error}") from None
     if kind == "float32":
-        raise InvalidParameterError("quant drafter: choose a quantized format (int8, int4, int4:GROUP)")
+        raise InvalidParameterError("quant drafter: choose a quantized format (int8, int4[:GROUP], int7[:GROUP])")
     model = target.model
     if not hasattr(model, "quantized_copy") or not hasattr(model.lm_head, "quantized_copy"):
         raise InvalidParameterError("quant drafter: needs the native backend with the CPU kernel "

@@ -101,7 +101,7 @@ def unpack_rows(packed: torch.Tensor, rows: torch.Tensor, scales: torch.Tensor |
 
 
 # Up to here the kernel (decoding and verification, trees of 24+ nodes included: its rows are batch-invariant);
-# above, torch's GEMM (prefill is compute-bound, MKL is faster there). Matches llama.ROW_BY_ROW_MAX.
+# above, torch's GEMM (prefill is compute-bound, MKL is faster there). llama.ROW_BY_ROW_MAX follows it.
 SMALL_ROWS = 64
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.kernels import attention_rows, packed_kernel
+from specdec.kernels import SMALL_ROWS, attention_rows, packed_kernel
 from specdec.models.base import ForwardOutput, causal_attention_mask
 from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import KVCache
@@ -78,7 +78,9 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, self.num_heads * self.head_dim))
 
 
-ROW_BY_ROW_MAX = 64  # forwards up to this many new tokens (decoding, verification) attend row by row
+# Forwards up to this many new tokens (decoding, verification) attend row by row: the matmul kernels'
+# batch-invariant range, so such a forward is row-invariant end to end.
+ROW_BY_ROW_MAX = SMALL_ROWS
 
 
 @dataclass
@@ -92,21 +94,21 @@ class RowAttention:
     new tokens' keys it sees (a chain: those up to itself; a tree node: its ancestors and itself)."""
 
     prefix: int
-    visible: torch.Tensor  # (T, T) bool
+    visible: torch.Tensor  # (T, T) uint8, the attention kernel's input
 
     @classmethod
     def for_forward(cls, attn_mask: torch.Tensor | None, prefix: int, num_new: int) -> "RowAttention | None":
         """None where rows do not all see the whole prefix (then the batched call with the mask)."""
         if attn_mask is None:
-            return cls(prefix, torch.ones(1, 1, dtype=torch.bool))
+            return cls(prefix, torch.ones(1, 1, dtype=torch.uint8))
         mask = attn_mask[0].cpu()  # (T, S)
         if not bool(mask[:, :prefix].all()):
             return None
-        return cls(prefix, mask[:, prefix:prefix + num_new].contiguous())
+        return cls(prefix, mask[:, prefix:prefix + num_new].to(torch.uint8).contiguous())
 
     def keys_of_row(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, Hkv, S, D) keys and values -> those `row` attends to, in cache order."""
-        seen = self.visible[row]
+        seen = self.visible[row].bool()
         count = int(seen.sum())
         if bool(seen[:count].all()):  # a chain row: a prefix of the cache
             return keys[:, :, :self.prefix + count], values[:, :, :self.prefix + count]
@@ -117,7 +119,7 @@ class RowAttention:
         """q (1, H, T, D) over the cache's (1, Hkv, S, D) -> (1, T, H * D)."""
         _, heads, rows, dim = q.shape
         if q.device.type == "cpu" and q.dtype == torch.float32 and packed_kernel() is not None:
-            return attention_rows(q, keys, values, self.visible.to(torch.uint8), self.prefix)
+            return attention_rows(q, keys, values, self.visible, self.prefix)
         out = torch.cat([F.scaled_dot_product_attention(q[:, :, t:t + 1], *self.keys_of_row(t, keys, values),
                                                         enable_gqa=True)
                          for t in range(rows)], dim=2)  # (1, H, T, D)

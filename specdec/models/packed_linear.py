@@ -72,14 +72,14 @@ class PackedLinear(nn.Module):
     def quantize_(self, weights: str) -> "PackedLinear":
         """Switch to another weight format in place; only float32 panels can be quantized."""
         kind, group_size = parse_weight_format(weights)
-        if weights == self.weight_format:
+        if (kind, group_size) == parse_weight_format(self.weight_format):  # "int4" and "int4:32" alike
             return self
         if self.weight_format != "float32":
             raise ValueError(f"{self.weight_format} weights cannot be turned into {weights}")
         if kind == "int8":
             self.packed, self.scales = quantize_packed_int8(self.packed)
         elif kind in GROUPED_FORMATS:
-            weight = self.packed.transpose(1, 2).reshape(-1, self.in_features)[:self.out_features]  # (N, K)
+            weight = unpack_rows(self.packed, torch.arange(self.out_features))  # (N, K)
             self.packed, self.scales = quantize_grouped(weight, group_size, GROUPED_FORMATS[kind])
         return self
 
