@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peers", default="", help="comma-separated transformers peers: plain, lookup, assisted:MODEL")
     bench.add_argument("--spec-bench", default=None, help="path to Spec-Bench question.jsonl")
     bench.add_argument("--device", default="cpu")
+    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                       help="activations and float weights, ours and the transformers peers' (bfloat16 on GPUs)")
     bench.add_argument("--weights", default="float32", help="the target's weights: float32, int8, int4[:GROUP] or int7[:GROUP] "
                        "(transformers peers always run float32)")
     bench.add_argument("--json", dest="json_out", default=None, help="write all results to this JSON file")
@@ -248,7 +250,7 @@ def cmd_bench(args) -> int:
     SamplingParams(temperature=args.temperature)
     config = BenchConfig(args.target, split_drafter_specs(args.drafters), split(args.tasks), args.limit, args.max_new_tokens,
                          args.temperature, args.seed, str(args.k), split(args.peers), args.device,
-                         args.roofline_mb, args.weights)
+                         args.roofline_mb, args.weights, args.dtype)
     prompts = load_prompts(config.tasks, config.limit, Path(args.spec_bench) if args.spec_bench else None)
     results = run_bench(config, prompts)
     print(markdown(results))

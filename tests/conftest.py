@@ -12,6 +12,19 @@ import torch  # noqa: E402
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="device for tests/test_device.py (cpu or cuda); the other tests run on the CPU")
+
+
+@pytest.fixture(scope="session")
+def device(request) -> str:
+    name = request.config.getoption("--device")
+    if torch.device(name).type == "cuda" and not torch.cuda.is_available():
+        pytest.fail(f"--device {name}: CUDA is not available on this machine")
+    return name
+
+
 # The user's model cache, captured before tests isolate it: slow tests read pulled models from here.
 REAL_SPECDEC_HOME = Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec")
 

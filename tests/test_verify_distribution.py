@@ -48,12 +48,15 @@ def cases():
 CASES = cases()
 
 
-def run_verifier(target: torch.Tensor, draft: torch.Tensor | None, seed: int = 0, fixed_tokens=None):
+def run_verifier(target: torch.Tensor, draft: torch.Tensor | None, seed: int = 0, fixed_tokens=None,
+                 device: str = "cpu"):
     """N independent rounds: draft tokens sampled from the draft rows, verified in one batched call."""
-    gen = torch.Generator().manual_seed(seed)
+    target = target.to(device)
+    draft = None if draft is None else draft.to(device)
+    gen = torch.Generator(device).manual_seed(seed)
     k, vocab = target.shape[0] - 1, target.shape[1]
     if draft is None:  # deterministic drafter: fixed tokens, one-hot draft probabilities
-        tokens = torch.tensor(fixed_tokens or [int(target[i].argmin()) for i in range(k)]).expand(N, k)
+        tokens = torch.tensor(fixed_tokens or [int(target[i].argmin()) for i in range(k)], device=device).expand(N, k)
         draft_probs = None
         draft_rows = one_hot_probs(tokens[0], vocab)
     else:
@@ -62,7 +65,7 @@ def run_verifier(target: torch.Tensor, draft: torch.Tensor | None, seed: int = 0
         draft_rows = draft
     num_accepted, next_token = rejection_sample(target.expand(N, k + 1, vocab), draft_probs, tokens, gen)
     first = torch.where(num_accepted > 0, tokens[:, 0], next_token)
-    return first.numpy(), num_accepted.numpy(), draft_rows
+    return first.cpu().numpy(), num_accepted.cpu().numpy(), draft_rows.cpu()
 
 
 def accepted_count_law(target: torch.Tensor, draft_rows: torch.Tensor) -> np.ndarray:

@@ -45,8 +45,8 @@ RUNTIMES = {
     "int8": ("native, packed kernel, int8 weights", {"weights": "int8"}),
     "int4": ("native, int4 weights (7-bit head), integer kernel", {"weights": "int4"}),
     "int7": ("native, int7 weights, integer kernel", {"weights": "int7"}),
-    "torch": ("native, torch matmul, float32", {"kernels": False}),
-    "transformers": ("transformers, float32", {"backend": "transformers"}),
+    "torch": ("native, torch matmul", {"kernels": False}),
+    "transformers": ("transformers", {"backend": "transformers"}),
 }
 
 
@@ -62,17 +62,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--runtimes", default="packed,int8,int4,int7,torch,transformers",
                         help="comma-separated: " + ", ".join(RUNTIMES))
+    parser.add_argument("--sizes", default="1,2,4,8,16", help="comma-separated numbers of new tokens")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (the float runtimes)")
     args = parser.parse_args(argv)
-    sizes = (1, 2, 4, 8, 16)
-    print(f"forward over T new tokens at a {args.context}-token context: median ms (ratio to T=1)\n")
+    sizes = tuple(int(n) for n in args.sizes.split(","))
+    print(f"forward over T new tokens at a {args.context}-token context, {args.device}, {args.dtype}: "
+          "median ms (ratio to T=1)\n")
     print("| model | runtime | " + " | ".join(f"T={n}" for n in sizes) + " |")
     print("|---|---|" + "---|" * len(sizes))
     for name in args.models:
         for runtime in args.runtimes.split(","):
             label, options = RUNTIMES[runtime]
-            loaded = load_model(name, **options)
+            loaded = load_model(name, device=args.device, dtype=args.dtype, **options)
             costs = forward_costs(loaded.model, args.context, sizes, args.repeats)
-            cells = " | ".join(f"{c.seconds * 1e3:.0f} ({c.ratio:.2f}x)" for c in costs)
+            cells = " | ".join(f"{c.seconds * 1e3:.{0 if c.seconds >= 0.01 else 2}f} ({c.ratio:.2f}x)" for c in costs)
             print(f"| {name} | {label} | {cells} |", flush=True)
             del loaded
 

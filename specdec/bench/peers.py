@@ -1,5 +1,5 @@
 """What a user would run instead: transformers' `generate`, plain, with an assistant model,
-and with prompt lookup, on the same weights (float32), in the same process."""
+and with prompt lookup, on the same weights and dtype, in the same process."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ class PeerRun:
 class TransformersPeer:
     """`mode`: "plain", "assisted" (needs assistant_dir) or "lookup" (prompt_lookup_num_tokens=10)."""
 
-    def __init__(self, target_dir: Path, mode: str, assistant_dir: Path | None = None, device: str = "cpu"):
+    def __init__(self, target_dir: Path, mode: str, assistant_dir: Path | None = None, device: str = "cpu",
+                 dtype: str = "float32"):
         self.mode = mode
-        self.model = _load(str(target_dir), device)
-        self.assistant = _load(str(assistant_dir), device) if mode == "assisted" else None
+        self.model = _load(str(target_dir), device, dtype)
+        self.assistant = _load(str(assistant_dir), device, dtype) if mode == "assisted" else None
         self.device = device
 
     @property
@@ -49,8 +50,8 @@ class TransformersPeer:
 
 
 @functools.cache
-def _load(path: str, device: str):
+def _load(path: str, device: str, dtype: str = "float32"):
     """One copy of each model, however many peers use it (a 1.5B float32 model is 6 GB)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()

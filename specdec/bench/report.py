@@ -60,7 +60,8 @@ def markdown(results: BenchResults) -> str:
     config = results.config
     tasks = list(dict.fromkeys(r.task for r in results.runs)) + ["overall"]
     lines = [
-        f"target `{config.target}`, temperature {config.temperature}, max_new_tokens {config.max_new_tokens}, "
+        f"target `{config.target}` ({config.weights} weights, {config.dtype}, {config.device}), "
+        f"temperature {config.temperature}, max_new_tokens {config.max_new_tokens}, "
         f"K {config.k}, {len({(r.task, r.prompt_id) for r in results.runs})} prompts, "
         f"{results.machine['threads']} threads, torch {results.machine['torch']}",
         "",

@@ -32,6 +32,7 @@ class BenchConfig:
     device: str = "cpu"
     roofline_buffer_mb: int = 1024  # buffer for the bandwidth measurement; 0 skips the roofline
     weights: str = "float32"  # the target's weight format (ours; transformers peers run float32)
+    dtype: str = "float32"  # activations and float weights, ours and the transformers peers' (bfloat16 on GPUs)
 
 
 @dataclass
@@ -106,19 +107,19 @@ class Method:
 def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
     methods = [Method(PLAIN, SpeculativeGenerator(target, None))]
     for spec in config.drafters:
-        drafter = make_drafter(spec, target, config.device, "float32")
+        drafter = make_drafter(spec, target, config.device, config.dtype)
         methods.append(Method(spec, SpeculativeGenerator(target, drafter, config.k)))
     for peer in config.peers:
         mode, _, model = peer.partition(":")
         assistant = resolve_model_dir(model)[1] if mode == "assisted" else None
-        transformers_peer = TransformersPeer(target.path, mode, assistant, config.device)
+        transformers_peer = TransformersPeer(target.path, mode, assistant, config.device, config.dtype)
         name = transformers_peer.name + (f":{model}" if model else "")
         methods.append(Method(name, peer=transformers_peer))
     return methods
 
 
 def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = True) -> BenchResults:
-    target = load_model(config.target, device=config.device, weights=config.weights)
+    target = load_model(config.target, device=config.device, dtype=config.dtype, weights=config.weights)
     roofline = measure_roofline(target.model, config.roofline_buffer_mb, config.device) \
         if config.roofline_buffer_mb else None
     methods = build_methods(config, target)

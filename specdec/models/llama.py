@@ -296,7 +296,9 @@ class LlamaForCausalLM(nn.Module):
         if attn_mask is None and num_new > 1:
             attn_mask = causal_attention_mask(cache.length, num_new, tokens.device)
         rows = None
-        if num_new <= ROW_BY_ROW_MAX and tokens.shape[0] == 1:
+        # Only on the CPU, where the matmul kernels are row-invariant too: on a GPU the batched
+        # matmuls round per row count anyway, and T attention calls per layer would cost T launches.
+        if num_new <= ROW_BY_ROW_MAX and tokens.shape[0] == 1 and tokens.device.type == "cpu":
             rows = RowAttention.for_forward(attn_mask, cache.length, num_new)
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
         wanted = set(hidden_layers)
