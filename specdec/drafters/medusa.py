@@ -83,7 +83,7 @@ class MedusaDrafter:
         paths = static_tree(self.accuracy, max_tokens)
         scores = self.vocab.logits(self.heads(self.last_feature.float()))  # (H, N)
         ranks = scores.topk(min(MAX_RANK, scores.shape[-1]), dim=-1).indices  # (H, R)
-        choices = self.vocab.token_ids[ranks].tolist()  # (H, R) target token ids
+        choices = self.vocab.token_ids[ranks.cpu()].tolist()  # (H, R) target token ids (the table is on the CPU)
         node_of: dict[tuple[int, ...], int] = {}
         tokens: list[int] = []
         parents: list[int] = []
