@@ -24,7 +24,8 @@ import torch
 
 from specdec.paths import specdec_home
 
-SOURCES = [Path(__file__).with_name(name) for name in ("packed_matmul.cpp", "integer_matmul.cpp", "attention.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("packed_matmul.cpp", "integer_matmul.cpp", "attention.cpp",
+                                                         "layer_ops.cpp")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 PANEL = 16  # output columns per packed panel (two AVX2 registers)
 
@@ -68,6 +69,12 @@ def packed_kernel() -> ctypes.CDLL | None:
     lib.attention_rows.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6
                                    + [ctypes.c_float, ctypes.c_int])
     lib.attention_rows.restype = None
+    lib.add_rms_norm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+    lib.add_rms_norm.restype = None
+    lib.rope_qkv_to_cache.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6
+    lib.rope_qkv_to_cache.restype = None
+    lib.silu_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    lib.silu_mul.restype = None
     for kernel in (lib.int4_matmul, lib.int7_matmul):
         kernel.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
         kernel.restype = None
@@ -221,4 +228,37 @@ def attention_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, vi
     packed_kernel().attention_rows(q.data_ptr(), keys.data_ptr(), values.data_ptr(), visible.data_ptr(),
                                    out.data_ptr(), rows, heads, keys.shape[1], dim, prefix, keys.stride(1),
                                    dim ** -0.5, torch.get_num_threads())
+    return out
+
+
+# -- the steps between a layer's matmuls (layer_ops.cpp): float32, contiguous, batch 1 -------------------
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., C) [+ residual (..., C)] -> (the sum, or x itself; RMSNorm of it times weight)."""
+    rows, size = x.numel() // x.shape[-1], x.shape[-1]
+    total = x if residual is None else torch.empty_like(x)
+    normed = torch.empty_like(x)
+    packed_kernel().add_rms_norm(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                                 total.data_ptr(), normed.data_ptr(), rows, size, eps)
+    return total, normed
+
+
+def rope_qkv_to_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, heads: int, kv_heads: int, start: int) -> torch.Tensor:
+    """Fused q/k/v rows (1, T, (H + 2 Hkv) D) and rope tables (1, 1, T, D) -> queries (1, H, T, D); the
+    rotated keys and the values go to one layer of the cache, key_cache/value_cache (Hkv, S_max, D), at
+    slots [start, start + T)."""
+    rows, dim = qkv.shape[1], cos.shape[-1]
+    q = torch.empty(1, heads, rows, dim, dtype=torch.float32)
+    packed_kernel().rope_qkv_to_cache(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(),
+                                      key_cache.data_ptr(), value_cache.data_ptr(), rows, heads, kv_heads, dim,
+                                      start, key_cache.stride(0))
+    return q
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """Fused gate/up rows (..., 2 I) -> silu(gate) * up (..., I)."""
+    width = gate_up.shape[-1] // 2
+    out = torch.empty(*gate_up.shape[:-1], width, dtype=torch.float32)
+    packed_kernel().silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * width), width)
     return out

@@ -38,6 +38,10 @@ class KVCache:
         start, stop = self.length, self.length + keys.shape[2]
         self.keys[layer, :, :, start:stop] = keys
         self.values[layer, :, :, start:stop] = values
+        return self.filled(layer, stop)
+
+    def filled(self, layer: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of slots [0, stop) of one layer: (B, H_kv, stop, D) keys and values."""
         return self.keys[layer, :, :, :stop], self.values[layer, :, :, :stop]
 
     def advance(self, num_tokens: int) -> None:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from specdec.kernels import SMALL_ROWS, attention_rows, packed_kernel
+from specdec.kernels import SMALL_ROWS, add_rms_norm, attention_rows, packed_kernel, rope_qkv_to_cache, silu_mul
 from specdec.models.base import ForwardOutput, causal_attention_mask
 from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import KVCache
@@ -128,10 +128,14 @@ class RowAttention:
         index = torch.cat([torch.arange(self.prefix), self.prefix + seen.nonzero().squeeze(1)]).to(keys.device)
         return keys.index_select(2, index), values.index_select(2, index)
 
+    @staticmethod
+    def uses_kernel(x: torch.Tensor) -> bool:
+        return x.device.type == "cpu" and x.dtype == torch.float32 and packed_kernel() is not None
+
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """q (1, H, T, D) over the cache's (1, Hkv, S, D) -> (1, T, H * D)."""
         _, heads, rows, dim = q.shape
-        if q.device.type == "cpu" and q.dtype == torch.float32 and packed_kernel() is not None:
+        if self.uses_kernel(q):
             return attention_rows(q, keys, values, self.visible, self.prefix)
         out = torch.cat([F.scaled_dot_product_attention(q[:, :, t:t + 1], *self.keys_of_row(t, keys, values),
                                                         enable_gqa=True)
@@ -164,6 +168,21 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, cache, layer, attn_mask, rows=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, attn_mask, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
+                      rows: RowAttention) -> torch.Tensor:
+        """The same layer for a few rows of a packed float32 model (batch 1): the norms, rope, cache
+        writes and activation in one kernel call each (kernels/layer_ops.cpp) instead of ~30 torch
+        operators, whose dispatch cost more than their arithmetic at decode sizes."""
+        attn, mlp = self.self_attn, self.mlp
+        _, normed = add_rms_norm(x, None, self.input_layernorm.weight, self.input_layernorm.eps)
+        qkv = attn.qkv_proj.unsplit(normed)  # (1, T, (H + 2 Hkv) D)
+        keys, values = cache.keys[layer, 0], cache.values[layer, 0]  # (Hkv, S_max, D)
+        q = rope_qkv_to_cache(qkv, cos, sin, keys, values, attn.num_heads, attn.num_kv_heads, cache.length)
+        keys, values = cache.filled(layer, cache.length + x.shape[1])  # (1, Hkv, S, D)
+        h = attn.o_proj(rows.attend(q, keys, values))  # (1, T, C)
+        x, normed = add_rms_norm(x, h, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return x + mlp.down_proj(silu_mul(mlp.gate_up_proj.unsplit(normed)))
 
 
 class DecoderStack(nn.Module):
@@ -213,6 +232,10 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = packed([self.lm_head], head_weight_format(weights))
         if self.config.tie_word_embeddings:
             self.model.embed_tokens = PackedEmbedding(self.lm_head)
+
+    def layers_are_packed(self) -> bool:
+        """Whether pack_weights() ran: the layers' matrices are then PackedLinear (the CPU kernels)."""
+        return getattr(self.model.layers[0].self_attn, "qkv_proj", None) is not None if len(self.model.layers) else False
 
     @property
     def weight_format(self) -> str:
@@ -317,8 +340,12 @@ class LlamaForCausalLM(nn.Module):
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
         x = self.model.embed_tokens(tokens)  # (B, T, C)
+        fused = rows is not None and rows.uses_kernel(x) and self.layers_are_packed()
         for index, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache, index, attn_mask, rows)
+            if fused:
+                x = layer.forward_fused(x.contiguous(), cos, sin, cache, index, rows)
+            else:
+                x = layer(x, cos, sin, cache, index, attn_mask, rows)
             if index in wanted:
                 hidden[index] = x
         cache.advance(num_new)

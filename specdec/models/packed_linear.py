@@ -103,6 +103,11 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """(..., K) -> (..., N), or a tuple split as the fused layers were."""
+        y = self.unsplit(x)
+        return y.split(self.split_sizes, dim=-1) if len(self.split_sizes) > 1 else y
+
+    def unsplit(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., K) -> (..., N): the fused layers' outputs side by side."""
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features).contiguous()
         if self.packed.dtype == torch.float32:
@@ -113,8 +118,7 @@ class PackedLinear(nn.Module):
             y = integer_matmul(rows, self.packed, self.scales, self.out_features)
         if self.bias is not None:
             y += self.bias
-        y = y.reshape(*lead, self.out_features)
-        return y.split(self.split_sizes, dim=-1) if len(self.split_sizes) > 1 else y
+        return y.reshape(*lead, self.out_features)
 
 
 class PackedEmbedding(nn.Module):
