@@ -15,6 +15,7 @@ from specdec.drafters.medusa import default_accuracy, static_tree
 from specdec.errors import CorruptModelError, InvalidParameterError
 from specdec.generator import SpeculativeGenerator
 from specdec.heads.checkpoint import TargetIdentity, load_head, save_head
+from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
 from specdec.models.loading import load_model
 from specdec.sampling import SamplingParams
@@ -85,6 +86,17 @@ def test_eagle_with_a_small_draft_vocabulary_stays_exact(tiny):
     for prompt in PROMPTS:
         assert SpeculativeGenerator(tiny["target"], drafter).generate(prompt, 40, chat=False).token_ids == \
             plain(tiny["target"], prompt)
+
+
+@pytest.mark.skipif(packed_kernel() is None, reason="low-bit weights need the CPU kernel")
+@pytest.mark.parametrize("weights", ["int8", "int4", "int7"])
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_head_drafters_on_a_low_bit_target(tiny, weights, kind):
+    """A head reads the target's LM head rows (EAGLE's draft vocabulary) whatever format they are stored in."""
+    target = load_model(str(tiny["dir"]), weights=weights)
+    drafter = eagle_drafter(target.model) if kind == "eagle" else medusa_drafter(target.model)
+    for prompt in PROMPTS:
+        assert SpeculativeGenerator(target, drafter).generate(prompt, 40, chat=False).token_ids == plain(target, prompt)
 
 
 @pytest.mark.parametrize("budget", [1, 4, 8, 20])
