@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--k", type=_k_value, default="auto")
-    bench.add_argument("--peers", default="", help="comma-separated transformers peers: plain, lookup, assisted:MODEL")
+    bench.add_argument("--peers", default="", help="comma-separated peers: transformers' plain, lookup, assisted:MODEL; "
+                       "llama.cpp's llamacpp, llamacpp-draft:MODEL (programs from $SPECDEC_LLAMA_CPP or PATH)")
     bench.add_argument("--spec-bench", default=None, help="path to Spec-Bench question.jsonl")
     bench.add_argument("--device", default="cpu")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],

@@ -75,9 +75,9 @@ def machine_info() -> dict:
 
 
 class Method:
-    """One way of generating: ours (plain or a drafter) or a transformers peer."""
+    """One way of generating: ours (plain or a drafter) or a peer (transformers, llama.cpp)."""
 
-    def __init__(self, name: str, generator: SpeculativeGenerator | None = None, peer: TransformersPeer | None = None):
+    def __init__(self, name: str, generator: SpeculativeGenerator | None = None, peer=None):
         self.name, self.generator, self.peer = name, generator, peer
 
     def run(self, target: LoadedModel, prompt: BenchPrompt, config: BenchConfig) -> tuple[PromptRun, list[int]]:
@@ -111,6 +111,13 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
         methods.append(Method(spec, SpeculativeGenerator(target, drafter, config.k)))
     for peer in config.peers:
         mode, _, model = peer.partition(":")
+        if mode in ("llamacpp", "llamacpp-draft"):
+            from specdec.bench.llama_cpp import LlamaCppPeer
+
+            cpp = LlamaCppPeer(config.target, "plain" if mode == "llamacpp" else "draft", target.tokenizer,
+                               torch.get_num_threads(), model or None)
+            methods.append(Method(cpp.name + (f":{model}" if model else ""), peer=cpp))
+            continue
         assistant = resolve_model_dir(model)[1] if mode == "assisted" else None
         transformers_peer = TransformersPeer(target.path, mode, assistant, config.device, config.dtype)
         name = transformers_peer.name + (f":{model}" if model else "")
