@@ -45,6 +45,9 @@ def drafters(models):
         "draft-self": lambda: DraftModelDrafter(models["target"], models["target"].model.vocab_size),
         "draft-padded-vocab": lambda: DraftModelDrafter(models["padded_draft"], models["target"].model.vocab_size),
         "draft-early-exit": lambda: DraftModelDrafter(models["random_draft"], models["target"].model.vocab_size, 0.5),
+        # the target drafting for itself over token ids < 128 only (a cheaper draft head)
+        "draft-head-prefix": lambda: make_drafter(f"draft:{models['target'].path}@vocab=128", models["target"], "cpu",
+                                                  "float32"),
         "quant-int8": lambda: make_drafter("quant:int8", models["target"], "cpu", "float32"),
         "quant-int4": lambda: make_drafter("quant:int4", models["target"], "cpu", "float32"),
         "layerskip": lambda: make_drafter("layerskip:first:1", models["target"], "cpu", "float32"),
@@ -52,7 +55,7 @@ def drafters(models):
 
 
 needs_kernel = pytest.mark.skipif(packed_kernel() is None, reason="low-bit weights need the CPU kernel (AVX2, g++)")
-ALL_DRAFTERS = ["ngram", "draft-random", "draft-self", "draft-padded-vocab", "draft-early-exit",
+ALL_DRAFTERS = ["ngram", "draft-random", "draft-self", "draft-padded-vocab", "draft-early-exit", "draft-head-prefix",
                 pytest.param("quant-int8", marks=needs_kernel), pytest.param("quant-int4", marks=needs_kernel),
                 "layerskip"]
 
@@ -269,3 +272,30 @@ def test_ngram_drafter_proposes_the_continuation_of_the_latest_match():
     context = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7]
     assert drafter.propose(context, 3, SamplingParams(), None).tokens == [9, 2, 5]
     assert drafter.propose([1, 2, 3], 3, SamplingParams(), None).tokens == []
+
+
+@pytest.mark.parametrize("weights,kernels", [("float32", False), ("float32", True), ("int8", True), ("int4", True),
+                                             ("int7", True)])
+def test_head_prefix_copy_computes_the_first_logits_exactly(models, weights, kernels):
+    if kernels and packed_kernel() is None:
+        pytest.skip("needs the CPU kernel")
+    full = load_model(str(models["target"].path), weights=weights, kernels=kernels).model
+    prefix = full.head_prefix_copy(112)
+    tokens = torch.tensor([[5, 77, 200, 31, 9]])
+
+    def logits(model):
+        return model.forward(tokens, positions_after(0, 5, 1, "cpu"), model.new_cache(1, 8)).logits
+
+    assert torch.equal(logits(prefix), logits(full)[..., :112])
+    assert full.lm_head.out_features == full.vocab_size  # the original keeps its whole head
+
+
+def test_draft_vocab_option_errors_are_clear(models):
+    target = models["target"]
+    for spec, message in [(f"draft:{target.path}@vocab=100", "multiple of 16"),
+                          (f"draft:{target.path}@vocab=x", "not a number"),
+                          (f"draft:{target.path}@size=3", "unknown option"),
+                          (f"draft:{target.path}@confidence=2", r"\[0, 1\)")]:
+        with pytest.raises(SpecdecError, match=message):
+            make_drafter(spec, target, "cpu", "float32")
+    assert make_drafter(f"draft:{target.path}@0.25", target, "cpu", "float32").min_confidence == 0.25

@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from specdec.drafters.base import Draft, Drafter, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel
 
-DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL | draft:MODEL@MIN_CONFIDENCE | quant:int8 | quant:int4[:GROUP] | "
+DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL[@confidence=C,vocab=N] | quant:int8 | quant:int4[:GROUP] | "
                  "layerskip[:SUBSET] | eagle[:HEAD_DIR][@depth=D,topk=W,budget=N] | medusa[:HEAD_DIR][@budget=N] | "
                  "retrieval:DATASTORE_DIR[@budget=N] | lookahead[:W,N,G]")
+
+
+def parse_draft_options(options: str) -> tuple[float, int | None]:
+    """"confidence=C,vocab=N" (either, both, or a bare C as before) -> (min_confidence, head vocabulary)."""
+    min_confidence, head_vocab = 0.0, None
+    for item in filter(None, options.split(",")):
+        key, equals, value = item.partition("=")
+        key, value = (key, value) if equals else ("confidence", item)
+        try:
+            if key == "confidence":
+                min_confidence = float(value)
+            elif key == "vocab":
+                head_vocab = int(value)
+            else:
+                raise InvalidParameterError(f"draft drafter: unknown option {key!r} (confidence=C, vocab=N)")
+        except ValueError:
+            raise InvalidParameterError(f"draft drafter: {item!r} is not a number") from None
+    if not 0 <= min_confidence < 1:
+        raise InvalidParameterError("draft drafter: the early-exit confidence must be in [0, 1)")
+    return min_confidence, head_vocab
 
 
 def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Drafter | None:
@@ -26,19 +48,21 @@ def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Dra
         from specdec.drafters.draft_model import DraftModelDrafter, check_same_tokenizer
         from specdec.models.loading import load_model
 
-        model, _, confidence = arg.rpartition("@") if "@" in arg else (arg, "", "0")
-        try:
-            min_confidence = float(confidence)
-        except ValueError:
-            raise InvalidParameterError(f"draft drafter: {confidence!r} is not a confidence in [0, 1)") from None
-        if not 0 <= min_confidence < 1:
-            raise InvalidParameterError("draft drafter: the early-exit confidence must be in [0, 1)")
+        model, _, options = arg.rpartition("@") if "@" in arg else (arg, "", "")
+        min_confidence, head_vocab = parse_draft_options(options)
         # a draft model runs in the target's weight format: who quantized the target for speed wants a draft
         # that is as fast (an int4 target gets an int4 draft)
         weights = getattr(target.model, "weight_format", "float32")
         draft = load_model(model, device=device, dtype=dtype, weights=weights)
         check_same_tokenizer(target, draft)
-        return DraftModelDrafter(draft, target.model.vocab_size, min_confidence)
+        if head_vocab is not None:
+            if not hasattr(draft.model, "head_prefix_copy"):
+                raise InvalidParameterError("draft drafter: vocab=N needs the native backend")
+            try:
+                draft = dataclasses.replace(draft, model=draft.model.head_prefix_copy(head_vocab))
+            except ValueError as error:
+                raise InvalidParameterError(f"draft drafter: vocab={head_vocab}: {error}") from None
+        return DraftModelDrafter(draft, target.model.vocab_size, min_confidence, name=f"draft:{arg}")
     if kind == "quant":
         from specdec.drafters.self_draft import quantized_self_draft
 

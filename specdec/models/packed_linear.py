@@ -18,8 +18,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdec.kernels import (INTEGER_BLOCK, dequantize_grouped, grouped_bits, integer_matmul, pack_weight,
-                             packed_matmul, packed_matmul_int8, quantize_grouped, quantize_packed_int8, unpack_rows)
+from specdec.kernels import (INTEGER_BLOCK, INTEGER_COLUMNS, PANEL, dequantize_grouped, grouped_bits, integer_matmul,
+                             pack_weight, packed_matmul, packed_matmul_int8, quantize_grouped, quantize_packed_int8,
+                             unpack_rows)
 
 WEIGHT_FORMATS = ("float32", "int8", "int4", "int7")  # int4 and int7 also as int4:G (group size G)
 GROUPED_FORMATS = {"int4": 4, "int7": 7}
@@ -88,6 +89,22 @@ class PackedLinear(nn.Module):
         twin = copy.copy(self)
         twin._buffers = dict(self._buffers)  # its own buffer table: quantize_ replaces entries, not tensors
         return twin.quantize_(weights)
+
+    def first_outputs(self, count: int) -> "PackedLinear":
+        """The same layer computing only its first `count` outputs, sharing the weights (no copy): the
+        leading dimension of every format is blocks of output columns."""
+        block = INTEGER_COLUMNS if self.packed.dtype == torch.uint8 else PANEL
+        if len(self.split_sizes) > 1 or not 0 < count <= self.out_features or count % PANEL:
+            raise ValueError(f"first_outputs: {count} must be a multiple of {PANEL} in (0, {self.out_features}]")
+        twin = copy.copy(self)
+        twin._buffers = dict(self._buffers)
+        twin.packed = self.packed[: count // block]
+        if self.scales is not None:  # int8: one scale per column; grouped: (blocks, K/G, 8)
+            twin.scales = self.scales[:count] if self.packed.dtype == torch.int8 else self.scales[: count // block]
+        if self.bias is not None:
+            twin.bias = self.bias[:count]
+        twin.out_features, twin.split_sizes = count, [count]
+        return twin
 
     @classmethod
     def fuse(cls, linears: Sequence[nn.Linear]) -> "PackedLinear":
