@@ -1,0 +1,50 @@
+"""AdaptiveK (`--k auto`) against simulated drafters: it must find the K that pays and leave it when
+drafting does not pay."""
+
+import numpy as np
+
+from specdec.speculation_length import AdaptiveK
+
+STEP = 0.047  # seconds of a one-token target forward
+EXTRA = 0.008  # each further verified token
+
+
+def simulate(acceptance: float, draft_per_token: float, catch_up_per_token: float = 0.0, rounds: int = 300,
+             seed: int = 0, useless_rounds: int = 0) -> list[int]:
+    """Ks chosen over `rounds` rounds; a draft model skipped by K = 0 rounds catches up on those tokens in
+    its next round, at `catch_up_per_token` each. The first `useless_rounds` rounds accept nothing (text
+    the draft cannot predict), then `acceptance` holds."""
+    rng = np.random.default_rng(seed)
+    choose = AdaptiveK(max_k=8)
+    skipped = 0
+    for index in range(rounds):
+        k = choose.next_k()
+        if k == 0:
+            skipped += 1
+            choose.observe(0, 0, 0.0, STEP)
+            continue
+        accepted = 0
+        while accepted < k and index >= useless_rounds and rng.random() < acceptance:
+            accepted += 1
+        draft_seconds = draft_per_token * k + catch_up_per_token * skipped
+        skipped = 0
+        choose.observe(k, accepted, draft_seconds, STEP + EXTRA * k)
+    return choose.history
+
+
+def test_cheap_accurate_draft_gets_a_long_k():
+    assert np.mean(simulate(0.9, 0.002)[-100:]) >= 5
+
+
+def test_useless_draft_is_switched_off():
+    assert np.mean(np.array(simulate(0.05, 0.015)[-100:]) == 0) > 0.8
+
+
+def test_catch_up_after_plain_steps_does_not_keep_k_at_zero():
+    """The int4 1.5B with its int4 0.5B draft: 15 ms a draft token, acceptance ~0.9; after plain steps the
+    draft feeds the skipped tokens in one forward (here 5 ms each). Counting that as drafting cost made
+    one exploratory K = 1 round look like 80 ms a draft token, and K stayed 0 once it had gone there (here:
+    after 60 rounds of text the draft cannot predict)."""
+    history = simulate(0.9, 0.015, catch_up_per_token=0.005, rounds=400, useless_rounds=60)
+    assert np.mean(np.array(history[40:60]) == 0) > 0.5  # off while drafting does not pay
+    assert np.mean(history[-100:]) >= 2  # and back on once it does
