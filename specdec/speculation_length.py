@@ -5,9 +5,11 @@ AdaptiveK picks the K that maximizes expected tokens per second,
     (1 + sum_{i=1..K} prod_{j<=i} alpha_j) / (K * c_draft + c_verify(K + 1)),
 
 from measured per-position acceptance alpha_j, the measured draft time per token
-c_draft and a line fitted to measured verify times c_verify(n) for n input
-tokens. Estimates decay geometrically so K follows the text as it changes (code
-vs prose). K = 0 (a plain decoding step) is a candidate too.
+c_draft and measured verify times c_verify(n) for n input tokens (a line fitted
+to them for sizes not measured yet). Estimates decay geometrically so K follows
+the text as it changes (code vs prose). K = 0 (a plain decoding step) is a
+candidate too. The first round's times are not used: a cold first forward of a
+size (here up to 2x) would otherwise stand for that size until it is tried again.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ class AdaptiveK:
         intercept, slope = self.verify_cost_line()
         ks = np.arange(self.max_k + 1)
         tokens = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.alphas()))])  # 1 + E[accepted | K]
-        seconds = (self.draft_per_token or 0.0) * ks + np.maximum(intercept + slope * (ks + 1), 1e-9)
+        verify = np.array([self.verify_seconds.get(int(k) + 1, intercept + slope * (k + 1)) for k in ks])
+        seconds = (self.draft_per_token or 0.0) * ks + np.maximum(verify, 1e-9)
         return tokens / seconds
 
     def next_k(self) -> int:
@@ -90,6 +93,8 @@ class AdaptiveK:
         # forward: a one-time cost of those steps, not of drafting. Counted per drafted token it made a
         # 15 ms draft look like 75 ms and kept K at 0 for good (a 0.5B draft for the int4 1.5B).
         after_plain_steps = len(self.history) >= 2 and self.history[-2] == 0
+        if len(self.history) <= 1:
+            return  # the first round: cold forwards (see the module's docstring)
         if drafted and not after_plain_steps:
             per_token = draft_seconds / drafted
             self.draft_per_token = per_token if self.draft_per_token is None else 0.8 * self.draft_per_token + 0.2 * per_token
