@@ -299,8 +299,8 @@ class LlamaForCausalLM(nn.Module):
         else:
             if not 0 < count <= self.lm_head.out_features:
                 raise ValueError(f"the head has {self.lm_head.out_features} outputs, not {count}")
-            head = nn.Linear(self.config.hidden_size, count, bias=False, device=self.device, dtype=self.dtype)
-            head.weight = nn.Parameter(self.lm_head.weight.detach()[:count], requires_grad=False)
+            head = nn.Linear(self.config.hidden_size, count, bias=False, device="meta")  # no weight allocated
+            head.weight = nn.Parameter(self.lm_head.weight.detach()[:count], requires_grad=False)  # a view
             twin._modules["lm_head"] = head
         return twin
 
