@@ -31,7 +31,7 @@ class BenchConfig:
     peers: list[str] = field(default_factory=list)  # "plain", "assisted:MODEL", "lookup"
     device: str = "cpu"
     roofline_buffer_mb: int = 1024  # buffer for the bandwidth measurement; 0 skips the roofline
-    weights: str = "float32"  # the target's weight format (ours; transformers peers run float32)
+    weights: str = "float32"  # the target's weight format (ours; transformers peers run `dtype` weights)
     dtype: str = "float32"  # activations and float weights, ours and the transformers peers' (bfloat16 on GPUs)
 
 

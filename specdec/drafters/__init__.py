@@ -14,7 +14,8 @@ DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL[@confidence=C,vocab=N
 
 
 def parse_draft_options(options: str) -> tuple[float, int | None]:
-    """"confidence=C,vocab=N" (either, both, or a bare C as before) -> (min_confidence, head vocabulary)."""
+    """A draft model's options after '@': confidence=C and/or vocab=N, or a bare C as before ->
+    (min_confidence, head vocabulary or None)."""
     min_confidence, head_vocab = 0.0, None
     for item in filter(None, options.split(",")):
         key, equals, value = item.partition("=")
