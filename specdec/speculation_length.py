@@ -92,9 +92,9 @@ class AdaptiveK:
         # After plain steps (K = 0) a draft model first catches up on the tokens it skipped, in one
         # forward: a one-time cost of those steps, not of drafting. Counted per drafted token it made a
         # 15 ms draft look like 75 ms and kept K at 0 for good (a 0.5B draft for the int4 1.5B).
-        after_plain_steps = len(self.history) >= 2 and self.history[-2] == 0
         if len(self.history) <= 1:
             return  # the first round: cold forwards (see the module's docstring)
+        after_plain_steps = self.history[-2] == 0
         if drafted and not after_plain_steps:
             per_token = draft_seconds / drafted
             self.draft_per_token = per_token if self.draft_per_token is None else 0.8 * self.draft_per_token + 0.2 * per_token

@@ -82,7 +82,7 @@ class LlamaCppPeer:
         if done.returncode != 0:
             raise RuntimeError(f"{self.program.name} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
         tokens, seconds = parse_timings(done.stderr + done.stdout, self.mode)
-        return PeerRun([0] * tokens, seconds)  # token ids are not compared (other weights)
+        return PeerRun(tokens, seconds, None)
 
 
 def parse_timings(log: str, mode: str) -> tuple[int, float]:

@@ -13,8 +13,9 @@ import torch
 
 @dataclass
 class PeerRun:
-    token_ids: list[int]
+    new_tokens: int
     seconds: float
+    token_ids: list[int] | None  # None where they are not comparable with ours (llama.cpp: other weights)
 
 
 class TransformersPeer:
@@ -46,7 +47,7 @@ class TransformersPeer:
         new = output[0, len(prompt_ids):].tolist()
         while new and new[-1] in eos_token_ids:  # count generated text, not the EOS marker, as we do
             new.pop()
-        return PeerRun(new, seconds)
+        return PeerRun(len(new), seconds, new)
 
 
 @functools.cache

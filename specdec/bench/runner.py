@@ -84,7 +84,7 @@ class Method:
         ids = SpeculativeGenerator(target, None).encode(prompt.prompt, chat=prompt.chat)
         if self.peer is not None:
             out = self.peer.generate(ids, config.max_new_tokens, target.eos_token_ids)
-            n = len(out.token_ids)
+            n = out.new_tokens
             return PromptRun(prompt.task, prompt.prompt_id, self.name, n, out.seconds, n / out.seconds), out.token_ids
         result = self.generator.generate(prompt.prompt, config.max_new_tokens, chat=prompt.chat,
                                          temperature=config.temperature, seed=config.seed)
@@ -141,7 +141,7 @@ def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = 
             run, ids = method.run(target, prompt, config)
             if method.name == PLAIN:
                 plain_ids = ids
-            elif config.temperature == 0:
+            elif config.temperature == 0 and ids is not None:
                 run.matches_plain = ids == plain_ids
             runs.append(run)
     return BenchResults(config, machine_info(), runs, roofline)
