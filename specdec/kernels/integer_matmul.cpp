@@ -30,23 +30,44 @@ namespace {
 
 constexpr int BLOCK = 32;  // inputs per activation block (and the smallest weight group)
 
-// xq (T, K) int8, dx (T, K / 32), xsum (T, K / 32) = sum of the block's xq.
-void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* xq, float* dx, int32_t* xsum) {
+inline float horizontal_max(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+inline int32_t horizontal_sum(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// xq (T, K) int8, dx (T, K / 32), offset (T, K / 32) = Z * the block's sum of xq (the zero point's share,
+// subtracted from the block's integer sum). Vectorized: at 8 rows this runs once per matmul per row and
+// was a tenth of a small matmul as scalar code. Same arithmetic as the scalar form: x * (127 / amax),
+// rounded to nearest even (cvtps2dq under the default rounding mode, as nearbyintf).
+void quantize_rows(const float* x, int64_t T, int64_t K, int32_t zero, int8_t* xq, float* dx, int32_t* offset) {
     const int64_t blocks = K / BLOCK;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i byte_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
     for (int64_t t = 0; t < T; t++) {
         for (int64_t b = 0; b < blocks; b++) {
             const float* in = x + t * K + b * BLOCK;
-            float amax = 0.0f;
-            for (int i = 0; i < BLOCK; i++) amax = fmaxf(amax, fabsf(in[i]));
-            const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int8_t* out = xq + t * K + b * BLOCK;
-            int32_t sum = 0;
-            for (int i = 0; i < BLOCK; i++) {
-                out[i] = (int8_t)nearbyintf(in[i] * inverse);
-                sum += out[i];
+            __m256 v[4], amax = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(in + 8 * i);
+                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
             }
-            dx[t * blocks + b] = amax / 127.0f;
-            xsum[t * blocks + b] = sum;
+            const float largest = horizontal_max(amax);
+            const __m256 inverse = _mm256_set1_ps(largest > 0.0f ? 127.0f / largest : 0.0f);
+            __m256i q[4];
+            for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
+            const __m256i bytes = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), byte_order);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + t * K + b * BLOCK), bytes);
+            dx[t * blocks + b] = largest / 127.0f;
+            offset[t * blocks + b] = zero * horizontal_sum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]),
+                                                                            _mm256_add_epi32(q[2], q[3])));
         }
     }
 }
@@ -78,7 +99,7 @@ struct Bytes {
 
 // Rows t0..t0+TB-1 times one column block c.
 template <int TB, typename Weights>
-inline void column_block(const int8_t* xq, const float* dx, const int32_t* xsum, const uint8_t* wq,
+inline void column_block(const int8_t* xq, const float* dx, const int32_t* offset, const uint8_t* wq,
                          const uint16_t* scales, float* y, int64_t K, int64_t N, int64_t G, int64_t c, int64_t t0) {
     const int64_t blocks = K / BLOCK, per_group = G / BLOCK;
     const __m256i ones = _mm256_set1_epi16(1);
@@ -111,7 +132,7 @@ inline void column_block(const int8_t* xq, const float* dx, const int32_t* xsum,
             for (int t = 0; t < TB; t++) {
                 const int64_t at = (t0 + t) * blocks + b;
                 const __m256i total = Weights::widen_each ? sum32[t] : _mm256_madd_epi16(sum16[t], ones);
-                const __m256i exact = _mm256_sub_epi32(total, _mm256_set1_epi32(Weights::zero * xsum[at]));
+                const __m256i exact = _mm256_sub_epi32(total, _mm256_set1_epi32(offset[at]));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(dw, _mm256_set1_ps(dx[at])), acc[t]);
             }
         }
@@ -137,19 +158,19 @@ void matmul(const float* x, const uint8_t* wq, const uint16_t* scales, float* y,
             int64_t G, int num_threads) {
     std::vector<int8_t> xq(T * K);
     std::vector<float> dx(T * (K / BLOCK));
-    std::vector<int32_t> xsum(T * (K / BLOCK));
-    quantize_rows(x, T, K, xq.data(), dx.data(), xsum.data());
+    std::vector<int32_t> offset(T * (K / BLOCK));
+    quantize_rows(x, T, K, Weights::zero, xq.data(), dx.data(), offset.data());
     const int64_t column_blocks = (N + 7) / 8;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t c = 0; c < column_blocks; c++) {
         const int8_t* q = xq.data();
         int64_t t0 = 0;
         for (; t0 + TB_MAX <= T; t0 += TB_MAX)
-            column_block<TB_MAX, Weights>(q, dx.data(), xsum.data(), wq, scales, y, K, N, G, c, t0);
+            column_block<TB_MAX, Weights>(q, dx.data(), offset.data(), wq, scales, y, K, N, G, c, t0);
         switch (T - t0) {
-            case 3: column_block<3, Weights>(q, dx.data(), xsum.data(), wq, scales, y, K, N, G, c, t0); break;
-            case 2: column_block<2, Weights>(q, dx.data(), xsum.data(), wq, scales, y, K, N, G, c, t0); break;
-            case 1: column_block<1, Weights>(q, dx.data(), xsum.data(), wq, scales, y, K, N, G, c, t0); break;
+            case 3: column_block<3, Weights>(q, dx.data(), offset.data(), wq, scales, y, K, N, G, c, t0); break;
+            case 2: column_block<2, Weights>(q, dx.data(), offset.data(), wq, scales, y, K, N, G, c, t0); break;
+            case 1: column_block<1, Weights>(q, dx.data(), offset.data(), wq, scales, y, K, N, G, c, t0); break;
             default: break;
         }
     }
