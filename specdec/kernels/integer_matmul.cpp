@@ -106,18 +106,21 @@ inline void column_block(const int8_t* xq, const float* dx, const int32_t* offse
     const uint8_t* w = wq + c * blocks * Weights::bytes_per_block * 8;
     const uint16_t* s = scales + c * (K / G) * 8;
     __m256 acc[TB];
+#pragma GCC unroll 8
     for (int t = 0; t < TB; t++) acc[t] = _mm256_setzero_ps();
     int64_t b = 0;  // block index, walked group by group (no division in the loop)
     for (int64_t g = 0; g < K / G; g++) {
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g * 8)));
         for (int64_t end = b + per_group; b < end; b++) {
             __m256i sum16[TB], sum32[TB];
+#pragma GCC unroll 8
             for (int t = 0; t < TB; t++) sum16[t] = sum32[t] = _mm256_setzero_si256();
 #pragma GCC unroll 1  // unrolled, the compiler hoists every vpmaddubsw and spills the results
             for (int step = 0; step < BLOCK / 8; step++) {
                 __m256i first, second;
                 Weights::load(w + (b * BLOCK + step * 8) * Weights::bytes_per_block / BLOCK * 8, first, second);
                 const int64_t k = b * BLOCK + step * 8;
+#pragma GCC unroll 8
                 for (int t = 0; t < TB; t++) {
                     const int8_t* row = xq + (t0 + t) * K + k;
                     const __m256i p0 = _mm256_maddubs_epi16(first, _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row)));
@@ -129,6 +132,7 @@ inline void column_block(const int8_t* xq, const float* dx, const int32_t* offse
                     }
                 }
             }
+#pragma GCC unroll 8
             for (int t = 0; t < TB; t++) {
                 const int64_t at = (t0 + t) * blocks + b;
                 const __m256i total = Weights::widen_each ? sum32[t] : _mm256_madd_epi16(sum16[t], ones);
@@ -138,6 +142,7 @@ inline void column_block(const int8_t* xq, const float* dx, const int32_t* offse
         }
     }
     const int64_t n0 = c * 8;
+#pragma GCC unroll 8
     for (int t = 0; t < TB; t++) {
         float* out = y + (t0 + t) * N + n0;
         if (n0 + 8 <= N) {
