@@ -107,7 +107,7 @@ def test_int8_packed_linear_and_tied_embedding_rows():
     assert torch.allclose(rows.double(), dequantized(copy.packed, copy.scales, 40)[ids], atol=1e-6)
 
 
-@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (9, 3, 64), (6, 6, 20)])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (9, 3, 64), (6, 6, 20), (12, 2, 128), (2, 1, 100)])
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_attention_rows_match_float64_reference_and_single_rows(heads, kv_heads, dim, rows):
     """Each row attends to the cached prefix and the new keys its mask shows (chain or tree rows), GQA

@@ -26,6 +26,7 @@ from specdec.paths import specdec_home
 
 SOURCES = [Path(__file__).with_name(name) for name in ("packed_matmul.cpp", "integer_matmul.cpp", "attention.cpp",
                                                          "layer_ops.cpp")]
+HEADERS = [Path(__file__).with_name("vector_math.h")]  # included by the sources: part of the build's key
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 PANEL = 16  # output columns per packed panel (two AVX2 registers)
 
@@ -48,7 +49,7 @@ def packed_kernel() -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if compiler is None:
         return None
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
     library = specdec_home() / "kernels" / f"packed_matmul-{key}.so"
     if not library.exists():

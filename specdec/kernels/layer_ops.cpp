@@ -9,7 +9,12 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "vector_math.h"
+
 namespace {
+
+using vector_math::exp8;
+using vector_math::lane_sum;
 
 // Sum of squares of n floats: 8 lanes in index order, then a fixed horizontal sum.
 inline float sum_of_squares(const float* x, int64_t n) {
@@ -19,29 +24,9 @@ inline float sum_of_squares(const float* x, int64_t n) {
         const __m256 v = _mm256_loadu_ps(x + i);
         acc = _mm256_fmadd_ps(v, v, acc);
     }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+    float sum = lane_sum(acc);
     for (; i < n; i++) sum += x[i] * x[i];
     return sum;
-}
-
-// exp of 8 floats (Cephes' single-precision polynomial, about 1 ulp): glibc's expf does not vectorize
-// without -ffast-math, and a 1.5B model's activation takes 8960 of them per row.
-inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)), _mm256_set1_ps(88.3762626647949f));
-    const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // x - n ln 2, in two parts
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.0f));
-    const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));  // times 2^n
 }
 
 inline void normalize_row(const float* x, const float* weight, float* out, int64_t n, float eps) {
