@@ -50,13 +50,18 @@ def drafters(models):
                                                   "float32"),
         "quant-int8": lambda: make_drafter("quant:int8", models["target"], "cpu", "float32"),
         "quant-int4": lambda: make_drafter("quant:int4", models["target"], "cpu", "float32"),
+        # a self-draft that prefills only the prompt's last 3 tokens, with a head over ids < 128
+        "quant-int4-window": lambda: make_drafter("quant:int4@context=3,vocab=128", models["target"], "cpu", "float32"),
+        "draft-prompt-window": lambda: make_drafter(f"draft:{models['target'].path}@context=2", models["target"], "cpu",
+                                                    "float32"),
         "layerskip": lambda: make_drafter("layerskip:first:1", models["target"], "cpu", "float32"),
     }
 
 
 needs_kernel = pytest.mark.skipif(packed_kernel() is None, reason="low-bit weights need the CPU kernel (AVX2, g++)")
 ALL_DRAFTERS = ["ngram", "draft-random", "draft-self", "draft-padded-vocab", "draft-early-exit", "draft-head-prefix",
-                pytest.param("quant-int8", marks=needs_kernel), pytest.param("quant-int4", marks=needs_kernel),
+                "draft-prompt-window", pytest.param("quant-int8", marks=needs_kernel),
+                pytest.param("quant-int4", marks=needs_kernel), pytest.param("quant-int4-window", marks=needs_kernel),
                 "layerskip"]
 
 
@@ -295,7 +300,21 @@ def test_draft_vocab_option_errors_are_clear(models):
     for spec, message in [(f"draft:{target.path}@vocab=100", "multiple of 16"),
                           (f"draft:{target.path}@vocab=x", "not a number"),
                           (f"draft:{target.path}@size=3", "unknown option"),
-                          (f"draft:{target.path}@confidence=2", r"\[0, 1\)")]:
+                          (f"draft:{target.path}@confidence=2", r"\[0, 1\)"),
+                          (f"draft:{target.path}@context=0", "N >= 1"),
+                          ("quant:int4@context=x", "not a number")]:
         with pytest.raises(SpecdecError, match=message):
             make_drafter(spec, target, "cpu", "float32")
     assert make_drafter(f"draft:{target.path}@0.25", target, "cpu", "float32").min_confidence == 0.25
+
+
+def test_prompt_window_prefills_only_the_last_tokens(models):
+    """context=N: the draft's cache holds the prompt's last N - 1 tokens (the last is fed with the first
+    draft step), at their true positions; drafting then runs on from there."""
+    target = models["target"]
+    drafter = make_drafter(f"draft:{target.path}@context=4", target, "cpu", "float32")
+    prompt = list(range(5, 25))
+    drafter.begin(prompt, SamplingParams(), 64)
+    assert (drafter.skipped, drafter.cache.length) == (16, 3)
+    draft = drafter.propose(prompt, 3, SamplingParams(), None)
+    assert len(draft.tokens) == 3 and drafter.cache.length == 3 + 1 + 2  # the window, the last prompt token, 2 drafts

@@ -2,36 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from specdec.drafters.base import Draft, Drafter, VerifyResult
+from specdec.drafters.draft_options import DraftOptions, parse_draft_options, with_head_vocab
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel
 
-DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL[@confidence=C,vocab=N] | quant:int8 | quant:int4[:GROUP] | "
+DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL[@confidence=C,vocab=N,context=N] | "
+                 "quant:int8|int4[:GROUP][@confidence=C,vocab=N,context=N] | "
                  "layerskip[:SUBSET] | eagle[:HEAD_DIR][@depth=D,topk=W,budget=N] | medusa[:HEAD_DIR][@budget=N] | "
                  "retrieval:DATASTORE_DIR[@budget=N] | lookahead[:W,N,G]")
-
-
-def parse_draft_options(options: str) -> tuple[float, int | None]:
-    """A draft model's options after '@': confidence=C and/or vocab=N, or a bare C as before ->
-    (min_confidence, head vocabulary or None)."""
-    min_confidence, head_vocab = 0.0, None
-    for item in filter(None, options.split(",")):
-        key, equals, value = item.partition("=")
-        key, value = (key, value) if equals else ("confidence", item)
-        try:
-            if key == "confidence":
-                min_confidence = float(value)
-            elif key == "vocab":
-                head_vocab = int(value)
-            else:
-                raise InvalidParameterError(f"draft drafter: unknown option {key!r} (confidence=C, vocab=N)")
-        except ValueError:
-            raise InvalidParameterError(f"draft drafter: {item!r} is not a number") from None
-    if not 0 <= min_confidence < 1:
-        raise InvalidParameterError("draft drafter: the early-exit confidence must be in [0, 1)")
-    return min_confidence, head_vocab
 
 
 def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Drafter | None:
@@ -50,20 +29,15 @@ def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Dra
         from specdec.models.loading import load_model
 
         model, _, options = arg.rpartition("@") if "@" in arg else (arg, "", "")
-        min_confidence, head_vocab = parse_draft_options(options)
+        draft_options = parse_draft_options(options)
         # a draft model runs in the target's weight format: who quantized the target for speed wants a draft
         # that is as fast (an int4 target gets an int4 draft)
         weights = getattr(target.model, "weight_format", "float32")
         draft = load_model(model, device=device, dtype=dtype, weights=weights)
         check_same_tokenizer(target, draft)
-        if head_vocab is not None:
-            if not hasattr(draft.model, "head_prefix_copy"):
-                raise InvalidParameterError("draft drafter: vocab=N needs the native backend")
-            try:
-                draft = dataclasses.replace(draft, model=draft.model.head_prefix_copy(head_vocab))
-            except ValueError as error:
-                raise InvalidParameterError(f"draft drafter: vocab={head_vocab}: {error}") from None
-        return DraftModelDrafter(draft, target.model.vocab_size, min_confidence, name=f"draft:{arg}")
+        draft = with_head_vocab(draft, draft_options.head_vocab)
+        return DraftModelDrafter(draft, target.model.vocab_size, draft_options.min_confidence, name=f"draft:{arg}",
+                                 prompt_window=draft_options.context)
     if kind == "quant":
         from specdec.drafters.self_draft import quantized_self_draft
 
@@ -96,4 +70,4 @@ def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Dra
     raise InvalidParameterError(f"unknown drafter {spec!r} (choose from: {DRAFTER_SPECS})")
 
 
-__all__ = ["Draft", "Drafter", "VerifyResult", "make_drafter", "DRAFTER_SPECS"]
+__all__ = ["Draft", "DraftOptions", "Drafter", "VerifyResult", "make_drafter", "parse_draft_options", "DRAFTER_SPECS"]

@@ -6,6 +6,12 @@ least one token: `propose` first feeds the committed tokens it has not seen
 first draft step, then one token per step. The last draft token is never fed;
 `on_verified` truncates the cache to the committed tokens it saw.
 
+Prompt window (`context=N`): the draft prefills only the prompt's last N tokens (at their true
+positions) and sees everything generated after them. A long prompt then costs the draft N tokens of
+prefill instead of all of them: the target prefills the prompt anyway, a second full prefill by the draft
+is what made self-drafts lose on long summarization prompts. Output stays exact (only the draft's
+proposals change); acceptance may drop where the answer needs the prompt's beginning.
+
 Vocabularies: the draft must use the target's tokenizer. Checkpoints often pad
 the embedding matrix to different sizes (Qwen2.5: 151936 vs 152064); the draft
 distribution is computed over the target's vocabulary size, with ids the draft
@@ -40,22 +46,25 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
 
 class DraftModelDrafter:
     def __init__(self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.0,
-                 name: str | None = None, shares_with: nn.Module | None = None):
+                 name: str | None = None, shares_with: nn.Module | None = None, prompt_window: int | None = None):
         """min_confidence: stop drafting early when the draft's top probability falls below it
         (after at least one token): unlikely tokens cost a draft step and are rarely accepted.
         shares_with: the target's model when the draft reuses some of its tensors (self-drafts), so
-        that memory_bytes counts only what the draft adds."""
+        that memory_bytes counts only what the draft adds.
+        prompt_window: prefill only the prompt's last prompt_window tokens (None: all of it)."""
         self.name = name or f"draft:{draft.name}"
         self.shares_with = shares_with
         self.draft = draft
         self.model = draft.model
         self.vocab_size = target_vocab_size
         self.min_confidence = min_confidence
+        self.prompt_window = prompt_window
         self.cache = None
+        self.skipped = 0  # prompt tokens before the window: context position = skipped + cache slot
 
     def fresh(self) -> "DraftModelDrafter":
         return DraftModelDrafter(self.draft, self.vocab_size, self.min_confidence, self.name,  # shares the weights
-                                 self.shares_with)
+                                 self.shares_with, self.prompt_window)
 
     def memory_bytes(self) -> int:
         module = self.model if isinstance(self.model, nn.Module) else getattr(self.model, "model", None)
@@ -64,11 +73,13 @@ class DraftModelDrafter:
         return weights + cache
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
-        self.cache = self.model.new_cache(1, min(max_length, self.model.max_context))
-        head = list(prompt_ids[:-1])
+        window = len(prompt_ids) if self.prompt_window is None else self.prompt_window
+        self.skipped = max(0, len(prompt_ids) - window)
+        self.cache = self.model.new_cache(1, min(max_length - self.skipped, self.model.max_context))
+        head = list(prompt_ids[self.skipped:-1])
         if head:
-            tokens = torch.tensor([head], device=self.model.device)  # (1, P-1)
-            self.model.forward(tokens, positions_after(0, len(head), 1, tokens.device), self.cache,
+            tokens = torch.tensor([head], device=self.model.device)  # (1, window - 1)
+            self.model.forward(tokens, positions_after(self.skipped, len(head), 1, tokens.device), self.cache,
                                last_logits_only=True)
 
     def _vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -81,8 +92,9 @@ class DraftModelDrafter:
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
         device = self.model.device
-        pending = list(context[self.cache.length:])  # committed tokens the draft has not seen (>= 1)
-        self.base_length = self.cache.length + len(pending)  # = len(context)
+        seen = self.skipped + self.cache.length
+        pending = list(context[seen:])  # committed tokens the draft has not seen (>= 1)
+        self.base_length = self.cache.length + len(pending)  # cache slots once they are fed
         greedy = params.greedy and params.repetition_penalty == 1.0
         history = torch.tensor(context, device=device) if not greedy else None
         tokens: list[int] = []
@@ -91,7 +103,7 @@ class DraftModelDrafter:
         for _ in range(max_tokens):
             out = self.model.forward(
                 torch.tensor([feed], device=device),
-                positions_after(self.cache.length, len(feed), 1, device),
+                positions_after(self.skipped + self.cache.length, len(feed), 1, device),
                 self.cache,
                 last_logits_only=True,
             )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.draft_options import parse_draft_options, with_head_vocab
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel
 from specdec.models.packed_linear import parse_weight_format
@@ -27,7 +28,10 @@ DEFAULT_LAYER_SUBSETS: dict[str, str] = {"smollm2-135m-instruct": "0-6,23-29"}
 FALLBACK_LAYER_SUBSET = "every:2"
 
 
-def quantized_self_draft(target: LoadedModel, weights: str) -> DraftModelDrafter:
+def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
+    """The target with its linear layers quantized, as a draft model: spec 'FORMAT[@options]' (quant:...)."""
+    weights, _, option_text = spec.partition("@")
+    options = parse_draft_options(option_text)
     try:
         kind, _ = parse_weight_format(weights)
     except ValueError as error:
@@ -45,8 +49,9 @@ def quantized_self_draft(target: LoadedModel, weights: str) -> DraftModelDrafter
         copy = model.quantized_copy(weights)
     except ValueError as error:  # e.g. an int4 group size that does not divide a layer
         raise InvalidParameterError(f"quant drafter: {error}") from None
-    draft = dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy)
-    return DraftModelDrafter(draft, model.vocab_size, name=f"quant:{weights}", shares_with=model)
+    draft = with_head_vocab(dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy), options.head_vocab)
+    return DraftModelDrafter(draft, model.vocab_size, options.min_confidence, name=f"quant:{spec}", shares_with=model,
+                             prompt_window=options.context)
 
 
 def parse_layer_subset(spec: str, num_layers: int) -> list[int]:

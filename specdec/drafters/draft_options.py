@@ -1,0 +1,54 @@
+"""Options of a draft model after '@' (draft:MODEL@..., quant:FORMAT@...): confidence=C, vocab=N, context=N."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specdec.errors import InvalidParameterError
+from specdec.models.loading import LoadedModel
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftOptions:
+    """A draft model's options after '@' (draft:MODEL@..., quant:FORMAT@...)."""
+
+    min_confidence: float = 0.0  # confidence=C: stop drafting when the top probability falls below C
+    head_vocab: int | None = None  # vocab=N: the draft's LM head computes only ids < N
+    context: int | None = None  # context=N: the draft prefills only the prompt's last N tokens
+
+
+def parse_draft_options(options: str) -> DraftOptions:
+    """'confidence=C,vocab=N,context=N' (any of them; a bare C is a confidence, as before)."""
+    values: dict[str, float | int] = {}
+    for item in filter(None, options.split(",")):
+        key, equals, value = item.partition("=")
+        key, value = (key, value) if equals else ("confidence", item)
+        try:
+            if key == "confidence":
+                values["min_confidence"] = float(value)
+            elif key == "vocab":
+                values["head_vocab"] = int(value)
+            elif key == "context":
+                values["context"] = int(value)
+            else:
+                raise InvalidParameterError(f"draft drafter: unknown option {key!r} (confidence=C, vocab=N, context=N)")
+        except ValueError:
+            raise InvalidParameterError(f"draft drafter: {item!r} is not a number") from None
+    options = DraftOptions(**values)
+    if not 0 <= options.min_confidence < 1:
+        raise InvalidParameterError("draft drafter: the early-exit confidence must be in [0, 1)")
+    if options.context is not None and options.context < 1:
+        raise InvalidParameterError("draft drafter: context=N needs N >= 1 prompt tokens")
+    return options
+
+
+def with_head_vocab(draft: LoadedModel, head_vocab: int | None) -> LoadedModel:
+    """The draft with an LM head over ids < head_vocab only (vocab=N), or as it is."""
+    if head_vocab is None:
+        return draft
+    if not hasattr(draft.model, "head_prefix_copy"):
+        raise InvalidParameterError("draft drafter: vocab=N needs the native backend")
+    try:
+        return dataclasses.replace(draft, model=draft.model.head_prefix_copy(head_vocab))
+    except ValueError as error:
+        raise InvalidParameterError(f"draft drafter: vocab={head_vocab}: {error}") from None
