@@ -130,6 +130,8 @@ class _Generation:
             out = self.target.forward(tokens, positions_after(0, len(head), 1, tokens.device), self.cache,
                                       hidden_layers=self.hidden_layers, last_logits_only=True)
         if self.drafter is not None:
+            if hasattr(self.drafter, "take_prompt_cache"):  # self-drafts of the target's layout reuse its prefill
+                self.drafter.take_prompt_cache(self.cache)
             self.drafter.begin(self.prompt_ids, self.params, self.cache.max_length)
             if self.feature_layer is not None and out is not None:
                 self.drafter.take_features(out.hidden_states[self.feature_layer][0])  # (P-1, C)

@@ -318,3 +318,19 @@ def test_prompt_window_prefills_only_the_last_tokens(models):
     assert (drafter.skipped, drafter.cache.length) == (16, 3)
     draft = drafter.propose(prompt, 3, SamplingParams(), None)
     assert len(draft.tokens) == 3 and drafter.cache.length == 3 + 1 + 2  # the window, the last prompt token, 2 drafts
+
+
+@needs_kernel
+def test_quant_self_draft_starts_from_the_target_prompt_cache(models):
+    """A quantized self-draft copies the target's prompt keys and values instead of prefilling the
+    prompt again (the second prefill made it lose on long prompts); output stays the target's."""
+    target = models["target"]
+    drafter = make_drafter("quant:int4", target, "cpu", "float32")
+    prefills = []
+    forward = drafter.model.forward
+    drafter.model.forward = lambda tokens, *args, **kwargs: (prefills.append(tokens.shape[1]), forward(tokens, *args, **kwargs))[1]
+    prompt = "hello hello the world " * 4
+    generated = SpeculativeGenerator(target, drafter, k=3).generate(prompt, 12, chat=False).token_ids
+    assert generated == plain_ids(target, prompt, 12)
+    prompt_length = len(target.tokenizer.encode(prompt))
+    assert prefills and max(prefills) <= 3 + 2 < prompt_length - 1  # draft steps only, never the prompt

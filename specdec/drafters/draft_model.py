@@ -12,6 +12,11 @@ prefill instead of all of them: the target prefills the prompt anyway, a second 
 is what made self-drafts lose on long summarization prompts. Output stays exact (only the draft's
 proposals change); acceptance may drop where the answer needs the prompt's beginning.
 
+Shared prompt cache (self-drafts): a quantized copy of the target has the target's layout, so instead of
+prefilling the prompt a second time it starts from a copy of the target's prompt keys and values
+(`take_prompt_cache`, called by the engine after the target's prefill): no draft prefill at all, and
+the draft attends to the target's own view of the prompt.
+
 Vocabularies: the draft must use the target's tokenizer. Checkpoints often pad
 the embedding matrix to different sizes (Qwen2.5: 151936 vs 152064); the draft
 distribution is computed over the target's vocabulary size, with ids the draft
@@ -46,12 +51,15 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
 
 class DraftModelDrafter:
     def __init__(self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.0,
-                 name: str | None = None, shares_with: nn.Module | None = None, prompt_window: int | None = None):
+                 name: str | None = None, shares_with: nn.Module | None = None, prompt_window: int | None = None,
+                 shares_prompt_cache: bool = False):
         """min_confidence: stop drafting early when the draft's top probability falls below it
         (after at least one token): unlikely tokens cost a draft step and are rarely accepted.
         shares_with: the target's model when the draft reuses some of its tensors (self-drafts), so
         that memory_bytes counts only what the draft adds.
-        prompt_window: prefill only the prompt's last prompt_window tokens (None: all of it)."""
+        prompt_window: prefill only the prompt's last prompt_window tokens (None: all of it).
+        shares_prompt_cache: start from the target's prompt cache when the engine offers one (self-drafts of
+        the target's layout); then no prompt window applies."""
         self.name = name or f"draft:{draft.name}"
         self.shares_with = shares_with
         self.draft = draft
@@ -59,12 +67,14 @@ class DraftModelDrafter:
         self.vocab_size = target_vocab_size
         self.min_confidence = min_confidence
         self.prompt_window = prompt_window
+        self.shares_prompt_cache = shares_prompt_cache
+        self.target_cache = None  # the target's cache holding the prompt, when shared
         self.cache = None
         self.skipped = 0  # prompt tokens before the window: context position = skipped + cache slot
 
     def fresh(self) -> "DraftModelDrafter":
         return DraftModelDrafter(self.draft, self.vocab_size, self.min_confidence, self.name,  # shares the weights
-                                 self.shares_with, self.prompt_window)
+                                 self.shares_with, self.prompt_window, self.shares_prompt_cache)
 
     def memory_bytes(self) -> int:
         module = self.model if isinstance(self.model, nn.Module) else getattr(self.model, "model", None)
@@ -72,7 +82,18 @@ class DraftModelDrafter:
         cache = tensor_bytes([getattr(self.cache, "keys", None), getattr(self.cache, "values", None)])
         return weights + cache
 
+    def take_prompt_cache(self, target_cache) -> None:
+        """The target's cache holding prompt[:-1], offered before `begin`; kept only by a sharing self-draft."""
+        self.target_cache = target_cache if self.shares_prompt_cache else None
+
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
+        target_cache, self.target_cache = self.target_cache, None  # offered for this generation only
+        if target_cache is not None:
+            self.skipped = 0
+            self.cache = self.model.new_cache(1, min(max_length, self.model.max_context))
+            if self.cache.can_copy_from(target_cache) and target_cache.length == len(prompt_ids) - 1:
+                self.cache.copy_prefix_from(target_cache, target_cache.length)
+                return
         window = len(prompt_ids) if self.prompt_window is None else self.prompt_window
         self.skipped = max(0, len(prompt_ids) - window)
         self.cache = self.model.new_cache(1, min(max_length - self.skipped, self.model.max_context))

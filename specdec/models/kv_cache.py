@@ -53,6 +53,21 @@ class KVCache:
                 f"KV cache full: {self.length} cached + {num_tokens} new > capacity {self.max_length}"
             )
 
+    def can_copy_from(self, other: object) -> bool:
+        """Whether `other` is a cache of the same layout (layers, heads, head size, dtype, device)."""
+        return (isinstance(other, KVCache) and other.keys.shape[:3] == self.keys.shape[:3]
+                and other.keys.shape[4] == self.keys.shape[4] and other.keys.dtype == self.keys.dtype
+                and other.keys.device == self.keys.device)
+
+    def copy_prefix_from(self, other: "KVCache", length: int) -> None:
+        """Slots [0, length) of `other` become this cache's whole content (a self-draft taking the target's
+        prompt keys and values instead of computing its own)."""
+        if not self.can_copy_from(other) or not 0 <= length <= min(other.length, self.max_length):
+            raise ValueError(f"cannot copy {length} slots from a cache of another layout or length {other.length}")
+        self.keys[:, :, :, :length] = other.keys[:, :, :, :length]
+        self.values[:, :, :, :length] = other.values[:, :, :, :length]
+        self.length = length
+
     def truncate(self, length: int) -> None:
         """Forget every slot at or after `length` (rejected draft tokens)."""
         if not 0 <= length <= self.length:
