@@ -8,9 +8,8 @@ first draft step, then one token per step. The last draft token is never fed;
 
 Prompt window (`context=N`): the draft prefills only the prompt's last N tokens (at their true
 positions) and sees everything generated after them. A long prompt then costs the draft N tokens of
-prefill instead of all of them: the target prefills the prompt anyway, a second full prefill by the draft
-is what made self-drafts lose on long summarization prompts. Output stays exact (only the draft's
-proposals change); acceptance may drop where the answer needs the prompt's beginning.
+prefill instead of all of them. Output stays exact (only the draft's proposals change); acceptance drops
+where the answer needs the prompt's beginning (a summary: halved, benchmarks 13).
 
 Shared prompt cache (self-drafts): a quantized copy of the target has the target's layout, so instead of
 prefilling the prompt a second time it starts from a copy of the target's prompt keys and values
@@ -34,6 +33,7 @@ from torch import nn
 from specdec.drafters.base import Draft, VerifyResult, module_bytes, tensor_bytes
 from specdec.errors import SpecdecError
 from specdec.models.base import positions_after
+from specdec.models.kv_cache import KVCache
 from specdec.models.loading import LoadedModel
 from specdec.sampling import SamplingParams, processed_probs, sample
 
@@ -82,7 +82,7 @@ class DraftModelDrafter:
         cache = tensor_bytes([getattr(self.cache, "keys", None), getattr(self.cache, "values", None)])
         return weights + cache
 
-    def take_prompt_cache(self, target_cache) -> None:
+    def take_prompt_cache(self, target_cache: KVCache) -> None:
         """The target's cache holding prompt[:-1], offered before `begin`; kept only by a sharing self-draft."""
         self.target_cache = target_cache if self.shares_prompt_cache else None
 
