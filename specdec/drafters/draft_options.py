@@ -17,8 +17,9 @@ class DraftOptions:
     context: int | None = None  # context=N: the draft prefills only the prompt's last N tokens
 
 
-def parse_draft_options(options: str) -> DraftOptions:
-    """'confidence=C,vocab=N,context=N' (any of them; a bare C is a confidence, as before)."""
+def parse_draft_options(options: str, kind: str = "draft") -> DraftOptions:
+    """'confidence=C,vocab=N,context=N' (any of them; a bare C is a confidence, as before); `kind` names
+    the drafter in errors."""
     values: dict[str, float | int] = {}
     for item in filter(None, options.split(",")):
         key, equals, value = item.partition("=")
@@ -31,14 +32,14 @@ def parse_draft_options(options: str) -> DraftOptions:
             elif key == "context":
                 values["context"] = int(value)
             else:
-                raise InvalidParameterError(f"draft drafter: unknown option {key!r} (confidence=C, vocab=N, context=N)")
+                raise InvalidParameterError(f"{kind} drafter: unknown option {key!r} (confidence=C, vocab=N, context=N)")
         except ValueError:
-            raise InvalidParameterError(f"draft drafter: {item!r} is not a number") from None
+            raise InvalidParameterError(f"{kind} drafter: {item!r} is not a number") from None
     options = DraftOptions(**values)
     if not 0 <= options.min_confidence < 1:
-        raise InvalidParameterError("draft drafter: the early-exit confidence must be in [0, 1)")
+        raise InvalidParameterError(f"{kind} drafter: the early-exit confidence must be in [0, 1)")
     if options.context is not None and options.context < 1:
-        raise InvalidParameterError("draft drafter: context=N needs N >= 1 prompt tokens")
+        raise InvalidParameterError(f"{kind} drafter: context=N needs N >= 1 prompt tokens")
     return options
 
 

@@ -31,7 +31,7 @@ FALLBACK_LAYER_SUBSET = "every:2"
 def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     """The target with its linear layers quantized, as a draft model: spec 'FORMAT[@options]' (quant:...)."""
     weights, _, option_text = spec.partition("@")
-    options = parse_draft_options(option_text)
+    options = parse_draft_options(option_text, "quant")
     try:
         kind, _ = parse_weight_format(weights)
     except ValueError as error:
