@@ -249,3 +249,12 @@ def test_bench_drafter_list_keeps_tree_options_together():
 
     assert split_drafter_specs("ngram,eagle@depth=4,topk=4,draft:m@0.4,medusa:d@budget=8,eagle") == [
         "ngram", "eagle@depth=4,topk=4", "draft:m@0.4", "medusa:d@budget=8", "eagle"]
+
+
+def test_tree_options_without_a_head_directory_reach_the_shipped_head(tiny):
+    """'eagle@depth=3,topk=2' is the shipped head with options (it was read as an unknown drafter)."""
+    from specdec.drafters import make_drafter
+
+    for spec in ("eagle@depth=3,topk=2,budget=4", "medusa@budget=6"):
+        with pytest.raises(InvalidParameterError, match="no .* head ships for"):
+            make_drafter(spec, tiny["target"], "cpu", "float32")

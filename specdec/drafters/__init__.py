@@ -15,7 +15,10 @@ DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL[@confidence=C,vocab=N
 
 def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Drafter | None:
     """Build the drafter named by `spec` for `target`; None means plain decoding."""
-    kind, _, arg = spec.partition(":")
+    kind, colon, arg = spec.partition(":")
+    if "@" in kind:  # options with no argument before them: eagle@depth=4 (the shipped head)
+        kind, _, options = kind.partition("@")
+        arg = "@" + options + colon + arg
     if kind == "none":
         return None
     if kind == "ngram":
