@@ -15,8 +15,8 @@
 //   scales[c][g][j] (float16 bits)
 //
 // Activations: each row is quantized per block of 32 inputs, xq = round(x * 127 / max|x|) with
-// dx = max|x| / 127 (Q8_0), and the block's sum of xq is kept, so that
-//   sum_k (q - Z) xq = sum_k q xq - Z sum_k xq.
+// dx = max|x| / 127 (Q8_0), and Z times the block's sum of xq is kept as its offset, so that
+//   sum_k (q - Z) xq = sum_k q xq - offset.
 // Integer sums are exact; each output then adds dw * dx * isum over blocks in increasing k. Every row is
 // quantized and accumulated on its own, so a row's result does not depend on how many rows share the
 // call: plain and speculative decoding round identically, at any T (prefill uses this kernel too).
