@@ -334,3 +334,11 @@ def test_quant_self_draft_starts_from_the_target_prompt_cache(models):
     assert generated == plain_ids(target, prompt, 12)
     prompt_length = len(target.tokenizer.encode(prompt))
     assert prefills and max(prefills) <= 3 + 2 < prompt_length - 1  # draft steps only, never the prompt
+
+
+@needs_kernel
+def test_an_explicit_prompt_window_is_kept_by_a_quant_self_draft(models):
+    """quant:FORMAT@context=N prefills its window rather than sharing the target's prompt cache."""
+    target = models["target"]
+    windowed = make_drafter("quant:int4@context=4", target, "cpu", "float32")
+    assert not windowed.shares_prompt_cache and make_drafter("quant:int4", target, "cpu", "float32").shares_prompt_cache

@@ -59,7 +59,7 @@ class DraftModelDrafter:
         that memory_bytes counts only what the draft adds.
         prompt_window: prefill only the prompt's last prompt_window tokens (None: all of it).
         shares_prompt_cache: start from the target's prompt cache when the engine offers one (self-drafts of
-        the target's layout); then no prompt window applies."""
+        the target's layout; quant: drafts share unless a prompt window was asked for)."""
         self.name = name or f"draft:{draft.name}"
         self.shares_with = shares_with
         self.draft = draft

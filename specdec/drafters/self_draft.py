@@ -51,7 +51,8 @@ def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
         raise InvalidParameterError(f"quant drafter: {error}") from None
     draft = with_head_vocab(dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy), options.head_vocab)
     return DraftModelDrafter(draft, model.vocab_size, options.min_confidence, name=f"quant:{spec}", shares_with=model,
-                             prompt_window=options.context, shares_prompt_cache=True)
+                             prompt_window=options.context,
+                             shares_prompt_cache=options.context is None)  # an explicit window is a request
 
 
 def parse_layer_subset(spec: str, num_layers: int) -> list[int]:
