@@ -43,12 +43,15 @@ class FixedK:
         pass
 
 
+PRIOR_ROUNDS = 2.0  # how many rounds' worth of evidence a prior (pooled, or prior_alpha for the pool) weighs
+
+
 class AdaptiveK:
     def __init__(self, max_k: int = 8, initial_k: int = 4, decay: float = 0.95, prior_alpha: float = 0.6):
         self.max_k = max_k
         self.decay = decay
         self.k = initial_k
-        # Counts per draft position, decayed every round; the pool's prior is prior_alpha over 2 rounds.
+        # Counts per draft position, decayed every round; the pool starts at prior_alpha.
         self.prior_alpha = prior_alpha
         self.reached = np.zeros(max_k)
         self.accepted = np.zeros(max_k)
@@ -57,8 +60,9 @@ class AdaptiveK:
         self.history: list[int] = []
 
     def alphas(self) -> np.ndarray:
-        pooled = (self.accepted.sum() + 2.0 * self.prior_alpha) / (self.reached.sum() + 2.0)
-        return (self.accepted + 2.0 * pooled) / (self.reached + 2.0)
+        weight = PRIOR_ROUNDS
+        pooled = (self.accepted.sum() + weight * self.prior_alpha) / (self.reached.sum() + weight)
+        return (self.accepted + weight * pooled) / (self.reached + weight)
 
     def verify_cost_line(self) -> tuple[float, float]:
         """(intercept, slope) of forward seconds against input tokens, fitted to the measurements."""

@@ -88,15 +88,13 @@ class DraftModelDrafter:
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         target_cache, self.target_cache = self.target_cache, None  # offered for this generation only
-        if target_cache is not None:
-            self.skipped = 0
-            self.cache = self.model.new_cache(1, min(max_length, self.model.max_context))
-            if self.cache.can_copy_from(target_cache) and target_cache.length == len(prompt_ids) - 1:
-                self.cache.copy_prefix_from(target_cache, target_cache.length)
-                return
         window = len(prompt_ids) if self.prompt_window is None else self.prompt_window
         self.skipped = max(0, len(prompt_ids) - window)
         self.cache = self.model.new_cache(1, min(max_length - self.skipped, self.model.max_context))
+        if (target_cache is not None and self.skipped == 0 and self.cache.can_copy_from(target_cache)
+                and target_cache.length == len(prompt_ids) - 1):
+            self.cache.copy_prefix_from(target_cache, target_cache.length)
+            return
         head = list(prompt_ids[self.skipped:-1])
         if head:
             tokens = torch.tensor([head], device=self.model.device)  # (1, window - 1)

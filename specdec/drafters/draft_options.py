@@ -43,13 +43,13 @@ def parse_draft_options(options: str, kind: str = "draft") -> DraftOptions:
     return options
 
 
-def with_head_vocab(draft: LoadedModel, head_vocab: int | None) -> LoadedModel:
+def with_head_vocab(draft: LoadedModel, head_vocab: int | None, kind: str = "draft") -> LoadedModel:
     """The draft with an LM head over ids < head_vocab only (vocab=N), or as it is."""
     if head_vocab is None:
         return draft
     if not hasattr(draft.model, "head_prefix_copy"):
-        raise InvalidParameterError("draft drafter: vocab=N needs the native backend")
+        raise InvalidParameterError(f"{kind} drafter: vocab=N needs the native backend")
     try:
         return dataclasses.replace(draft, model=draft.model.head_prefix_copy(head_vocab))
     except ValueError as error:
-        raise InvalidParameterError(f"draft drafter: vocab={head_vocab}: {error}") from None
+        raise InvalidParameterError(f"{kind} drafter: vocab={head_vocab}: {error}") from None

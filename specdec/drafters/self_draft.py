@@ -49,7 +49,8 @@ def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
         copy = model.quantized_copy(weights)
     except ValueError as error:  # e.g. an int4 group size that does not divide a layer
         raise InvalidParameterError(f"quant drafter: {error}") from None
-    draft = with_head_vocab(dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy), options.head_vocab)
+    draft = with_head_vocab(dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy), options.head_vocab,
+                            "quant")
     return DraftModelDrafter(draft, model.vocab_size, options.min_confidence, name=f"quant:{spec}", shares_with=model,
                              prompt_window=options.context,
                              shares_prompt_cache=options.context is None)  # an explicit window is a request

@@ -26,6 +26,7 @@
 namespace {
 
 using vector_math::exp8;
+using vector_math::lane_max;
 using vector_math::lane_sum;
 
 // Dot products of q with keys[0..3] (D-vectors): each in 8 lanes of FMAs in k order, then lane_sum.
@@ -44,6 +45,7 @@ inline void dot4(const float* q, const float* k0, const float* k1, const float* 
     for (; k < D; k++) out[0] += q[k] * k0[k], out[1] += q[k] * k1[k], out[2] += q[k] * k2[k], out[3] += q[k] * k3[k];
 }
 
+// One dot product: dot4's first chain (the leftover keys of a row round exactly as in a group of four).
 inline float dot(const float* q, const float* key, int64_t D) {
     float out[4];
     dot4(q, key, key, key, key, D, out);
@@ -107,9 +109,7 @@ extern "C" void attention_rows(const float* q, const float* keys, const float* v
                 // softmax: exp(score - max) in 8 lanes; the padding is exactly 0
                 __m256 top8 = _mm256_set1_ps(-INFINITY);
                 for (i = 0; i < padded; i += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(scores.data() + i));
-                float lanes[8], top = -INFINITY;
-                _mm256_storeu_ps(lanes, top8);
-                for (int r = 0; r < 8; r++) top = fmaxf(top, lanes[r]);
+                const float top = lane_max(top8);
                 const __m256 top_v = _mm256_set1_ps(top), minus_inf = _mm256_set1_ps(-INFINITY);
                 __m256 total8 = _mm256_setzero_ps();
                 for (i = 0; i < padded; i += 8) {

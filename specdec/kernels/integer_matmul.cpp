@@ -26,15 +26,11 @@
 
 #include <vector>
 
+#include "vector_math.h"
+
 namespace {
 
 constexpr int BLOCK = 32;  // inputs per activation block (and the smallest weight group)
-
-inline float horizontal_max(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
 
 inline int32_t horizontal_sum(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -58,7 +54,7 @@ void quantize_rows(const float* x, int64_t T, int64_t K, int32_t zero, int8_t* x
                 v[i] = _mm256_loadu_ps(in + 8 * i);
                 amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
             }
-            const float largest = horizontal_max(amax);
+            const float largest = vector_math::lane_max(amax);
             const __m256 inverse = _mm256_set1_ps(largest > 0.0f ? 127.0f / largest : 0.0f);
             __m256i q[4];
             for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));

@@ -4,6 +4,13 @@
 
 namespace vector_math {
 
+// The largest of the 8 lanes of v (exact: no order to fix).
+inline float lane_max(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
 // The 8 lanes of v summed in a fixed order: reductions that end here round the same on every call.
 inline float lane_sum(__m256 v) {
     float lanes[8];
