@@ -50,7 +50,7 @@ models=/tmp/models
 if [[ " $stages " == *" forward "* ]]; then
 echo "== forward cost (bfloat16, cuda)"
 python3 -m specdec.bench.forward_cost $models/qwen2.5-coder-1.5b-instruct $models/smollm2-135m-instruct \
-    --device cuda --dtype bfloat16 --runtimes torch,transformers --sizes 1,2,4,8,16,32,64 --repeats 30 \
+    --device cuda --dtype bfloat16 --runtimes torch,eager,transformers --sizes 1,2,4,8,16,32,64 --repeats 30 \
     2>&1 | tee "$out/forward_cost.md"
 fi
 
@@ -61,6 +61,11 @@ python3 -m specdec.cli bench --target $models/qwen2.5-coder-1.5b-instruct --devi
     --peers "plain,assisted:$models/qwen2.5-coder-0.5b-instruct" \
     --tasks code --limit 5 --max-new-tokens 128 --roofline-mb 4096 \
     --json "$out/bench.json" 2>&1 | grep -v "^bench:" | tee "$out/bench.md"
+echo "== the same, ours without CUDA graphs (eager forwards)"
+python3 -m specdec.cli bench --target $models/qwen2.5-coder-1.5b-instruct --device cuda --dtype bfloat16 \
+    --drafters "ngram,draft:$models/qwen2.5-coder-0.5b-instruct" --k 4 --no-cuda-graphs \
+    --tasks code --limit 5 --max-new-tokens 128 --roofline-mb 0 \
+    --json "$out/bench_eager.json" 2>&1 | grep -v "^bench:" | tee "$out/bench_eager.md"
 fi
 
 if [[ " $stages " == *" profile "* ]]; then

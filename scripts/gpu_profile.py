@@ -61,6 +61,21 @@ def main() -> None:
     seconds = time.perf_counter() - start
     print(f"engine plain decoding: {seconds / len(result.token_ids) * 1e3:.2f} ms/token "
           f"({len(result.token_ids)} tokens, prefill {result.stats.prefill_seconds * 1e3:.1f} ms)")
+    graphs = getattr(model, "graphs", None)
+    if graphs is not None:
+        print(f"CUDA graph replays so far: {graphs.replays}")
+        eager = load_model(args.model, device=args.device, dtype=args.dtype, cuda_graphs=False)
+        eager_plain = SpeculativeGenerator(eager, None)
+        eager_plain.generate(PROMPT, 8, chat=False)
+        eager_costs = forward_costs(eager.model, 300, (1, 4), 20)
+        synchronize(args.device)
+        start = time.perf_counter()
+        eager_result = eager_plain.generate(PROMPT, args.tokens, chat=False)
+        eager_seconds = time.perf_counter() - start
+        print(f"eager (no graphs): forward T=1 {eager_costs[0].seconds * 1e3:.2f} ms, T=4 "
+              f"{eager_costs[1].seconds * 1e3:.2f} ms, engine plain decoding "
+              f"{eager_seconds / len(eager_result.token_ids) * 1e3:.2f} ms/token")
+        del eager, eager_plain
 
     profiler = cProfile.Profile()
     profiler.enable()

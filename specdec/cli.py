@@ -14,6 +14,7 @@ import sys
 from specdec.errors import InvalidParameterError, SpecdecError
 
 EXIT_USAGE = 2
+NO_CUDA_GRAPHS_HELP = "on a GPU, run every forward eagerly instead of replaying CUDA graphs (debugging, comparison)"
 
 
 def _k_value(text: str) -> int | str:
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--backend", default="auto", help="auto, native or transformers")
     gen.add_argument("--weights", default="float32", help="float32 (default), int8 (weight-only), int4[:GROUP] or "
                      "int7[:GROUP] (low-bit groups x int8 activations); CPU kernels")
+    gen.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
     gen.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats)")
 
     pull = commands.add_parser("pull", help="download, verify and convert a zoo model")
@@ -79,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--weights", default="float32", help="float32 (default), int8 (weight-only), int4[:GROUP] or "
                      "int7[:GROUP] (low-bit groups x int8 activations); CPU kernels")
 
+    serve.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
+
     bench = commands.add_parser("bench", help="benchmark drafters against plain decoding and transformers")
     bench.add_argument("--target", default=DEFAULT_MODEL)
     bench.add_argument("--drafters", default="ngram", help="comma-separated drafter specs")
@@ -97,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="activations and float weights, ours and the transformers peers' (bfloat16 on GPUs)")
     bench.add_argument("--weights", default="float32", help="the target's weights: float32, int8, int4[:GROUP] or int7[:GROUP] "
                        "(transformers peers always run float32)")
+    bench.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
     bench.add_argument("--json", dest="json_out", default=None, help="write all results to this JSON file")
     bench.add_argument("--out", default=None, help="directory for report.md, results.json and PNG charts")
     bench.add_argument("--roofline-mb", type=int, default=1024,
@@ -160,7 +165,7 @@ def cmd_generate(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     generator = SpeculativeGenerator.from_pretrained(
         args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
-        weights=args.weights,
+        weights=args.weights, cuda_graphs=args.cuda_graphs,
     )
     stream = None if args.json else (lambda chunk: print(chunk.text, end="", flush=True))
     result = generator.generate(
@@ -193,7 +198,7 @@ def cmd_serve(args) -> int:
     sock = bind_socket(args.host, args.port)
     generator = SpeculativeGenerator.from_pretrained(
         args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
-        weights=args.weights,
+        weights=args.weights, cuda_graphs=args.cuda_graphs,
     )
     settings = ServerSettings(args.model_name or generator.target.name, args.max_active, args.max_queue,
                               args.default_max_tokens)
@@ -251,7 +256,7 @@ def cmd_bench(args) -> int:
     SamplingParams(temperature=args.temperature)
     config = BenchConfig(args.target, split_drafter_specs(args.drafters), split(args.tasks), args.limit, args.max_new_tokens,
                          args.temperature, args.seed, str(args.k), split(args.peers), args.device,
-                         args.roofline_mb, args.weights, args.dtype)
+                         args.roofline_mb, args.weights, args.dtype, args.cuda_graphs)
     prompts = load_prompts(config.tasks, config.limit, Path(args.spec_bench) if args.spec_bench else None)
     results = run_bench(config, prompts)
     print(markdown(results))

@@ -66,9 +66,11 @@ class SpeculativeGenerator:
         dtype: str = "float32",
         backend: str = "auto",
         weights: str = "float32",
+        cuda_graphs: bool = True,
     ) -> "SpeculativeGenerator":
         speculation_length(k)  # validate before loading anything
-        loaded = load_model(target, device=device, dtype=dtype, backend=backend, weights=weights)
+        loaded = load_model(target, device=device, dtype=dtype, backend=backend, weights=weights,
+                            cuda_graphs=cuda_graphs)
         if drafter == "default":
             drafter = DEFAULT_DRAFTERS.get(loaded.name, "ngram")
         return cls(loaded, make_drafter(drafter, loaded, device, dtype), k)

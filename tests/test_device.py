@@ -5,7 +5,8 @@ What must hold there: greedy speculative output equals plain decoding of the sam
 token, up to near-ties (where the target's own top two logits differ by less than the rounding of a
 batched forward: GPU matmuls and bfloat16 are not batch-invariant, see docs/runtime.md); seeded sampling
 is reproducible; the chain verifier's sampled law is the target's (10^6 rounds on the device); what
-needs the CPU kernel fails with one clear error.
+needs the CPU kernel fails with one clear error. On a GPU all of it runs through CUDA graphs
+(models/cuda_graphs.py), checked against the eager forward at the end.
 """
 
 import numpy as np
@@ -164,3 +165,33 @@ def test_a_verifier_that_accepts_one_wrong_draft_is_caught(models, device, monke
         prompt, NEW_TOKENS, chat=False).token_ids
     with pytest.raises(AssertionError):
         assert_equal_up_to_near_tie(target, prompt, expected, got, models["dtype"], device)
+
+
+def test_cuda_graphs_replay_what_the_eager_forward_computes(models, device):
+    """On a GPU the native model replays its decode and verify forwards as CUDA graphs (every test above
+    runs through them); the eager forward of the same weights must agree, step and generation."""
+    if torch.device(device).type != "cuda":
+        pytest.skip("CUDA graphs need a GPU (tests/test_cuda_graphs.py checks their static forward on the CPU)")
+    target = models["target"]
+    eager = load_model(str(target.path), device=device, dtype=models["dtype"], cuda_graphs=False)
+    assert target.model.graphs is not None and eager.model.graphs is None
+    before = target.model.graphs.replays
+    prompt = PROMPTS[0]
+    got = plain(target, prompt).token_ids
+    assert target.model.graphs.replays >= NEW_TOKENS - 3  # every step after the first of its kind
+    assert target.model.graphs.replays > before
+    assert_equal_up_to_near_tie(target, prompt, plain(eager, prompt).token_ids, got, models["dtype"], device)
+    ids = target.tokenizer.encode(prompt, add_special_tokens=False)
+    tolerance = {"float32": 1e-4, "bfloat16": 5e-2}[models["dtype"]]
+    for num_new in (1, 5):
+        logits = []
+        for model in (target.model, eager.model):
+            cache = model.new_cache(1, len(ids) + 16)
+            model.forward(torch.tensor([ids], device=device), positions_after(0, len(ids), 1, device), cache)
+            step = torch.arange(7, 7 + num_new, device=device).unsqueeze(0)
+            for _ in range(3):  # seen, captured, replayed
+                cache.truncate(len(ids))
+                out = model.forward(step, positions_after(len(ids), num_new, 1, device), cache)
+            logits.append(out.logits)
+        scale = float(logits[1].abs().max())
+        assert float((logits[0] - logits[1]).abs().max()) <= tolerance * scale

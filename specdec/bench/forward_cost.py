@@ -46,6 +46,7 @@ RUNTIMES = {
     "int4": ("native, int4 weights (7-bit head), integer kernel", {"weights": "int4"}),
     "int7": ("native, int7 weights, integer kernel", {"weights": "int7"}),
     "torch": ("native, torch matmul", {"kernels": False}),
+    "eager": ("native, eager (no CUDA graphs)", {"kernels": False, "cuda_graphs": False}),
     "transformers": ("transformers", {"backend": "transformers"}),
 }
 

@@ -33,6 +33,7 @@ class BenchConfig:
     roofline_buffer_mb: int = 1024  # buffer for the bandwidth measurement; 0 skips the roofline
     weights: str = "float32"  # the target's weight format (ours; transformers peers run `dtype` weights)
     dtype: str = "float32"  # activations and float weights, ours and the transformers peers' (bfloat16 on GPUs)
+    cuda_graphs: bool = True  # ours on a GPU: replay decode and verify forwards as CUDA graphs
 
 
 @dataclass
@@ -126,7 +127,8 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
 
 
 def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = True) -> BenchResults:
-    target = load_model(config.target, device=config.device, dtype=config.dtype, weights=config.weights)
+    target = load_model(config.target, device=config.device, dtype=config.dtype, weights=config.weights,
+                        cuda_graphs=config.cuda_graphs)
     roofline = measure_roofline(target.model, config.roofline_buffer_mb, config.device) \
         if config.roofline_buffer_mb else None
     methods = build_methods(config, target)

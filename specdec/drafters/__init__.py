@@ -36,7 +36,9 @@ def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Dra
         # a draft model runs in the target's weight format: who quantized the target for speed wants a draft
         # that is as fast (an int4 target gets an int4 draft)
         weights = getattr(target.model, "weight_format", "float32")
-        draft = load_model(model, device=device, dtype=dtype, weights=weights)
+        # and on a GPU it replays CUDA graphs when the target does
+        graphs = getattr(target.model, "graphs", None) is not None
+        draft = load_model(model, device=device, dtype=dtype, weights=weights, cuda_graphs=graphs)
         check_same_tokenizer(target, draft)
         draft = with_head_vocab(draft, draft_options.head_vocab)
         return DraftModelDrafter(draft, target.model.vocab_size, draft_options.min_confidence, name=f"draft:{arg}",

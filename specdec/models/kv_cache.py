@@ -30,6 +30,16 @@ class KVCache:
         self.length = 0
         self.max_length = max_length
 
+    @classmethod
+    def over(cls, keys: torch.Tensor, values: torch.Tensor, max_length: int) -> "KVCache":
+        """An empty cache over existing (L, B, H_kv, S, D) storage, S >= max_length (CUDA graphs reuse
+        the storage their kernels were captured on; slots past max_length are theirs)."""
+        if keys.shape != values.shape or keys.shape[3] < max_length:
+            raise ValueError(f"storage of {keys.shape[3]} slots cannot hold a cache of {max_length}")
+        cache = cls.__new__(cls)
+        cache.keys, cache.values, cache.length, cache.max_length = keys, values, 0, max_length
+        return cache
+
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store keys/values (B, H_kv, T, D) at [length, length+T); return the views [0, length+T).
 

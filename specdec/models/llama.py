@@ -23,6 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from specdec.kernels import SMALL_ROWS, add_rms_norm, attention_rows, packed_kernel, rope_qkv_to_cache, silu_mul
 from specdec.models.base import ForwardOutput, causal_attention_mask
 from specdec.models.config import ModelConfig
+from specdec.models.cuda_graphs import CudaGraphs
 from specdec.models.kv_cache import KVCache
 from specdec.models.rope import apply_rope, rope_cos_sin, rope_inverse_frequencies
 
@@ -206,6 +207,11 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer(
             "inv_freq", rope_inverse_frequencies(config.rope, config.head_dim), persistent=False
         )
+        self.graphs: CudaGraphs | None = None  # set by use_cuda_graphs()
+
+    def use_cuda_graphs(self) -> None:
+        """Replay decode and verification forwards as CUDA graphs (models on a GPU; see cuda_graphs.py)."""
+        self.graphs = CudaGraphs(self)
 
     def pack_weights(self, weights: str = "float32") -> None:
         """Switch every float32 linear layer to the CPU small-row kernel (specdec.kernels).
@@ -283,6 +289,7 @@ class LlamaForCausalLM(nn.Module):
         stack._modules = {**self.model._modules, "layers": nn.ModuleList(self.model.layers[i] for i in layers)}
         twin._modules["model"] = stack
         twin.config = dataclasses.replace(self.config, num_layers=len(layers))
+        twin.graphs = None if self.graphs is None else CudaGraphs(twin)
         return twin
 
     def head_prefix_copy(self, count: int) -> "LlamaForCausalLM":
@@ -302,6 +309,7 @@ class LlamaForCausalLM(nn.Module):
             head = nn.Linear(self.config.hidden_size, count, bias=False, device="meta")  # no weight allocated
             head.weight = nn.Parameter(self.lm_head.weight.detach()[:count], requires_grad=False)  # a view
             twin._modules["lm_head"] = head
+        twin.graphs = None if self.graphs is None else CudaGraphs(twin)
         return twin
 
     # -- the CausalLM interface (specdec.models.base) --------------------------------
@@ -330,6 +338,8 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm.weight.dtype
 
     def new_cache(self, batch_size: int = 1, max_length: int | None = None) -> KVCache:
+        if self.graphs is not None and batch_size == 1 and max_length is not None:
+            return self.graphs.new_cache(max_length)  # over storage its graphs are captured on
         c = self.config
         return KVCache(
             c.num_layers, batch_size, c.num_kv_heads, max_length or c.max_position_embeddings,
@@ -348,6 +358,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> ForwardOutput:
         num_new = tokens.shape[1]
         cache.check_room(num_new)
+        if self.graphs is not None and self.graphs.serves(tokens, cache):
+            return self.graphs.forward(tokens, positions, cache, attn_mask, hidden_layers, last_logits_only)
         if attn_mask is None and num_new > 1:
             attn_mask = causal_attention_mask(cache.length, num_new, tokens.device)
         rows = None
@@ -355,6 +367,22 @@ class LlamaForCausalLM(nn.Module):
         # matmuls round per row count anyway, and T attention calls per layer would cost T launches.
         if num_new <= ROW_BY_ROW_MAX and tokens.shape[0] == 1 and tokens.device.type == "cpu":
             rows = RowAttention.for_forward(attn_mask, cache.length, num_new)
+        out = self.run(tokens, positions, cache, attn_mask, rows, hidden_layers, last_logits_only)
+        cache.advance(num_new)
+        return out
+
+    def run(
+        self,
+        tokens: torch.Tensor,  # (B, T)
+        positions: torch.Tensor,  # (B, T)
+        cache,  # a KVCache, or the slot writer of a CUDA graph (cuda_graphs.SlotWrites): anything with write()
+        attn_mask: torch.Tensor | None,  # (B or 1, T, S) bool over the keys cache.write returns
+        rows: RowAttention | None,
+        hidden_layers: Sequence[int],
+        last_logits_only: bool,
+    ) -> ForwardOutput:
+        """The layers themselves: embeddings -> decoder layers (writing the cache) -> norm -> LM head.
+        Leaves the cache's length to the caller."""
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
@@ -367,7 +395,6 @@ class LlamaForCausalLM(nn.Module):
                 x = layer(x, cos, sin, cache, index, attn_mask, rows)
             if index in wanted:
                 hidden[index] = x
-        cache.advance(num_new)
         if self.config.num_layers in wanted:  # every row's normed state, even when one row's logits are asked
             x = self.model.norm(x)
             hidden[self.config.num_layers] = x

@@ -77,8 +77,11 @@ def load_model(
     backend: str = "auto",
     kernels: bool = True,
     weights: str = "float32",
+    cuda_graphs: bool = True,
 ) -> LoadedModel:
     """Load a model; `kernels=False` keeps stock torch matmuls instead of the packed CPU kernel.
+    On a GPU the native runtime replays its decode and verify forwards as CUDA graphs unless
+    `cuda_graphs=False` (models/cuda_graphs.py).
 
     weights="int8" (weight-only, per output channel) or "int4[:G]" (grouped 4-bit, see packed_linear)
     quantizes the linear layers at load: that quantized model is then the target, whose plain output
@@ -110,6 +113,8 @@ def load_model(
                 model.pack_weights(weights)
             except ValueError as error:  # e.g. an int4 group size that does not divide a layer
                 raise InvalidParameterError(f"{name}: {error}") from None
+        if cuda_graphs and torch.device(device).type == "cuda":
+            model.use_cuda_graphs()
     else:
         model = load_transformers(model_dir, device, DTYPES[dtype])
     tokenizer = load_tokenizer(model_dir)
