@@ -143,6 +143,8 @@ class _Generation:
         tree = None if draft.is_chain else TokenTree.from_draft(draft.tokens, draft.parents)
         t1 = time.perf_counter()
         logits = self._verify_forward(draft, tree)
+        if logits.device.type == "cuda":  # kernels run asynchronously: let verify time be the GPU's verify time
+            torch.cuda.synchronize(logits.device)
         t2 = time.perf_counter()
         result = self._accept(logits, draft, tree)
         outcome = self._commit(draft, result, tree)

@@ -11,7 +11,9 @@ A graph fixes shapes and addresses, so a graphed forward differs from the eager 
   MAX_TOKENS slots of a storage are scratch for warm-up runs, never a cache's;
 - new keys/values are written at slots held in a device tensor (`length + arange(T)`), not by slicing;
 - attention reads every slot of the storage under a (1, T, S) mask that hides the empty ones, written
-  before each replay (the caller's mask copied in, or the causal mask sliced from a template).
+  before each replay (the caller's mask copied in, or the causal mask sliced from a template), with
+  torch's math attention kernel (SlotWrites.attention_backends).
+Should CUDA refuse a capture, the model warns once and runs its forwards eagerly from then on.
 One graph per (T new tokens, hidden layers tapped, last logits only), captured on the second forward of
 that kind, so one-off prefill lengths never are (the first runs the same static computation eagerly).
 Outputs are copied out of the graph's buffers, which its next replay overwrites.
@@ -21,11 +23,13 @@ Outputs are copied out of the graph's buffers, which its next replay overwrites.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
+from torch.nn.attention import SDPBackend
 
 from specdec.models.base import ForwardOutput
 from specdec.models.kv_cache import KVCache
@@ -44,6 +48,10 @@ class SlotWrites:
     keys: torch.Tensor  # (L, 1, H_kv, S, D)
     values: torch.Tensor  # (L, 1, H_kv, S, D)
     slots: torch.Tensor  # (T,) int64
+    # Attention under a graph: torch's math kernel, plain matmuls and a softmax that capture anywhere. The
+    # memory-efficient kernel broke a float32 capture of 9 tree rows on an H200 (2026-11-30); over <= 32
+    # new rows the math kernel costs a few microseconds of GPU time.
+    attention_backends: tuple[SDPBackend, ...] = (SDPBackend.MATH,)
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.keys[layer].index_copy_(2, self.slots, keys)  # keys (1, H_kv, T, D)
@@ -138,8 +146,7 @@ class CudaGraphs:
             graph.graph.replay()
             self.replays += 1
             out = graph.output
-        elif self.capture and key in storage.seen:
-            self._capture(storage, key, graph)
+        elif self.capture and key in storage.seen and self._capture(storage, key, graph):
             storage.graphs[key] = graph
             graph.graph.replay()
             self.replays += 1
@@ -164,20 +171,45 @@ class CudaGraphs:
         return self.model.run(graph.tokens, graph.positions, SlotWrites(storage.keys, storage.values, slots),
                               graph.mask, None, hidden_layers, last_logits_only)
 
-    def _capture(self, storage: _Storage, key: GraphKey, graph: _Graph) -> None:
+    def _capture(self, storage: _Storage, key: GraphKey, graph: _Graph) -> bool:
+        """Record this forward into graph.graph; False (and eager forwards from then on) if CUDA refused."""
         # The buffers hold this forward's inputs; a warm-up run (cuBLAS and the allocator want one before a
         # capture) must not write over the cache, so it points at the scratch slots at the storage's end.
         length = graph.length.clone()
         graph.length.fill_(storage.slots - MAX_TOKENS)
         side = torch.cuda.Stream(device=self.model.device)
         side.wait_stream(torch.cuda.current_stream())
+        captured = torch.cuda.CUDAGraph()
         with torch.cuda.stream(side):
             self._run(storage, key, graph)
+            captured.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            try:
+                graph.output = self._run(storage, key, graph)
+                captured.capture_end()
+            except Exception as error:  # noqa: BLE001 - whatever CUDA refused, the eager forward still works
+                self._abandon(captured, error)
         torch.cuda.current_stream().wait_stream(side)
-        graph.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph.graph, pool=self.pool):
-            graph.output = self._run(storage, key, graph)
         graph.length.copy_(length)
+        if not self.capture:
+            return False
+        graph.graph = captured
+        return True
+
+    def _abandon(self, captured: "torch.cuda.CUDAGraph", error: Exception) -> None:
+        """After a failed capture: end it, release its memory pool, and stop capturing for this model."""
+        if torch.cuda.is_current_stream_capturing():
+            try:
+                captured.capture_end()
+            except Exception:  # noqa: BLE001 - an invalidated capture reports its error again here
+                pass
+        try:  # capture_end raised before ending the allocator's recording into the pool (the graph's
+            # destructor releases the pool itself)
+            torch._C._cuda_endAllocateToPool(self.model.device.index or 0, self.pool)
+        except Exception:  # noqa: BLE001 - torch internals; the pool then just stays reserved
+            pass
+        self.capture = False
+        warnings.warn(f"CUDA graph capture failed, this model runs eagerly from now on: "
+                      f"{str(error).splitlines()[0]}", RuntimeWarning, stacklevel=3)
 
     def _causal_template(self, slots: int) -> torch.Tensor:
         """(MAX_TOKENS, 2S) bool, row t true at columns j <= t + S: its columns [S - length, 2S - length)

@@ -77,7 +77,7 @@ class Attention(nn.Module):
         if rows is not None:
             return self.o_proj(rows.attend(q, keys, values))
         mask = None if attn_mask is None else attn_mask.unsqueeze(1)  # (B, 1, T, S)
-        with gpu_attention_backends(q.device):
+        with gpu_attention_backends(q.device, getattr(cache, "attention_backends", GPU_ATTENTION_BACKENDS)):
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # (B, H, T, D)
         return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, self.num_heads * self.head_dim))
 
@@ -88,8 +88,8 @@ class Attention(nn.Module):
 GPU_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def gpu_attention_backends(device: torch.device):
-    return sdpa_kernel(GPU_ATTENTION_BACKENDS) if device.type == "cuda" else nullcontext()
+def gpu_attention_backends(device: torch.device, backends: Sequence[SDPBackend] = tuple(GPU_ATTENTION_BACKENDS)):
+    return sdpa_kernel(list(backends)) if device.type == "cuda" else nullcontext()
 
 
 # Forwards up to this many new tokens (decoding, verification) attend row by row: the matmul kernels'
