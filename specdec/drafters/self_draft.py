@@ -17,6 +17,7 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_options import parse_draft_options, with_head_vocab
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel
+from specdec.models.packed_cache import discard_packed, load_packed, packed_cache_path, save_packed
 from specdec.models.packed_linear import parse_weight_format
 
 LAYERSKIP_SPECS = "first:N | every:N | RANGES (e.g. 0-7,28-29)"
@@ -45,10 +46,18 @@ def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     if model.lm_head.weight_format != "float32":
         raise InvalidParameterError(f"quant drafter: the target already has {model.lm_head.weight_format} weights; "
                                     "a quantized self-draft is made from a float32 target")
+    cache_path = packed_cache_path(target.path, weights)  # the same file a --weights target uses
+    cached = load_packed(cache_path)
     try:
-        copy = model.quantized_copy(weights)
+        copy = model.quantized_copy(weights, cached=cached)
     except ValueError as error:  # e.g. an int4 group size that does not divide a layer
         raise InvalidParameterError(f"quant drafter: {error}") from None
+    except KeyError as error:  # a cache of another model layout
+        discard_packed(cache_path, f"no layer {error}")
+        copy = model.quantized_copy(weights)
+        cached = None
+    if cached is None:
+        save_packed(copy, cache_path)
     draft = with_head_vocab(dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy), options.head_vocab,
                             "quant")
     return DraftModelDrafter(draft, model.vocab_size, options.min_confidence, name=f"quant:{spec}", shares_with=model,

@@ -213,7 +213,7 @@ class LlamaForCausalLM(nn.Module):
         """Replay decode and verification forwards as CUDA graphs (models on a GPU; see cuda_graphs.py)."""
         self.graphs = CudaGraphs(self)
 
-    def pack_weights(self, weights: str = "float32") -> None:
+    def pack_weights(self, weights: str = "float32", cached: dict[str, nn.Module] | None = None) -> None:
         """Switch every float32 linear layer to the CPU small-row kernel (specdec.kernels).
 
         Fuses q/k/v and gate/up, packs each matrix once, and frees the original
@@ -221,21 +221,26 @@ class LlamaForCausalLM(nn.Module):
         weights="int8" or "int4[:G]" then quantizes each packed matrix, layer by
         layer so the float32 copies are freed as it goes (an int4 model keeps an
         7-bit LM head: packed_linear.head_weight_format).
+        `cached` (packed layer name -> PackedLinear, from models/packed_cache.py) installs layers packed
+        earlier instead: the float weights are then not needed at all.
         """
         from specdec.models.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
 
-        def packed(linears, weights=weights):
+        def packed(name: str, linears, weights=weights):
+            if cached is not None:
+                return cached[name]
             return PackedLinear.fuse(linears).quantize_(weights)
 
-        for layer in self.model.layers:
+        for index, layer in enumerate(self.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            attn.qkv_proj = packed([attn.q_proj, attn.k_proj, attn.v_proj])
-            attn.o_proj = packed([attn.o_proj])
+            prefix = f"model.layers.{index}"
+            attn.qkv_proj = packed(f"{prefix}.self_attn.qkv_proj", [attn.q_proj, attn.k_proj, attn.v_proj])
+            attn.o_proj = packed(f"{prefix}.self_attn.o_proj", [attn.o_proj])
             del attn.q_proj, attn.k_proj, attn.v_proj
-            mlp.gate_up_proj = packed([mlp.gate_proj, mlp.up_proj])
-            mlp.down_proj = packed([mlp.down_proj])
+            mlp.gate_up_proj = packed(f"{prefix}.mlp.gate_up_proj", [mlp.gate_proj, mlp.up_proj])
+            mlp.down_proj = packed(f"{prefix}.mlp.down_proj", [mlp.down_proj])
             del mlp.gate_proj, mlp.up_proj
-        self.lm_head = packed([self.lm_head], head_weight_format(weights))
+        self.lm_head = packed("lm_head", [self.lm_head], head_weight_format(weights))
         if self.config.tie_word_embeddings:
             self.model.embed_tokens = PackedEmbedding(self.lm_head)
 
@@ -249,28 +254,29 @@ class LlamaForCausalLM(nn.Module):
         down = self.model.layers[0].mlp.down_proj if len(self.model.layers) else self.lm_head
         return getattr(down, "weight_format", "float32")
 
-    def quantized_copy(self, weights: str) -> "LlamaForCausalLM":
+    def quantized_copy(self, weights: str, cached: dict[str, nn.Module] | None = None) -> "LlamaForCausalLM":
         """The same model with its packed matrices in another format (e.g. an int8 self-draft).
 
         Norms, untied embeddings and rope tables are shared with this model; only the
-        quantized matrices are new memory."""
+        quantized matrices are new memory. `cached` (packed layer name -> PackedLinear in that
+        format, from models/packed_cache.py) supplies them instead of quantizing."""
         import copy
 
         from specdec.models.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
 
-        def clone(module: nn.Module) -> nn.Module:
-            if module is self.lm_head:
-                return module.quantized_copy(head_weight_format(weights))
+        def clone(module: nn.Module, name: str) -> nn.Module:
             if isinstance(module, PackedLinear):
-                return module.quantized_copy(weights)
+                if cached is not None:
+                    return cached[name]
+                return module.quantized_copy(head_weight_format(weights) if module is self.lm_head else weights)
             twin = copy.copy(module)  # shares parameters and buffers; gets its own child table
-            twin._modules = {name: clone(child) for name, child in module._modules.items()
-                             if not isinstance(child, PackedEmbedding)}
+            twin._modules = {child_name: clone(child, f"{name}.{child_name}" if name else child_name)
+                             for child_name, child in module._modules.items() if not isinstance(child, PackedEmbedding)}
             return twin
 
         if not isinstance(self.lm_head, PackedLinear):
             raise ValueError("quantized copies need packed weights (the CPU kernel)")
-        twin = clone(self)
+        twin = clone(self, "")
         if self.config.tie_word_embeddings:
             twin.model.embed_tokens = PackedEmbedding(twin.lm_head)
         return twin

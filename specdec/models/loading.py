@@ -11,12 +11,14 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from specdec.errors import CorruptModelError, InvalidParameterError, UnknownModelError, UnsupportedModelError
 from specdec.models.base import CausalLM
 from specdec.models.config import NATIVE_MODEL_TYPES, ModelConfig
+from specdec.models.packed_cache import discard_packed, load_packed, packed_cache_path, save_packed
 from specdec.models.packed_linear import parse_weight_format
 from specdec.paths import converted_dir
 
@@ -107,12 +109,17 @@ def load_model(
     if backend == "transformers" and weights != "float32":
         raise InvalidParameterError(f"--weights {weights} needs the native backend; {name} loads with transformers")
     if backend == "native":
-        model = load_native(model_dir, hf_config, device, DTYPES[dtype])
-        if kernels and uses_packed_kernel(device, DTYPES[dtype]):
-            try:
-                model.pack_weights(weights)
-            except ValueError as error:  # e.g. an int4 group size that does not divide a layer
-                raise InvalidParameterError(f"{name}: {error}") from None
+        # low-bit formats: the packing saved by an earlier load (models/packed_cache.py), else quantize and save
+        model = load_native_packed(model_dir, hf_config, weights) if weights != "float32" else None
+        if model is None:
+            model = load_native(model_dir, hf_config, device, DTYPES[dtype])
+            if kernels and uses_packed_kernel(device, DTYPES[dtype]):
+                try:
+                    model.pack_weights(weights)
+                except ValueError as error:  # e.g. an int4 group size that does not divide a layer
+                    raise InvalidParameterError(f"{name}: {error}") from None
+                if weights != "float32":
+                    save_packed(model, packed_cache_path(model_dir, weights))
         if cuda_graphs and torch.device(device).type == "cuda":
             model.use_cuda_graphs()
     else:
@@ -151,22 +158,28 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def load_native(model_dir: Path, hf_config: dict, device: str, dtype: torch.dtype):
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def read_checkpoint(model_dir: Path, wanted: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors (those whose name `wanted` accepts), as stored."""
+    from safetensors import SafetensorError, safe_open
 
+    state: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(model_dir):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                state.update({name: handle.get_tensor(name) for name in handle.keys() if wanted is None or wanted(name)})
+        except (SafetensorError, OSError) as exc:
+            raise CorruptModelError(f"{file}: corrupt safetensors file ({exc})") from None
+    return state
+
+
+def load_native(model_dir: Path, hf_config: dict, device: str, dtype: torch.dtype):
     from specdec.models.llama import LlamaForCausalLM
     from specdec.models.rope import rope_inverse_frequencies
 
     config = ModelConfig.from_hf_dict(hf_config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    state: dict[str, torch.Tensor] = {}
-    for file in safetensors_files(model_dir):
-        try:
-            state.update(load_file(str(file), device="cpu"))
-        except (SafetensorError, OSError) as exc:
-            raise CorruptModelError(f"{file}: corrupt safetensors file ({exc})") from None
+    state = read_checkpoint(model_dir)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
@@ -180,6 +193,48 @@ def load_native(model_dir: Path, hf_config: dict, device: str, dtype: torch.dtyp
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_inverse_frequencies(config.rope, config.head_dim).to(device)
+    return model.eval()
+
+
+LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def is_linear_weight(name: str) -> bool:
+    """Whether a checkpoint tensor belongs to a linear layer the CPU kernel packs (weight or bias)."""
+    parts = name.split(".")
+    return parts[0] == "lm_head" or (len(parts) >= 2 and parts[-2] in LINEAR_LAYERS)
+
+
+def load_native_packed(model_dir: Path, hf_config: dict, weights: str):
+    """A CPU model in a low-bit format from its cached packing plus the checkpoint's other tensors (norms,
+    untied embeddings), or None where there is no cache (or it does not fit the checkpoint: then it is
+    discarded)."""
+    from specdec.models.llama import LlamaForCausalLM
+    from specdec.models.rope import rope_inverse_frequencies
+
+    path = packed_cache_path(model_dir, weights)
+    layers = load_packed(path)
+    if layers is None:
+        return None
+    config = ModelConfig.from_hf_dict(hf_config)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    try:
+        model.pack_weights(weights, cached=layers)
+    except KeyError as error:
+        discard_packed(path, f"no layer {error}")
+        return None
+    # tied embeddings are read from the packed LM head
+    tied = {"model.embed_tokens.weight"} if config.tie_word_embeddings else set()
+    state = {k: v.float() for k, v in read_checkpoint(
+        model_dir, lambda name: not is_linear_weight(name) and name not in tied).items()}
+    result = model.load_state_dict(state, strict=False, assign=True)  # norms, untied embeddings
+    packed_buffers = {f"{name}.{buffer}" for name in layers for buffer in ("packed", "scales", "bias")}
+    missing = [key for key in result.missing_keys if key not in packed_buffers]
+    if missing or result.unexpected_keys or len(layers) != 4 * config.num_layers + 1:
+        discard_packed(path, f"missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}")
+        return None
+    model.inv_freq = rope_inverse_frequencies(config.rope, config.head_dim)
     return model.eval()
 
 

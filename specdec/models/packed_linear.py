@@ -60,6 +60,22 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.float().clone())
         self.register_buffer("scales", None)
 
+    @classmethod
+    def from_buffers(cls, packed: torch.Tensor, scales: torch.Tensor | None, bias: torch.Tensor | None,
+                     out_features: int, in_features: int, split_sizes: Sequence[int]) -> "PackedLinear":
+        """A layer over buffers packed earlier (models/packed_cache.py saved them): no float weight needed."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.out_features, layer.in_features, layer.split_sizes = out_features, in_features, list(split_sizes)
+        layer.register_buffer("packed", packed)
+        layer.register_buffer("bias", bias)
+        layer.register_buffer("scales", scales)
+        return layer
+
+    def layout(self) -> dict:
+        """What from_buffers needs besides the buffers."""
+        return {"out_features": self.out_features, "in_features": self.in_features, "split_sizes": self.split_sizes}
+
     @property
     def weight_format(self) -> str:
         if self.packed.dtype == torch.float32:
