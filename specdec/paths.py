@@ -3,6 +3,7 @@
 $SPECDEC_HOME if set, else ~/.cache/specdec. Layout:
   models/NAME/        a pulled zoo model: NAME.gguf, hf/ (converted), manifest.json
   converted/STEM-KEY/ a GGUF file named by path, converted to a Hugging Face directory
+  packed/NAME-FORMAT-KEY.safetensors  a checkpoint's linear layers quantized and packed for the CPU kernels
 """
 
 from __future__ import annotations
