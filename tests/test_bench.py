@@ -32,6 +32,11 @@ def test_bench_report_and_json(tiny_dirs, tmp_path, capsys):
     assert "roofline: measured bandwidth" in printed and "| plain |" in printed.split("roofline:")[1]
     plain = [r for r in results["runs"] if r["method"] == "plain"]
     assert all(r["rounds"] == r["new_tokens"] and r["drafted"] == 0 for r in plain)
+    from specdec.drafters.base import module_bytes
+    from specdec.models.loading import load_model
+    memory = results["memory"]  # the tiny target's float32 weights, as the bench loaded them
+    assert abs(memory["target_weights_mb"] - module_bytes(load_model(target).model) / 1e6) < 1e-9
+    assert memory["peak_rss_mb"] > memory["target_weights_mb"] and "memory: the target's weights" in printed
 
     assert main(["analyze", "--from-bench", str(tmp_path / "r.json"), "--plot", str(tmp_path / "fit.png")]) == 0
     fitted = capsys.readouterr().out

@@ -64,6 +64,8 @@ def markdown(results: BenchResults) -> str:
         f"temperature {config.temperature}, max_new_tokens {config.max_new_tokens}, "
         f"K {config.k}, {len({(r.task, r.prompt_id) for r in results.runs})} prompts, "
         f"{results.machine['threads']} threads, torch {results.machine['torch']}",
+        *([f"memory: the target's weights {results.memory['target_weights_mb']:.0f} MB as loaded, process peak "
+           f"resident {results.memory['peak_rss_mb']:.0f} MB"] if results.memory else []),
         "",
         "tokens/s (speedup over our plain decoding, same run)",
         "",

@@ -64,10 +64,22 @@ class BenchResults:
     machine: dict
     runs: list[PromptRun]
     roofline: Roofline | None = None
+    memory: dict | None = None  # target_weights_mb (as held, in its format), peak_rss_mb (the whole process)
 
     def to_dict(self) -> dict:
         return {"config": asdict(self.config), "machine": self.machine, "runs": [asdict(r) for r in self.runs],
-                "roofline": asdict(self.roofline) if self.roofline else None}
+                "roofline": asdict(self.roofline) if self.roofline else None, "memory": self.memory}
+
+
+def memory_info(target: LoadedModel) -> dict:
+    """What the target's weights occupy in their loaded format, and the process's peak resident memory."""
+    import resource
+
+    from specdec.drafters.base import module_bytes
+
+    model = target.model if isinstance(target.model, torch.nn.Module) else getattr(target.model, "model", None)
+    return {"target_weights_mb": module_bytes(model) / 1e6,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
 
 
 def machine_info() -> dict:
@@ -146,4 +158,4 @@ def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = 
             elif config.temperature == 0 and ids is not None:
                 run.matches_plain = ids == plain_ids
             runs.append(run)
-    return BenchResults(config, machine_info(), runs, roofline)
+    return BenchResults(config, machine_info(), runs, roofline, memory_info(target))
