@@ -47,9 +47,10 @@ def parse_tree_options(text: str, defaults: TreeShape) -> TreeShape:
 
 class EagleDrafter:
     def __init__(self, head: LoadedHead, target_model, shape: TreeShape, name: str,
-                 vocab: DraftVocabulary | None = None):
+                 vocab: DraftVocabulary | None = None, module=None):
         self.name = name
-        self.loaded, self.head, self.target_model, self.shape = head, head.module, target_model, shape
+        self.loaded, self.target_model, self.shape = head, target_model, shape
+        self.head = module or head.module.packed_copy()  # the module drafting runs (packed on the CPU kernel)
         self.vocab = vocab or DraftVocabulary(target_model, head.draft_vocab)
         self.feature_layer = target_model.num_layers
         self.default_k = shape.budget
@@ -57,12 +58,12 @@ class EagleDrafter:
         self.pending: list[torch.Tensor] = []
 
     def fresh(self) -> "EagleDrafter":
-        return EagleDrafter(self.loaded, self.target_model, self.shape, self.name, self.vocab)  # shares weights
+        return EagleDrafter(self.loaded, self.target_model, self.shape, self.name, self.vocab, self.head)  # shared
 
     def memory_bytes(self) -> int:
         """The head's weights, the draft vocabulary's LM-head rows and the head's KV cache."""
         cache = [getattr(self.cache, "keys", None), getattr(self.cache, "values", None)]
-        return module_bytes(self.head, self.target_model) + tensor_bytes([self.vocab.rows, *cache], self.target_model)
+        return module_bytes(self.head, self.target_model) + tensor_bytes([*self.vocab.tensors(), *cache], self.target_model)
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         # committed pairs (< max_length) + the tree's fed nodes (top_k per expanded depth)

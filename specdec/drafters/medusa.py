@@ -66,7 +66,7 @@ class MedusaDrafter:
 
     def memory_bytes(self) -> int:
         """The heads' weights and the draft vocabulary's LM-head rows."""
-        return module_bytes(self.heads, self.target_model) + tensor_bytes([self.vocab.rows], self.target_model)
+        return module_bytes(self.heads, self.target_model) + tensor_bytes(self.vocab.tensors(), self.target_model)
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         self.last_feature = None

@@ -43,10 +43,26 @@ class EagleHead(nn.Module):
         self.register_buffer("inv_freq", rope_inverse_frequencies(target_config.rope, target_config.head_dim),
                              persistent=False)
 
+    def packed_copy(self) -> "EagleHead":
+        """For drafting on the CPU kernel (float32): a copy whose projections are fused and packed as the
+        target's are (stock torch linears cost ~4x more at a draft step's few rows). Else this head.
+        A copy, so the trained module itself stays as it is (training saves it afterwards)."""
+        import copy
+
+        from specdec.kernels import packed_kernel
+        from specdec.models.packed_linear import PackedLinear
+
+        if self.fc.weight.device.type != "cpu" or self.fc.weight.dtype != torch.float32 or packed_kernel() is None:
+            return self
+        twin = copy.deepcopy(self)
+        twin.fc = PackedLinear.fuse([twin.fc])
+        twin.layer.pack_projections(lambda name, linears: PackedLinear.fuse(linears), "layer")
+        return twin.eval()
+
     def new_cache(self, max_length: int, batch_size: int = 1) -> KVCache:
         c = self.config
-        return KVCache(1, batch_size, c.num_kv_heads, max_length, c.head_dim, self.fc.weight.dtype,
-                       self.fc.weight.device)
+        dtype, device = self.norm.weight.dtype, self.norm.weight.device  # fc may be packed
+        return KVCache(1, batch_size, c.num_kv_heads, max_length, c.head_dim, dtype, device)
 
     def forward(
         self,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -166,6 +166,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
+    def pack_projections(self, packed: Callable[[str, list[nn.Linear]], nn.Module], prefix: str) -> None:
+        """Replace q/k/v, o, gate/up and down by what `packed(name, linears)` makes of them (fused
+        PackedLinear layers for the CPU kernel), named `prefix.self_attn.qkv_proj` and so on."""
+        attn, mlp = self.self_attn, self.mlp
+        attn.qkv_proj = packed(f"{prefix}.self_attn.qkv_proj", [attn.q_proj, attn.k_proj, attn.v_proj])
+        attn.o_proj = packed(f"{prefix}.self_attn.o_proj", [attn.o_proj])
+        del attn.q_proj, attn.k_proj, attn.v_proj
+        mlp.gate_up_proj = packed(f"{prefix}.mlp.gate_up_proj", [mlp.gate_proj, mlp.up_proj])
+        mlp.down_proj = packed(f"{prefix}.mlp.down_proj", [mlp.down_proj])
+        del mlp.gate_proj, mlp.up_proj
+
     def forward(self, x, cos, sin, cache, layer, attn_mask, rows=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, attn_mask, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -232,14 +243,7 @@ class LlamaForCausalLM(nn.Module):
             return PackedLinear.fuse(linears).quantize_(weights)
 
         for index, layer in enumerate(self.model.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            prefix = f"model.layers.{index}"
-            attn.qkv_proj = packed(f"{prefix}.self_attn.qkv_proj", [attn.q_proj, attn.k_proj, attn.v_proj])
-            attn.o_proj = packed(f"{prefix}.self_attn.o_proj", [attn.o_proj])
-            del attn.q_proj, attn.k_proj, attn.v_proj
-            mlp.gate_up_proj = packed(f"{prefix}.mlp.gate_up_proj", [mlp.gate_proj, mlp.up_proj])
-            mlp.down_proj = packed(f"{prefix}.mlp.down_proj", [mlp.down_proj])
-            del mlp.gate_proj, mlp.up_proj
+            layer.pack_projections(packed, f"model.layers.{index}")
         self.lm_head = packed("lm_head", [self.lm_head], head_weight_format(weights))
         if self.config.tie_word_embeddings:
             self.model.embed_tokens = PackedEmbedding(self.lm_head)
