@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from head_fixtures import eagle_drafter, medusa_drafter, random_eagle
-from specdec.drafters.eagle import TreeShape
+from specdec.drafters.eagle import EagleDrafter, TreeShape
 from specdec.drafters.medusa import default_accuracy, static_tree
 from specdec.errors import CorruptModelError, InvalidParameterError
 from specdec.generator import SpeculativeGenerator
@@ -258,3 +258,22 @@ def test_tree_options_without_a_head_directory_reach_the_shipped_head(tiny):
     for spec in ("eagle@depth=3,topk=2,budget=4", "medusa@budget=6"):
         with pytest.raises(InvalidParameterError, match="no .* head ships for"):
             make_drafter(spec, tiny["target"], "cpu", "float32")
+
+
+@pytest.mark.skipif(packed_kernel() is None, reason="needs the CPU kernel")
+def test_drafting_runs_a_packed_copy_of_the_head_that_computes_the_same(tiny):
+    """On the CPU kernel the drafter drafts with packed projections and draft-vocabulary rows; the trained
+    module itself stays unpacked (training saves it after measuring it), and both compute the same."""
+    model = tiny["target"].model
+    loaded = random_eagle(model, seed=3, vocab=torch.arange(0, model.vocab_size, 3))
+    drafter = EagleDrafter(loaded, model, TreeShape(depth=3, top_k=2, budget=4), "eagle:random")
+    assert drafter.head is not loaded.module
+    assert type(loaded.module.fc) is torch.nn.Linear and type(drafter.head.fc) is not torch.nn.Linear
+    assert drafter.fresh().head is drafter.head  # shared, not packed again
+    torch.manual_seed(0)
+    embeds, features = torch.randn(1, 5, model.hidden_size), torch.randn(1, 5, model.hidden_size)
+    positions = positions_after(0, 5, 1, "cpu")
+    outputs = [head(embeds, features, positions, head.new_cache(8), None) for head in (loaded.module, drafter.head)]
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+    vocab = drafter.vocab
+    torch.testing.assert_close(vocab.logits(outputs[0][0]), outputs[0][0] @ vocab.rows.T, rtol=1e-5, atol=1e-5)
