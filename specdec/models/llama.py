@@ -230,7 +230,7 @@ class LlamaForCausalLM(nn.Module):
         Fuses q/k/v and gate/up, packs each matrix once, and frees the original
         layout; tied embeddings are then read from the packed LM head.
         weights="int8" or "int4[:G]" then quantizes each packed matrix, layer by
-        layer so the float32 copies are freed as it goes (an int4 model keeps an
+        layer so the float32 copies are freed as it goes (an int4 model keeps a
         7-bit LM head: packed_linear.head_weight_format).
         `cached` (packed layer name -> PackedLinear, from models/packed_cache.py) installs layers packed
         earlier instead: the float weights are then not needed at all.
