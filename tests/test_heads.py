@@ -199,6 +199,11 @@ def test_head_checkpoint_round_trip_and_target_check(tiny, tmp_path):
     for name, value in head.module.state_dict().items():
         torch.testing.assert_close(loaded.module.state_dict()[name], value.to(torch.bfloat16).float())
     assert torch.equal(loaded.draft_vocab, head.draft_vocab)
+    from specdec.drafters import make_drafter
+    from specdec.drafters.heads import CPU_TREE
+    assert make_drafter(f"eagle:{tmp_path / 'head'}", target, "cpu", "float32").shape == CPU_TREE  # CPU default
+    assert make_drafter(f"eagle:{tmp_path / 'head'}@budget=6", target, "cpu", "float32").shape == TreeShape(
+        CPU_TREE.depth, CPU_TREE.top_k, 6)
     with pytest.raises(InvalidParameterError, match="weights"):
         load_head(tmp_path / "head", tiny["other"], "eagle")  # same tokenizer, other weights
     with pytest.raises(InvalidParameterError, match="not a medusa head"):

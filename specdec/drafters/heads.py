@@ -11,6 +11,10 @@ from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import load_head
 
 SHIPPED_HEADS = Path(__file__).resolve().parent.parent / "heads" / "shipped"
+# The EAGLE tree a CPU target gets by default: on a CPU a forward's cost grows with its rows, and of the
+# shapes measured on smollm2 only this small one broke even (benchmarks.md section 15: 1.00x, against
+# 0.57x for the GPU default of 24 nodes).
+CPU_TREE = TreeShape(depth=3, top_k=2, budget=4)
 
 
 def shipped_head(kind: str, target_name: str) -> Path:
@@ -27,7 +31,8 @@ def head_drafter(kind: str, arg: str, target):
     path = Path(location).expanduser() if location else shipped_head(kind, target.name)
     head = load_head(path, target, kind)
     if kind == "eagle":
-        shape = parse_tree_options(options, TreeShape())
+        defaults = CPU_TREE if target.model.device.type == "cpu" else TreeShape()
+        shape = parse_tree_options(options, defaults)
         return EagleDrafter(head, target.model, shape, name=f"eagle:{path.name}")
     budget = parse_tree_options(options, TreeShape(budget=16))
     if (budget.depth, budget.top_k) != (TreeShape().depth, TreeShape().top_k):
