@@ -25,6 +25,11 @@ Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "co
 
 # The best drafter we have for each model; others get n-gram drafting.
 DEFAULT_DRAFTERS = {DEFAULT_MODEL: "ngram"}
+# Models whose float32 form on the CPU kernel is best served by its own quantized copy (benchmarks.md
+# sections 13 and 15: the 1.5B's int4 self-draft 1.6-2.0x on code and 1.36x on Spec-Bench, against n-gram's
+# 1.15x; on smollm2 it only ties n-gram). Needs ~1 GB more memory, and 35 s to quantize at the first use
+# (then read from the packed-weight cache).
+SELF_DRAFT_DEFAULTS = {"qwen2.5-coder-1.5b-instruct": "quant:int4"}
 MAX_AUTO_K = 8
 
 
@@ -50,6 +55,15 @@ def _speculation_for(drafter: Drafter | None, k: int | str) -> SpeculationLength
     return speculation_length(k)
 
 
+def default_drafter(target: LoadedModel) -> str:
+    """The drafter spec `drafter="default"` means for this target as loaded: a self-draft where one pays
+    (a float32 target on the CPU kernel, SELF_DRAFT_DEFAULTS), else the per-model table, else n-gram."""
+    if target.name in SELF_DRAFT_DEFAULTS and getattr(target.model, "weight_format", None) == "float32" \
+            and getattr(target.model, "layers_are_packed", lambda: False)():
+        return SELF_DRAFT_DEFAULTS[target.name]
+    return DEFAULT_DRAFTERS.get(target.name, "ngram")
+
+
 class SpeculativeGenerator:
     def __init__(self, target: LoadedModel, drafter: Drafter | None = None, k: int | str = 4):
         self.target = target
@@ -72,7 +86,7 @@ class SpeculativeGenerator:
         loaded = load_model(target, device=device, dtype=dtype, backend=backend, weights=weights,
                             cuda_graphs=cuda_graphs)
         if drafter == "default":
-            drafter = DEFAULT_DRAFTERS.get(loaded.name, "ngram")
+            drafter = default_drafter(loaded)
         return cls(loaded, make_drafter(drafter, loaded, device, dtype), k)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:

@@ -342,3 +342,19 @@ def test_an_explicit_prompt_window_is_kept_by_a_quant_self_draft(models):
     target = models["target"]
     windowed = make_drafter("quant:int4@context=4", target, "cpu", "float32")
     assert not windowed.shares_prompt_cache and make_drafter("quant:int4", target, "cpu", "float32").shares_prompt_cache
+
+
+def test_default_drafter_is_a_self_draft_only_where_it_pays(models, monkeypatch):
+    """drafter="default": the table's self-draft for a float32 target on the CPU kernel; n-gram for the same
+    model in another form (low-bit weights, stock torch layers), where a self-draft cannot pay."""
+    from specdec import generator
+
+    target = models["target"]
+    monkeypatch.setitem(generator.SELF_DRAFT_DEFAULTS, target.name, "quant:int4")
+    expected = "quant:int4" if packed_kernel() is not None else "ngram"
+    assert generator.default_drafter(target) == expected
+    assert generator.default_drafter(load_model(str(target.path), kernels=False)) == "ngram"
+    if packed_kernel() is not None:
+        assert generator.default_drafter(load_model(str(target.path), weights="int4")) == "ngram"
+    monkeypatch.delitem(generator.SELF_DRAFT_DEFAULTS, target.name)
+    assert generator.default_drafter(target) == "ngram"
