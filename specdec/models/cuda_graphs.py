@@ -196,7 +196,8 @@ class CudaGraphs:
         return True
 
     def _abandon(self, captured: "torch.cuda.CUDAGraph", error: Exception) -> None:
-        """After a failed capture: end it, release its memory pool, and stop capturing for this model."""
+        """After a failed capture: end it and the allocator's recording into the pool, and stop capturing
+        for this model (later captures into that pool would fail: "already recording")."""
         if torch.cuda.is_current_stream_capturing():
             try:
                 captured.capture_end()

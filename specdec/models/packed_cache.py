@@ -53,7 +53,7 @@ def save_packed(model: torch.nn.Module, path: Path) -> None:
     layouts = {name: layer.layout() for name, layer in layers.items()}
     state = {f"{name}.{buffer}": tensor.contiguous() for name, layer in layers.items()
              for buffer, tensor in layer._buffers.items() if tensor is not None}
-    partial = path.with_name(f".{path.name}.partial")
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")  # two processes may write at once
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file(state, str(partial), metadata={_META_KEY: json.dumps(layouts)})
@@ -84,5 +84,6 @@ def load_packed(path: Path) -> dict[str, PackedLinear] | None:
 
 
 def discard_packed(path: Path, error: object) -> None:
+    """Warn about an unusable packing and delete it, so the next load writes a good one."""
     warnings.warn(f"ignoring damaged packed-weight cache {path}: {error}", RuntimeWarning, stacklevel=3)
     path.unlink(missing_ok=True)
