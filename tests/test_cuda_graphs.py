@@ -74,12 +74,19 @@ def test_static_tree_forward_matches(pair):
     torch.testing.assert_close(static.logits, plain.logits, rtol=1e-5, atol=1e-5)
 
 
-def test_one_off_lengths_and_prefills_stay_eager(pair):
+def test_prefills_take_the_ordinary_forward_and_small_forwards_the_static_one(pair, monkeypatch):
     static = pair[1].model
+    static.graphs.storages.clear()  # a fresh storage (pooled ones remember what earlier tests ran)
     prompt = torch.arange(3, 3 + MAX_TOKENS + 5).unsqueeze(0)
     cache = prefilled(static, prompt)  # more than MAX_TOKENS new tokens: the ordinary forward
     storage = static.graphs._storage_of(cache)
-    assert storage is not None and not storage.graphs and static.graphs.replays == 0
+    assert storage is not None and storage.seen == set()  # the static path never saw it
+    step = torch.tensor([[7]])
+    static.forward(step, positions_after(cache.length, 1, 1, "cpu"), cache)
+    assert storage.seen == {(1, (), False)}  # a decode step did (and a GPU would capture it the next time)
+    monkeypatch.setattr(static.graphs, "_capture", lambda *args: pytest.fail("captured without CUDA"))
+    static.forward(step, positions_after(cache.length, 1, 1, "cpu"), cache)
+    assert not storage.graphs and static.graphs.replays == 0
 
 
 @pytest.mark.parametrize("drafter", ["none", "ngram", "draft-self", "lookahead", "eagle"])
