@@ -45,6 +45,7 @@ RUNTIMES = {
     "int8": ("native, packed kernel, int8 weights", {"weights": "int8"}),
     "int4": ("native, int4 weights (7-bit head), integer kernel", {"weights": "int4"}),
     "int7": ("native, int7 weights, integer kernel", {"weights": "int7"}),
+    "gguf": ("native, the GGUF file's own blocks, integer kernel", {"weights": "gguf"}),
     "torch": ("native, torch matmul", {"kernels": False}),
     "eager": ("native, eager (no CUDA graphs)", {"kernels": False, "cuda_graphs": False}),
     "transformers": ("transformers", {"backend": "transformers"}),

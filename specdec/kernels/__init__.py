@@ -24,9 +24,9 @@ import torch
 
 from specdec.paths import specdec_home
 
-SOURCES = [Path(__file__).with_name(name) for name in ("packed_matmul.cpp", "integer_matmul.cpp", "attention.cpp",
-                                                         "layer_ops.cpp")]
-HEADERS = [Path(__file__).with_name("vector_math.h")]  # included by the sources: part of the build's key
+SOURCES = [Path(__file__).with_name(name) for name in ("packed_matmul.cpp", "integer_matmul.cpp", "gguf_matmul.cpp",
+                                                         "attention.cpp", "layer_ops.cpp")]
+HEADERS = [Path(__file__).with_name(name) for name in ("vector_math.h", "integer_blocks.h")]  # included by the sources: part of the build's key
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 PANEL = 16  # output columns per packed panel (two AVX2 registers)
 
@@ -79,6 +79,9 @@ def packed_kernel() -> ctypes.CDLL | None:
     for kernel in (lib.int4_matmul, lib.int7_matmul):
         kernel.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
         kernel.restype = None
+    lib.gguf_matmul.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int32]
+                                + [ctypes.c_int64] * 2 + [ctypes.c_int])
+    lib.gguf_matmul.restype = None
     return lib
 
 
@@ -173,19 +176,38 @@ def quantize_grouped(weight: torch.Tensor, group_size: int, bits: int) -> tuple[
     zero = ZERO_POINTS[bits]
     q = (torch.round(groups / divisor).clamp_(low, high) + zero).to(torch.uint8).view(padded, cols)  # (N, K)
     blocks = padded // INTEGER_COLUMNS
+    scales = scales.view(blocks, INTEGER_COLUMNS, cols // group_size).transpose(1, 2).contiguous()
+    return pack_codes(q, bits), scales
+
+
+def pack_codes(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes (N, K) uint8, N a multiple of 8 -> the integer kernels' column-block layout: bits=4 (codes
+    below 16, two a byte) (N/8, K/8, 32), else a code a byte (N/8, K/4, 32)."""
+    rows, cols = q.shape
+    blocks = rows // INTEGER_COLUMNS
     if bits == 4:  # (C, 8 cols, K/8 steps, 2 halves, 4 inputs): the halves become low and high nibbles
         q = q.view(blocks, INTEGER_COLUMNS, cols // 8, 2, 4)
         codes = (q[:, :, :, 0, :] | (q[:, :, :, 1, :] << 4)).permute(0, 2, 1, 3)  # (C, K/8, 8, 4)
     else:
         codes = q.view(blocks, INTEGER_COLUMNS, cols // 4, 4).permute(0, 2, 1, 3)  # (C, K/4, 8, 4)
-    packed = codes.reshape(blocks, -1, 32).contiguous()
-    scales = scales.view(blocks, INTEGER_COLUMNS, cols // group_size).transpose(1, 2).contiguous()
-    return packed, scales
+    return codes.reshape(blocks, -1, 32).contiguous()
 
 
 def grouped_bits(packed: torch.Tensor, in_features: int) -> int:
     """4 or 7: which quantize_grouped layout `packed` holds (two codes a byte, or one)."""
     return 4 if packed.shape[1] * 8 == in_features else 7
+
+
+def unpack_codes(packed: torch.Tensor, rows: torch.Tensor, in_features: int) -> torch.Tensor:
+    """`rows` of the (N_padded, K) code matrix `pack_codes` packed: (..., K) uint8."""
+    bits, steps = grouped_bits(packed, in_features), packed.shape[1]
+    block, column = rows // INTEGER_COLUMNS, rows % INTEGER_COLUMNS
+    quads = packed[block].view(*rows.shape, steps, INTEGER_COLUMNS, 4)  # (..., steps, 8, 4)
+    index = column.view(*rows.shape, 1, 1, 1).expand(*rows.shape, steps, 1, 4)
+    quads = torch.take_along_dim(quads, index, dim=-2).squeeze(-2)  # (..., steps, 4)
+    if bits == 4:
+        quads = torch.stack([quads & 0x0F, quads >> 4], dim=-2)  # (..., K/8, 2, 4)
+    return quads.reshape(*rows.shape, in_features)
 
 
 def dequantize_grouped(packed: torch.Tensor, scales: torch.Tensor, in_features: int,
@@ -195,13 +217,7 @@ def dequantize_grouped(packed: torch.Tensor, scales: torch.Tensor, in_features: 
     if rows is None:
         rows = torch.arange(blocks * INTEGER_COLUMNS)
     block, column = rows // INTEGER_COLUMNS, rows % INTEGER_COLUMNS
-    steps = packed.shape[1]
-    quads = packed[block].view(*rows.shape, steps, INTEGER_COLUMNS, 4)  # (..., steps, 8, 4)
-    index = column.view(*rows.shape, 1, 1, 1).expand(*rows.shape, steps, 1, 4)
-    quads = torch.take_along_dim(quads, index, dim=-2).squeeze(-2)  # (..., steps, 4)
-    if bits == 4:
-        quads = torch.stack([quads & 0x0F, quads >> 4], dim=-2)  # (..., K/8, 2, 4)
-    q = quads.reshape(*rows.shape, in_features).float() - ZERO_POINTS[bits]  # (..., K)
+    q = unpack_codes(packed, rows, in_features).float() - ZERO_POINTS[bits]  # (..., K)
     index = column.view(*rows.shape, 1, 1).expand(*rows.shape, groups, 1)
     scale = torch.take_along_dim(scales[block], index, dim=-1).squeeze(-1).float()  # (..., K/G)
     return q * scale.repeat_interleave(in_features // groups, dim=-1)
@@ -216,6 +232,21 @@ def integer_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, 
     kernel = packed_kernel().int4_matmul if grouped_bits(packed, cols) == 4 else packed_kernel().int7_matmul
     kernel(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, cols, out_features, group_size,
            torch.get_num_threads())
+    return y
+
+
+GGUF_LAYOUTS = {"nibbles": 0, "bytes": 1, "signed": 2}  # gguf_matmul.cpp's code layouts
+
+
+def gguf_matmul(x: torch.Tensor, codes: torch.Tensor, group_codes: torch.Tensor, super_scales: torch.Tensor,
+                out_features: int, layout: str, group: int, super_group: int) -> torch.Tensor:
+    """(T, K) float32 contiguous @ a matrix in llama.cpp's block form (models/gguf_blocks.py) -> (T, N),
+    any T (gguf_matmul.cpp: activations quantized to int8 per block of 32, integer dot products)."""
+    rows, cols = x.shape
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    packed_kernel().gguf_matmul(x.data_ptr(), codes.data_ptr(), group_codes.data_ptr(), super_scales.data_ptr(),
+                                y.data_ptr(), rows, cols, out_features, GGUF_LAYOUTS[layout], group, super_group,
+                                torch.get_num_threads())
     return y
 
 

@@ -207,6 +207,9 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
+EMBEDDING_TABLE = "model.embed_tokens.table"  # untied embeddings kept packed (PackedEmbedding owned=True)
+
+
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -247,6 +250,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = packed("lm_head", [self.lm_head], head_weight_format(weights))
         if self.config.tie_word_embeddings:
             self.model.embed_tokens = PackedEmbedding(self.lm_head)
+        elif cached is not None and EMBEDDING_TABLE in cached:  # a GGUF file's quantized embeddings
+            self.model.embed_tokens = PackedEmbedding(cached[EMBEDDING_TABLE], owned=True)
 
     def layers_are_packed(self) -> bool:
         """Whether pack_weights() ran: the layers' matrices are then PackedLinear (the CPU kernels)."""
@@ -269,13 +274,16 @@ class LlamaForCausalLM(nn.Module):
         from specdec.models.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
 
         def clone(module: nn.Module, name: str) -> nn.Module:
+            if isinstance(module, PackedEmbedding):  # an embedding table of its own: shared, as untied ones are
+                return module
             if isinstance(module, PackedLinear):
                 if cached is not None:
                     return cached[name]
                 return module.quantized_copy(head_weight_format(weights) if module is self.lm_head else weights)
             twin = copy.copy(module)  # shares parameters and buffers; gets its own child table
             twin._modules = {child_name: clone(child, f"{name}.{child_name}" if name else child_name)
-                             for child_name, child in module._modules.items() if not isinstance(child, PackedEmbedding)}
+                             for child_name, child in module._modules.items()
+                             if not (isinstance(child, PackedEmbedding) and child.head[0] is self.lm_head)}
             return twin
 
         if not isinstance(self.lm_head, PackedLinear):

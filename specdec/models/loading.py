@@ -111,6 +111,8 @@ def load_model(
     if backend == "native":
         # low-bit formats: the packing saved by an earlier load (models/packed_cache.py), else quantize and save
         model = load_native_packed(model_dir, hf_config, weights) if weights != "float32" else None
+        if model is None and weights == "gguf":
+            model = load_native_gguf(name, model_dir, hf_config)
         if model is None:
             model = load_native(model_dir, hf_config, device, DTYPES[dtype])
             if kernels and uses_packed_kernel(device, DTYPES[dtype]):
@@ -209,33 +211,76 @@ def load_native_packed(model_dir: Path, hf_config: dict, weights: str):
     """A CPU model in a low-bit format from its cached packing plus the checkpoint's other tensors (norms,
     untied embeddings), or None where there is no cache (or it does not fit the checkpoint: then it is
     discarded)."""
-    from specdec.models.llama import LlamaForCausalLM
-    from specdec.models.rope import rope_inverse_frequencies
-
     path = packed_cache_path(model_dir, weights)
     layers = load_packed(path)
     if layers is None:
         return None
+    try:
+        return native_from_packed_layers(model_dir, hf_config, weights, layers)
+    except ValueError as error:
+        discard_packed(path, error)
+        return None
+
+
+def native_from_packed_layers(model_dir: Path, hf_config: dict, weights: str, layers: dict):
+    """A CPU model with `layers` (packed layer name -> PackedLinear) as its matrices and the checkpoint's
+    other tensors (norms, untied embeddings unless `layers` has them); ValueError if they do not fit."""
+    from specdec.models.llama import EMBEDDING_TABLE, LlamaForCausalLM
+    from specdec.models.rope import rope_inverse_frequencies
+
     config = ModelConfig.from_hf_dict(hf_config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     try:
         model.pack_weights(weights, cached=layers)
     except KeyError as error:
-        discard_packed(path, f"no layer {error}")
-        return None
-    # tied embeddings are read from the packed LM head
-    tied = {"model.embed_tokens.weight"} if config.tie_word_embeddings else set()
+        raise ValueError(f"no layer {error}") from None
+    # tied embeddings are read from the packed LM head, a GGUF file's from their own packed table
+    packed_embeddings = config.tie_word_embeddings or EMBEDDING_TABLE in layers
+    skipped = {"model.embed_tokens.weight"} if packed_embeddings else set()
     state = {k: v.float() for k, v in read_checkpoint(
-        model_dir, lambda name: not is_linear_weight(name) and name not in tied).items()}
+        model_dir, lambda name: not is_linear_weight(name) and name not in skipped).items()}
     result = model.load_state_dict(state, strict=False, assign=True)  # norms, untied embeddings
-    packed_buffers = {f"{name}.{buffer}" for name in layers for buffer in ("packed", "scales", "bias")}
+    packed_buffers = {f"{name}.{buffer}" for name in layers for buffer in ("packed", "scales", "bias", "super_scales")}
     missing = [key for key in result.missing_keys if key not in packed_buffers]
-    if missing or result.unexpected_keys or len(layers) != 4 * config.num_layers + 1:
-        discard_packed(path, f"missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}")
-        return None
+    expected = 4 * config.num_layers + 1 + (EMBEDDING_TABLE in layers)
+    if missing or result.unexpected_keys or len(layers) != expected:
+        raise ValueError(f"missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}, {len(layers)} layers")
     model.inv_freq = rope_inverse_frequencies(config.rope, config.head_dim)
     return model.eval()
+
+
+def gguf_source(model_dir: Path) -> Path | None:
+    """The GGUF file a converted directory came from (a zoo model's, or a .gguf given by path), if at hand."""
+    record = model_dir / "specdec_source.json"
+    if record.exists():
+        path = Path(json.loads(record.read_text())["gguf"])
+        if path.is_file():
+            return path
+    manifest = model_dir.parent / "manifest.json"  # zoo models: NAME/hf next to NAME/NAME.gguf
+    if manifest.exists():
+        path = model_dir.parent / json.loads(manifest.read_text())["gguf"]
+        if path.is_file():
+            return path
+    return None
+
+
+def load_native_gguf(name: str, model_dir: Path, hf_config: dict):
+    """A CPU model on the quantized blocks of the GGUF file `model_dir` was converted from
+    (models/gguf_linear.py), saved to the packed-weight cache for later loads."""
+    from specdec.models.gguf_linear import gguf_layers
+
+    source = gguf_source(model_dir)
+    if source is None:
+        raise InvalidParameterError(f"--weights gguf: {name} was not loaded from a GGUF file "
+                                    "(use a zoo model or a .gguf path, or --weights int4)")
+    try:
+        layers = gguf_layers(source)
+        model = native_from_packed_layers(model_dir, hf_config, "gguf", layers)
+    except ValueError as error:
+        raise UnsupportedModelError(f"--weights gguf: {source.name}: {error}") from None
+    save_packed(model, packed_cache_path(model_dir, "gguf"))
+    return model
 
 
 def load_transformers(model_dir: Path, device: str, dtype: torch.dtype):

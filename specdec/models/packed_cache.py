@@ -74,13 +74,20 @@ def load_packed(path: Path) -> dict[str, PackedLinear] | None:
         with safe_open(str(path), framework="pt") as file:
             layouts = json.loads((file.metadata() or {})[_META_KEY])
             state = {name: file.get_tensor(name) for name in file.keys()}
-        layers = {name: PackedLinear.from_buffers(state[f"{name}.packed"], state.get(f"{name}.scales"),
-                                                  state.get(f"{name}.bias"), **layout)
+        layers = {name: layer_class(layout).from_buffers(
+                      state[f"{name}.packed"], state.get(f"{name}.scales"), state.get(f"{name}.bias"), **layout,
+                      **({"super_scales": state[f"{name}.super_scales"]} if "gguf" in layout else {}))
                   for name, layout in layouts.items()}
     except (SafetensorError, OSError, KeyError, TypeError, ValueError) as error:
         discard_packed(path, error)
         return None
     return layers
+
+
+def layer_class(layout: dict) -> type[PackedLinear]:
+    from specdec.models.gguf_linear import GgufLinear
+
+    return GgufLinear if "gguf" in layout else PackedLinear
 
 
 def discard_packed(path: Path, error: object) -> None:

@@ -22,16 +22,18 @@ from specdec.kernels import (INTEGER_BLOCK, INTEGER_COLUMNS, PANEL, dequantize_g
                              pack_weight, packed_matmul, packed_matmul_int8, quantize_grouped, quantize_packed_int8,
                              unpack_rows)
 
-WEIGHT_FORMATS = ("float32", "int8", "int4", "int7")  # int4 and int7 also as int4:G (group size G)
+# int4 and int7 also as int4:G (group size G); gguf: a GGUF file's own blocks (models/gguf_linear.py)
+WEIGHT_FORMATS = ("float32", "int8", "int4", "int7", "gguf")
 GROUPED_FORMATS = {"int4": 4, "int7": 7}
 GROUP_SIZE = 32
 
 
 def parse_weight_format(weights: str) -> tuple[str, int | None]:
-    """'float32' | 'int8' | 'int4[:G]' | 'int7[:G]' -> (kind, group size or None); ValueError otherwise."""
+    """'float32' | 'int8' | 'int4[:G]' | 'int7[:G]' | 'gguf' -> (kind, group size or None); ValueError otherwise."""
     kind, _, group = weights.partition(":")
     if kind not in WEIGHT_FORMATS or (group and kind not in GROUPED_FORMATS):
-        raise ValueError(f"unknown weight format {weights!r} (choose from float32, int8, int4[:GROUP], int7[:GROUP])")
+        raise ValueError(f"unknown weight format {weights!r} "
+                         "(choose from float32, int8, int4[:GROUP], int7[:GROUP], gguf)")
     if kind not in GROUPED_FORMATS:
         return kind, None
     try:
@@ -91,7 +93,7 @@ class PackedLinear(nn.Module):
         kind, group_size = parse_weight_format(weights)
         if (kind, group_size) == parse_weight_format(self.weight_format):  # "int4" and "int4:32" alike
             return self
-        if self.weight_format != "float32":
+        if self.weight_format != "float32" or kind == "gguf":
             raise ValueError(f"{self.weight_format} weights cannot be turned into {weights}")
         if kind == "int8":
             self.packed, self.scales = quantize_packed_int8(self.packed)
@@ -153,16 +155,22 @@ class PackedLinear(nn.Module):
             y += self.bias
         return y.reshape(*lead, self.out_features)
 
+    def embedding_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Rows of the matrix as float32 (..., K): the embeddings of tokens when it is a tied LM head."""
+        if self.packed.dtype == torch.uint8:
+            return dequantize_grouped(self.packed, self.scales, self.in_features, tokens)
+        return unpack_rows(self.packed, tokens, self.scales)
+
 
 class PackedEmbedding(nn.Module):
-    """Token embeddings read from a packed LM head they are tied to (no second copy)."""
+    """Token embeddings read from a packed matrix: the LM head they are tied to (no second copy), or, with
+    owned=True, a table of their own kept packed (a GGUF file's quantized embeddings: `table`)."""
 
-    def __init__(self, head: PackedLinear):
+    def __init__(self, head: PackedLinear, owned: bool = False):
         super().__init__()
-        self.head = [head]  # a list: not registered twice as a submodule
+        self.head = [head]  # a list: a tied head is not registered twice as a submodule
+        if owned:
+            self.table = head
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        head = self.head[0]
-        if head.packed.dtype == torch.uint8:
-            return dequantize_grouped(head.packed, head.scales, head.in_features, tokens)  # (B, T, C)
-        return unpack_rows(head.packed, tokens, head.scales)  # (B, T, C)
+        return self.head[0].embedding_rows(tokens)  # (B, T, C)

@@ -1,0 +1,176 @@
+// y (T, N) = x (T, K) @ W^T with W in llama.cpp's own block formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K),
+// repacked at load without changing a single weight value (models/gguf_blocks.py), and x quantized to
+// int8 per block of 32 as in integer_matmul.cpp.
+//
+// Every one of those formats is, per output column n and input k,
+//   W[n][k] = d[n][k / S] * sc[n][k / G] * q[n][k] + dmin[n][k / S] * mn[n][k / G]
+// with integer codes q, 8-bit group codes sc and mn per group of G = 16 or 32 inputs, and float16 d and
+// dmin per "super-block" of S = 32 or 256 inputs (Q4_K: sc and mn are its 6-bit scales and mins, dmin its
+// negated dmin; Q6_K: G = 16, mn = sc, dmin = -32 d; Q4_0: sc = mn = 1, dmin = -8 d; Q8_0: mn = 0).
+// d * sc and dmin * mn are exact in float32 (11-bit times 8-bit mantissas), as llama.cpp computes them.
+//
+// Codes, in integer_matmul.cpp's column-block layouts:
+//   NIBBLES (q in 0..15): its 4-bit layout; int16 partial sums are safe for a whole block of 32
+//   BYTES   (q in 0..127): its 7-bit layout, widened after each vpmaddubsw
+//   SIGNED  (q in -128..127, Q8_0): the byte layout holding signed codes, multiplied as |q| * (sign(q) x)
+//           with vpsignb, as llama.cpp does, since vpmaddubsw needs one unsigned operand
+// group_codes[c][g][0..1][8] int8: sc, mn of the 8 columns of column block c; super[c][s][0..1][8]: d, dmin.
+//
+// Per group and row: acc += (d sc) dx * sum(q xq) + (dmin mn) * dx * sum(xq), the integer sums exact,
+// in increasing k. Rows are quantized and accumulated on their own: batch-invariant like every kernel here.
+#include <immintrin.h>
+#include <stdint.h>
+
+#include <vector>
+
+#include "integer_blocks.h"
+
+namespace {
+
+using namespace integer_blocks;
+
+enum Layout { NIBBLES = 0, BYTES = 1, SIGNED = 2 };
+
+// Eight int8 lanes (one per column of the block) as floats.
+inline __m256 int8_lanes(const int8_t* at) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))));
+}
+
+// Rows t0..t0+TB-1 times column block c; groups of G inputs (16 or 32), super-blocks of S.
+template <int TB, int LAYOUT, int G>
+inline void column_block(const int8_t* xq, const float* dx, const float* xsum, const uint8_t* codes,
+                         const int8_t* group_codes, const uint16_t* super, float* y, int64_t K, int64_t N, int64_t S,
+                         int64_t c, int64_t t0) {
+    constexpr int64_t bytes_per_step = LAYOUT == NIBBLES ? 32 : 64;  // 8 inputs of 8 columns
+    const int64_t groups = K / G, steps = K / 8;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const uint8_t* w = codes + c * steps * bytes_per_step;
+    const int8_t* gc = group_codes + c * groups * 16;
+    const uint16_t* sb = super + c * (K / S) * 16;
+    __m256 acc[TB];
+#pragma GCC unroll 8
+    for (int t = 0; t < TB; t++) acc[t] = _mm256_setzero_ps();
+    __m256 d = _mm256_setzero_ps(), dmin = d;
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t k0 = g * G;
+        if (k0 % S == 0) {
+            const uint16_t* at = sb + (k0 / S) * 16;
+            d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+            dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 8)));
+        }
+        const __m256 scale = _mm256_mul_ps(d, int8_lanes(gc + g * 16));
+        const __m256 minimum = _mm256_mul_ps(dmin, int8_lanes(gc + g * 16 + 8));
+        __m256i sum[TB];
+#pragma GCC unroll 8
+        for (int t = 0; t < TB; t++) sum[t] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+        for (int step = 0; step < G / 8; step++) {
+            const int64_t k = k0 + step * 8;
+            __m256i first, second;
+            if (LAYOUT == NIBBLES) Nibbles::load(w + (k / 8) * bytes_per_step, first, second);
+            else Bytes::load(w + (k / 8) * bytes_per_step, first, second);
+            __m256i first_abs = first, second_abs = second;
+            if (LAYOUT == SIGNED) {
+                first_abs = _mm256_sign_epi8(first, first);
+                second_abs = _mm256_sign_epi8(second, second);
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < TB; t++) {
+                const int8_t* row = xq + (t0 + t) * K + k;
+                __m256i x0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row));
+                __m256i x1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row + 4));
+                if (LAYOUT == SIGNED) {
+                    x0 = _mm256_sign_epi8(x0, first);
+                    x1 = _mm256_sign_epi8(x1, second);
+                }
+                const __m256i p0 = _mm256_maddubs_epi16(first_abs, x0);
+                const __m256i p1 = _mm256_maddubs_epi16(second_abs, x1);
+                if (LAYOUT == NIBBLES) {
+                    sum[t] = _mm256_add_epi16(_mm256_add_epi16(sum[t], p0), p1);
+                } else {
+                    sum[t] = _mm256_add_epi32(sum[t], _mm256_add_epi32(_mm256_madd_epi16(p0, ones),
+                                                                       _mm256_madd_epi16(p1, ones)));
+                }
+            }
+        }
+        const int64_t block = k0 / BLOCK;
+#pragma GCC unroll 8
+        for (int t = 0; t < TB; t++) {
+            const __m256i total = LAYOUT == NIBBLES ? _mm256_madd_epi16(sum[t], ones) : sum[t];
+            const float row_scale = dx[(t0 + t) * (K / BLOCK) + block];
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(scale, _mm256_set1_ps(row_scale)), acc[t]);
+            acc[t] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(xsum[(t0 + t) * groups + g]), acc[t]);
+        }
+    }
+    const int64_t n0 = c * 8;
+#pragma GCC unroll 8
+    for (int t = 0; t < TB; t++) {
+        float* out = y + (t0 + t) * N + n0;
+        if (n0 + 8 <= N) {
+            _mm256_storeu_ps(out, acc[t]);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, acc[t]);
+            for (int64_t j = 0; j < N - n0; j++) out[j] = tmp[j];
+        }
+    }
+}
+
+constexpr int TB_MAX = 4;
+
+template <int LAYOUT, int G>
+void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super, float* y,
+            int64_t T, int64_t K, int64_t N, int64_t S, int num_threads) {
+    const int64_t blocks = K / BLOCK, groups = K / G;
+    std::vector<int8_t> xq(T * K);
+    std::vector<float> dx(T * blocks);
+    std::vector<int32_t> block_sums(T * blocks);
+    quantize_rows(x, T, K, 1, xq.data(), dx.data(), block_sums.data());
+    // dx * sum(xq) per row and group: the minimum's share (groups of 16 sum half a block each)
+    std::vector<float> xsum(T * groups);
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t g = 0; g < groups; g++) {
+            int32_t total = 0;
+            if (G == BLOCK) {
+                total = block_sums[t * blocks + g];
+            } else {
+                for (int64_t i = 0; i < G; i++) total += xq[t * K + g * G + i];
+            }
+            xsum[t * groups + g] = dx[t * blocks + g * G / BLOCK] * static_cast<float>(total);
+        }
+    }
+    const int64_t column_blocks = (N + 7) / 8;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t c = 0; c < column_blocks; c++) {
+        const int8_t* q = xq.data();
+        int64_t t0 = 0;
+        for (; t0 + TB_MAX <= T; t0 += TB_MAX)
+            column_block<TB_MAX, LAYOUT, G>(q, dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0);
+        switch (T - t0) {
+            case 3: column_block<3, LAYOUT, G>(q, dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0); break;
+            case 2: column_block<2, LAYOUT, G>(q, dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0); break;
+            case 1: column_block<1, LAYOUT, G>(q, dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0); break;
+            default: break;
+        }
+    }
+}
+
+}  // namespace
+
+// layout: 0 nibbles, 1 bytes, 2 signed bytes; group 16 or 32; super_size a multiple of group and of 32.
+extern "C" void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super,
+                            float* y, int64_t T, int64_t K, int64_t N, int32_t layout, int64_t group,
+                            int64_t super_size, int num_threads) {
+    const bool small = group == 16;
+    switch (layout) {
+        case NIBBLES:
+            (small ? matmul<NIBBLES, 16> : matmul<NIBBLES, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);
+            break;
+        case BYTES:
+            (small ? matmul<BYTES, 16> : matmul<BYTES, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);
+            break;
+        default:
+            (small ? matmul<SIGNED, 16> : matmul<SIGNED, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);
+            break;
+    }
+}

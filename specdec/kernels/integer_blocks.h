@@ -1,0 +1,77 @@
+// The int8 side of the integer kernels, shared by integer_matmul.cpp (our grouped int4/int7) and
+// gguf_matmul.cpp (llama.cpp's block formats): activations quantized per block of 32 as Q8_0, and the
+// loads of 4-bit and byte weight codes in their column-block layout (integer_matmul.cpp's header comment).
+// Included, not compiled on its own.
+#pragma once
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "vector_math.h"
+
+namespace integer_blocks {
+
+constexpr int BLOCK = 32;  // inputs per activation block (and the smallest weight group)
+
+inline int32_t horizontal_sum(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// xq (T, K) int8, dx (T, K / 32), offset (T, K / 32) = Z * the block's sum of xq (the zero point's share,
+// subtracted from the block's integer sum). Vectorized: at 8 rows this runs once per matmul per row and
+// was a tenth of a small matmul as scalar code. Same arithmetic as the scalar form: x * (127 / amax),
+// rounded to nearest even (cvtps2dq under the default rounding mode, as nearbyintf).
+inline void quantize_rows(const float* x, int64_t T, int64_t K, int32_t zero, int8_t* xq, float* dx, int32_t* offset) {
+    const int64_t blocks = K / BLOCK;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i byte_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t b = 0; b < blocks; b++) {
+            const float* in = x + t * K + b * BLOCK;
+            __m256 v[4], amax = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(in + 8 * i);
+                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+            }
+            const float largest = vector_math::lane_max(amax);
+            const __m256 inverse = _mm256_set1_ps(largest > 0.0f ? 127.0f / largest : 0.0f);
+            __m256i q[4];
+            for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
+            const __m256i bytes = _mm256_permutevar8x32_epi32(
+                _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), byte_order);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + t * K + b * BLOCK), bytes);
+            dx[t * blocks + b] = largest / 127.0f;
+            offset[t * blocks + b] = zero * horizontal_sum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]),
+                                                                            _mm256_add_epi32(q[2], q[3])));
+        }
+    }
+}
+
+// 4-bit weights: one 32-byte load holds 8 inputs of 8 columns; 16-bit partial sums are safe for a whole
+// block, as 8 vpmaddubsw of at most 2 * 15 * 127 each stay below 2^15.
+struct Nibbles {
+    static constexpr int32_t zero = 8;
+    static constexpr bool widen_each = false;
+    static constexpr int64_t bytes_per_block = BLOCK / 2;
+    static inline void load(const uint8_t* at, __m256i& first, __m256i& second) {  // inputs k..k+3, k+4..k+7
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+        const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+        first = _mm256_and_si256(packed, low_nibbles);
+        second = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+    }
+};
+
+// 7-bit weights: one byte each; one vpmaddubsw (2 * 127 * 127) already fills 15 bits, so each is widened.
+struct Bytes {
+    static constexpr int32_t zero = 64;
+    static constexpr bool widen_each = true;
+    static constexpr int64_t bytes_per_block = BLOCK;
+    static inline void load(const uint8_t* at, __m256i& first, __m256i& second) {
+        first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at));
+        second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32));
+    }
+};
+
+}  // namespace integer_blocks

@@ -1,0 +1,156 @@
+"""Linear layers on a GGUF file's own quantized blocks (`--weights gguf`), and building a model's layers
+from the file.
+
+A `GgufLinear` is a PackedLinear whose matrix is BlockWeights (models/gguf_blocks.py) packed for
+kernels/gguf_matmul.cpp: codes in the integer kernels' column-block layout, int8 group codes
+(C, K/G, 2, 8) in `scales`, float16 super-block scales (C, K/S, 2, 8) in `super_scales`. Fused
+projections (q/k/v, gate/up) whose formats differ (Q4_K q and k with a Q6_K v) are promoted to a common
+form first, which changes no value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from specdec.kernels import INTEGER_COLUMNS, gguf_matmul, pack_codes, unpack_codes
+from specdec.models.gguf_blocks import BlockWeights, concatenate, decode, dequantize_parts
+from specdec.models.packed_linear import PackedLinear
+
+
+class GgufLinear(PackedLinear):
+    def __init__(self, weights: BlockWeights, bias: torch.Tensor | None, split_sizes: Sequence[int]):
+        torch.nn.Module.__init__(self)
+        rows, cols = weights.shape
+        self.out_features, self.in_features, self.split_sizes = rows, cols, list(split_sizes)
+        self.block_form = {"layout": weights.layout, "group": weights.group, "super_group": weights.super_group}
+        padded = (rows + INTEGER_COLUMNS - 1) // INTEGER_COLUMNS * INTEGER_COLUMNS
+        blocks = padded // INTEGER_COLUMNS
+
+        def pad(t: torch.Tensor) -> torch.Tensor:  # padded columns: zero codes and scales, zero outputs
+            return torch.nn.functional.pad(t, (0, 0, 0, padded - rows))
+
+        def by_column_block(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:  # -> (C, groups, 2, 8)
+            pair = torch.stack([pad(first), pad(second)], dim=-1)  # (N, groups, 2)
+            return pair.view(blocks, INTEGER_COLUMNS, -1, 2).permute(0, 2, 3, 1).contiguous()
+
+        codes = pad(weights.codes).view(torch.uint8)  # signed codes travel as their bytes
+        self.register_buffer("packed", pack_codes(codes, 4 if weights.layout == "nibbles" else 8))
+        self.register_buffer("scales", by_column_block(weights.sc, weights.mn))
+        self.register_buffer("super_scales", by_column_block(weights.d, weights.dmin))
+        self.register_buffer("bias", None if bias is None else bias.float().clone())
+
+    @classmethod
+    def from_buffers(cls, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+                     in_features: int, split_sizes: Sequence[int], gguf: dict | None = None,
+                     super_scales: torch.Tensor | None = None) -> "GgufLinear":
+        layer = super().from_buffers(packed, scales, bias, out_features, in_features, split_sizes)
+        layer.block_form = dict(gguf)
+        layer.register_buffer("super_scales", super_scales)
+        return layer
+
+    def layout(self) -> dict:
+        return {**super().layout(), "gguf": self.block_form}
+
+    @property
+    def weight_format(self) -> str:
+        return "gguf"
+
+    def quantize_(self, weights: str) -> "GgufLinear":
+        if weights != "gguf":
+            raise ValueError(f"GGUF block weights cannot be turned into {weights} (they are already quantized)")
+        return self
+
+    def first_outputs(self, count: int) -> "PackedLinear":
+        raise ValueError("a draft head over the first token ids is not available for GGUF block weights")
+
+    def unsplit(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, self.in_features).contiguous()
+        form = self.block_form
+        y = gguf_matmul(rows, self.packed, self.scales, self.super_scales, self.out_features, form["layout"],
+                        form["group"], form["super_group"])
+        if self.bias is not None:
+            y += self.bias
+        return y.reshape(*lead, self.out_features)
+
+    def embedding_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Rows of the matrix as float32 (..., K): embeddings tied to this head, or an embedding table."""
+        codes = unpack_codes(self.packed, tokens, self.in_features)
+        if self.block_form["layout"] == "signed":
+            codes = codes.view(torch.int8)
+        block, column = tokens // INTEGER_COLUMNS, tokens % INTEGER_COLUMNS
+
+        def of_rows(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # (C, groups, 2, 8) -> 2 x (..., groups)
+            picked = table[block]  # (..., groups, 2, 8)
+            index = column.view(*tokens.shape, 1, 1, 1).expand(*picked.shape[:-1], 1)
+            picked = torch.take_along_dim(picked, index, dim=-1).squeeze(-1)  # (..., groups, 2)
+            return picked[..., 0], picked[..., 1]
+
+        (sc, mn), (d, dmin) = of_rows(self.scales), of_rows(self.super_scales)
+        return dequantize_parts(codes, sc, mn, d, dmin, self.block_form["group"], self.block_form["super_group"])
+
+
+# -- a model's layers from a GGUF file ------------------------------------------------------------------
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",), "gate_up_proj": ("gate_proj", "up_proj"),
+          "down_proj": ("down_proj",)}
+
+
+def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
+    """Packed layer name (as LlamaForCausalLM.pack_weights names them) -> GgufLinear, read from the file's
+    blocks: every layer's projections, the LM head (the token embeddings where they are tied), and
+    `model.embed_tokens.table` where the embeddings are untied. Raises ValueError for a matrix in a format
+    kernels/gguf_matmul.cpp does not multiply (float matrices, K-quants other than Q4_K/Q6_K, i-quants)."""
+    from specdec.models.gguf_convert import gguf_field, hf_tensor_name, read_gguf, unpermute_llama_qk
+
+    reader = read_gguf(gguf_path)
+    arch = gguf_field(reader, "general.architecture")
+    heads = gguf_field(reader, f"{arch}.attention.head_count")
+    kv_heads = gguf_field(reader, f"{arch}.attention.head_count_kv", heads)
+    matrices: dict[str, BlockWeights] = {}
+    biases: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        name = hf_tensor_name(tensor.name)
+        if name is None or not (name.endswith("proj.weight") or name.endswith("proj.bias")
+                                or name in ("lm_head.weight", "model.embed_tokens.weight")):
+            continue
+        permute = None
+        if arch == "llama" and ".attn_q." in tensor.name:
+            permute = heads
+        elif arch == "llama" and ".attn_k." in tensor.name:
+            permute = kv_heads
+        if name.endswith(".bias"):
+            bias = np.asarray(tensor.data, dtype=np.float32)
+            biases[name] = torch.from_numpy(np.array(unpermute_llama_qk(bias, permute) if permute else bias))
+            continue
+        cols, rows = int(tensor.shape[0]), int(tensor.shape[1])
+        weights = decode(tensor.data, tensor.tensor_type.name, rows, cols)
+        if permute:  # llama.cpp's q/k row order: rows are independent, so moving whole rows is exact
+            order = unpermute_llama_qk(np.arange(rows), permute)
+            weights = weights.rows(torch.from_numpy(np.ascontiguousarray(order)))
+        matrices[name] = weights
+
+    def fused(prefix: str, parts: Sequence[str]) -> GgufLinear:
+        members = [matrices[f"{prefix}.{part}.weight"] for part in parts]
+        part_biases = [biases.get(f"{prefix}.{part}.bias") for part in parts]
+        bias = None if all(b is None for b in part_biases) else torch.cat(
+            [b if b is not None else torch.zeros(m.shape[0]) for b, m in zip(part_biases, members)])
+        return GgufLinear(concatenate(members), bias, [m.shape[0] for m in members])
+
+    layers: dict[str, PackedLinear] = {}
+    count = 1 + max(int(name.split(".")[2]) for name in matrices if name.startswith("model.layers."))
+    for index in range(count):
+        for fused_name, parts in _FUSED.items():
+            block = "self_attn" if fused_name in ("qkv_proj", "o_proj") else "mlp"
+            prefix = f"model.layers.{index}.{block}"
+            layers[f"{prefix}.{fused_name}"] = fused(prefix, parts)
+    embeddings = matrices.pop("model.embed_tokens.weight")
+    if "lm_head.weight" in matrices:
+        layers["lm_head"] = GgufLinear(matrices["lm_head.weight"], None, [matrices["lm_head.weight"].shape[0]])
+        layers["model.embed_tokens.table"] = GgufLinear(embeddings, None, [embeddings.shape[0]])
+    else:
+        layers["lm_head"] = GgufLinear(embeddings, None, [embeddings.shape[0]])
+    return layers
