@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import torch
@@ -89,8 +90,29 @@ def llama_cpp_permute(weight, num_heads: int):
     return weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_tiny_gguf(path: Path, hf_model, quantization: str = "F32") -> Path:
-    """Write `hf_model` (llama or qwen2) and the tiny tokenizer as a GGUF file, as llama.cpp would."""
+def random_k_blocks(format_name: str, rows: int, cols: int, seed: int):
+    """Random Q4_K / Q6_K blocks (rows, bytes per row) with modest float16 scales: gguf-py cannot quantize
+    to K-quants, but any codes with finite scales are a valid K-quant matrix."""
+    import gguf
+    import numpy as np
+
+    qtype = gguf.GGMLQuantizationType[format_name]
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows, cols // block_size, type_size), dtype=np.uint8)
+    scales = rng.uniform(0.002, 0.02, (rows, cols // block_size, 2)).astype(np.float16).view(np.uint8)
+    if format_name == "Q4_K":  # d, dmin first
+        blocks[..., 0:4] = scales.reshape(rows, cols // block_size, 4)
+    else:  # Q6_K: d last
+        blocks[..., type_size - 2:] = scales.reshape(rows, cols // block_size, 4)[..., :2]
+    return blocks.reshape(rows, -1)
+
+
+def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "F32") -> Path:
+    """Write `hf_model` (llama or qwen2) and the tiny tokenizer as a GGUF file, as llama.cpp would.
+    `quantization`: one format for every matrix, or GGUF tensor name suffix -> format with a "default"
+    (as llama.cpp's mixes: e.g. {"default": "Q4_K", "attn_v.weight": "Q6_K"}); K-quant matrices get random
+    blocks (random_k_blocks), not the model's weights."""
     import gguf
     import numpy as np
 
@@ -123,7 +145,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str = "F32") -> Path:
                    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
                    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
                    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
-    qtype = gguf.GGMLQuantizationType[quantization]
+    formats = quantization if isinstance(quantization, dict) else {"default": quantization}
     for name, tensor in hf_model.state_dict().items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
@@ -137,7 +159,11 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str = "F32") -> Path:
             array = llama_cpp_permute(array, config.num_attention_heads)
         elif arch == "llama" and rest_is(name, "k_proj"):
             array = llama_cpp_permute(array, config.num_key_value_heads)
-        if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+        chosen = next((f for suffix, f in formats.items() if gguf_name.endswith(suffix)), formats["default"])
+        qtype = gguf.GGMLQuantizationType[chosen]
+        if array.ndim == 2 and chosen in ("Q4_K", "Q6_K"):
+            writer.add_tensor(gguf_name, random_k_blocks(chosen, *array.shape, seed=zlib.crc32(gguf_name.encode())), raw_dtype=qtype)
+        elif array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float32))

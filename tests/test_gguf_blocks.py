@@ -1,0 +1,165 @@
+"""`--weights gguf`: a GGUF file's quantized blocks read as they are (models/gguf_blocks.py), multiplied by
+kernels/gguf_matmul.cpp, loaded as a model's layers (models/gguf_linear.py)."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from specdec.drafters import make_drafter
+from specdec.errors import InvalidParameterError, UnsupportedModelError
+from specdec.generator import SpeculativeGenerator
+from specdec.kernels import packed_kernel
+from specdec.models.base import positions_after
+from specdec.models.gguf_blocks import BlockWeights, concatenate, decode
+from specdec.models.gguf_linear import GgufLinear
+from specdec.models.loading import load_model
+from specdec.models.packed_cache import packed_cache_path
+from test_integer_kernel import quantized_activations
+from tiny_models import make_hf_model, random_k_blocks, save_tiny_model, write_tiny_gguf
+
+pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA/F16C CPU or no C++ compiler here")
+
+LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q8_0")
+FORMATS = LEGACY + ("Q4_K", "Q6_K")
+
+
+def blocks_of(format_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """A (rows, cols) matrix in `format_name` as a GGUF file stores it: (rows, bytes per row) uint8."""
+    if format_name in LEGACY:
+        weight = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+        weight[0, :32] = 0.0  # an all-zero block
+        return gguf.quants.quantize(weight, gguf.GGMLQuantizationType[format_name])
+    return random_k_blocks(format_name, rows, cols, seed)
+
+
+def gguf_reference(raw: np.ndarray, format_name: str, rows: int, cols: int) -> torch.Tensor:
+    values = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[format_name])
+    return torch.from_numpy(np.asarray(values, dtype=np.float32).reshape(rows, cols))
+
+
+@pytest.mark.parametrize("format_name", FORMATS)
+def test_blocks_decode_to_the_values_gguf_dequantizes_to(format_name):
+    raw = blocks_of(format_name, 24, 512, seed=1)
+    weights = decode(raw, format_name, 24, 512)
+    expected = gguf_reference(raw, format_name, 24, 512)
+    assert torch.equal(weights.dequantize(), expected)  # equal values (zeros may differ in sign only)
+    assert weights.layout == {"Q8_0": "signed", "Q5_0": "bytes", "Q6_K": "bytes"}.get(format_name, "nibbles")
+    rows = torch.tensor([[3, 0], [23, 7]])
+    assert torch.equal(weights.dequantize(rows), expected[rows])
+
+
+def test_unsupported_block_formats_are_refused():
+    raw = gguf.quants.quantize(np.ones((8, 64), np.float32), gguf.GGMLQuantizationType.F16)
+    with pytest.raises(ValueError, match="F16 is not supported"):
+        decode(raw, "F16", 8, 64)
+
+
+def reference(x: torch.Tensor, weights: BlockWeights) -> torch.Tensor:
+    """float64: per group, (d sc) dx * (exact integer sum of q xq) + (dmin mn) dx * (sum of xq)."""
+    rows, cols = x.shape
+    xq, dx = quantized_activations(x)  # (T, K) int64, (T, K/32)
+    group = weights.group
+    codes = weights.codes.to(torch.int64)  # (N, K)
+    per_super = weights.super_group // group
+    scale = weights.d.double().repeat_interleave(per_super, 1) * weights.sc.double()  # (N, K/G)
+    minimum = weights.dmin.double().repeat_interleave(per_super, 1) * weights.mn.double()
+    products = (xq.view(rows, 1, -1, group) * codes.view(1, -1, cols // group, group)).sum(-1)  # (T, N, K/G)
+    sums = xq.view(rows, 1, -1, group).sum(-1)  # (T, 1, K/G)
+    row_scale = dx.repeat_interleave(32 // group, dim=1).view(rows, 1, -1)  # dx per group
+    return ((products.double() * scale + sums.double() * minimum) * row_scale).sum(-1)  # (T, N)
+
+
+@pytest.mark.parametrize("format_name", FORMATS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 17])
+def test_block_kernel_matches_float64_reference(format_name, rows):
+    out_features, in_features = 44, 512  # 44: a partial column block
+    weights = decode(blocks_of(format_name, out_features, in_features, seed=rows), format_name, out_features,
+                     in_features)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=gen)
+    x[0, 32:64] = 0.0  # an all-zero activation block
+    layer = GgufLinear(weights, None, [out_features])
+    expected = reference(x, weights)
+    # integer sums are exact: only the float32 scale products and the accumulation round
+    assert (layer(x).double() - expected).abs().max() < 1e-5 * expected.abs().max() + 1e-6
+    # and the activation quantization costs little against the exact product with the file's weights
+    exact = x.double() @ weights.dequantize().double().T
+    assert (layer(x).double() - exact).norm() / exact.norm() < 0.02
+
+
+@pytest.mark.parametrize("format_name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_block_rows_do_not_depend_on_batch_size(format_name):
+    weights = decode(blocks_of(format_name, 40, 256, seed=3), format_name, 40, 256)
+    layer = GgufLinear(weights, torch.randn(40), [40])
+    x = torch.randn(20, 256, generator=torch.Generator().manual_seed(2))
+    together = layer(x)
+    for row in range(20):
+        assert torch.equal(layer(x[row:row + 1])[0], together[row])
+
+
+def test_fused_matrices_of_different_formats_keep_every_value():
+    """q and k in Q4_K with v in Q6_K (as llama.cpp's Q4_K_M mixes) fuse into one matrix of a common form."""
+    parts = [decode(blocks_of(name, rows, 256, seed=rows), name, rows, 256)
+             for name, rows in (("Q4_K", 16), ("Q4_K", 8), ("Q6_K", 8))]
+    fused = concatenate(parts)
+    assert (fused.layout, fused.group, fused.super_group) == ("bytes", 16, 256)
+    expected = torch.cat([p.dequantize() for p in parts])
+    assert torch.equal(fused.dequantize(), expected)
+    layer = GgufLinear(fused, None, [16, 8, 8])
+    ids = torch.tensor([[0, 17, 31]])
+    assert torch.equal(layer.embedding_rows(ids), expected[ids])
+    q, k, v = layer(torch.randn(2, 256))
+    assert q.shape == (2, 16) and v.shape == (2, 8)
+    signed = concatenate([parts[0], decode(blocks_of("Q8_0", 8, 256, seed=9), "Q8_0", 8, 256)])
+    assert signed.layout == "signed" and torch.equal(
+        signed.dequantize(), torch.cat([parts[0].dequantize(), decode(blocks_of("Q8_0", 8, 256, seed=9), "Q8_0", 8,
+                                                                      256).dequantize()]))
+
+
+TOKENS = torch.tensor([[5, 17, 42, 99, 3, 7, 120, 64]])
+
+
+def logits(model) -> torch.Tensor:
+    return model.forward(TOKENS, positions_after(0, TOKENS.shape[1], 1, "cpu"), model.new_cache(1, 64)).logits
+
+
+@pytest.mark.parametrize("kind,quantization", [
+    ("llama", "Q4_0"),  # tied embeddings (the LM head's blocks), llama.cpp's q/k row order
+    ("qwen2", {"default": "Q8_0", "ffn_down.weight": "Q4_1", "attn_v.weight": "Q5_0"}),
+    ("llama-untied", {"default": "Q4_K", "attn_v.weight": "Q6_K", "output.weight": "Q6_K"}),  # as Q4_K_M
+])
+def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
+    if kind == "llama-untied":  # K-quants need 256 inputs
+        hf = make_hf_model("llama", seed=5, hidden_size=256, intermediate_size=512, tie_word_embeddings=False)
+    else:
+        hf = make_hf_model(kind, seed=5)
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", hf, quantization)
+    dequantized = load_model(str(path))  # the file's values converted to float32
+    blocks = load_model(str(path), weights="gguf")
+    assert blocks.model.weight_format == "gguf"
+    assert isinstance(blocks.model.lm_head, GgufLinear)
+    with torch.no_grad():
+        reference, ours = logits(dequantized.model), logits(blocks.model)
+        # same weights; only the activations' int8 rounding differs
+        assert (ours - reference).norm() / reference.norm() < 0.03
+        # the second load maps the packed-weight cache and computes the same
+        assert packed_cache_path(blocks.path, "gguf").exists()
+        assert torch.equal(logits(load_model(str(path), weights="gguf").model), ours)
+    prompt = "hello hello the world"
+    expected = SpeculativeGenerator(blocks, None).generate(prompt, 24, chat=False).token_ids
+    drafter = make_drafter(f"draft:{path}", blocks, "cpu", "float32")  # verifies several tokens a round
+    assert SpeculativeGenerator(blocks, drafter, 4).generate(prompt, 24, chat=False).token_ids == expected
+
+
+def test_gguf_weights_need_a_gguf_source(tmp_path):
+    path = save_tiny_model(tmp_path / "hf", "llama", seed=1)
+    with pytest.raises(InvalidParameterError, match="not loaded from a GGUF file"):
+        load_model(str(path), weights="gguf")
+    float16 = write_tiny_gguf(tmp_path / "f16.gguf", make_hf_model("llama", seed=1), "F16")
+    with pytest.raises(UnsupportedModelError, match="F16 is not supported"):
+        load_model(str(float16), weights="gguf")
+    target = load_model(str(write_tiny_gguf(tmp_path / "q.gguf", make_hf_model("llama", seed=1), "Q8_0")),
+                        weights="gguf")
+    with pytest.raises(InvalidParameterError, match="made from a float32 target"):
+        make_drafter("quant:int4", target, "cpu", "float32")
