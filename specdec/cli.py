@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     gen.add_argument("--backend", default="auto", help="auto, native or transformers")
     gen.add_argument("--weights", default="float32", help="float32 (default), int8 (weight-only), int4[:GROUP] or "
-                     "int7[:GROUP] (low-bit groups x int8 activations); CPU kernels")
+                     "int7[:GROUP] (low-bit groups x int8 activations), gguf (a GGUF model's own quantized "
+                     "blocks, as llama.cpp runs them); CPU kernels")
     gen.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
     gen.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats)")
 
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     serve.add_argument("--backend", default="auto", help="auto, native or transformers")
     serve.add_argument("--weights", default="float32", help="float32 (default), int8 (weight-only), int4[:GROUP] or "
-                     "int7[:GROUP] (low-bit groups x int8 activations); CPU kernels")
+                     "int7[:GROUP] (low-bit groups x int8 activations), gguf (a GGUF model's own quantized "
+                     "blocks, as llama.cpp runs them); CPU kernels")
 
     serve.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
 
@@ -99,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="cpu")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="activations and float weights, ours and the transformers peers' (bfloat16 on GPUs)")
-    bench.add_argument("--weights", default="float32", help="the target's weights: float32, int8, int4[:GROUP] or int7[:GROUP] "
+    bench.add_argument("--weights", default="float32", help="the target's weights: float32, int8, int4[:GROUP], int7[:GROUP] or gguf "
                        "(transformers peers always run float32)")
     bench.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
     bench.add_argument("--json", dest="json_out", default=None, help="write all results to this JSON file")
