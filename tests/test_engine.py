@@ -52,6 +52,9 @@ def drafters(models):
         "quant-int4": lambda: make_drafter("quant:int4", models["target"], "cpu", "float32"),
         # a self-draft that prefills only the prompt's last 3 tokens, with a head over ids < 128
         "quant-int4-window": lambda: make_drafter("quant:int4@context=3,vocab=128", models["target"], "cpu", "float32"),
+        # the target itself as an int4 draft model (weights=FORMAT: not the target's float32)
+        "draft-int4-weights": lambda: make_drafter(f"draft:{models['target'].path}@weights=int4", models["target"],
+                                                   "cpu", "float32"),
         "draft-prompt-window": lambda: make_drafter(f"draft:{models['target'].path}@context=2", models["target"], "cpu",
                                                     "float32"),
         "layerskip": lambda: make_drafter("layerskip:first:1", models["target"], "cpu", "float32"),
@@ -62,6 +65,7 @@ needs_kernel = pytest.mark.skipif(packed_kernel() is None, reason="low-bit weigh
 ALL_DRAFTERS = ["ngram", "draft-random", "draft-self", "draft-padded-vocab", "draft-early-exit", "draft-head-prefix",
                 "draft-prompt-window", pytest.param("quant-int8", marks=needs_kernel),
                 pytest.param("quant-int4", marks=needs_kernel), pytest.param("quant-int4-window", marks=needs_kernel),
+                pytest.param("draft-int4-weights", marks=needs_kernel),
                 "layerskip"]
 
 
@@ -302,7 +306,9 @@ def test_draft_vocab_option_errors_are_clear(models):
                           (f"draft:{target.path}@size=3", "unknown option"),
                           (f"draft:{target.path}@confidence=2", r"\[0, 1\)"),
                           (f"draft:{target.path}@context=0", "N >= 1"),
-                          ("quant:int4@context=x", "not a number")]:
+                          ("quant:int4@context=x", "not a number"),
+                          (f"draft:{target.path}@weights=int5", "unknown weight format"),
+                          ("quant:int4@weights=int8", "unknown option")]:
         with pytest.raises(SpecdecError, match=message):
             make_drafter(spec, target, "cpu", "float32")
     assert make_drafter(f"draft:{target.path}@0.25", target, "cpu", "float32").min_confidence == 0.25

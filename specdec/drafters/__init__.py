@@ -33,9 +33,9 @@ def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Dra
 
         model, _, options = arg.rpartition("@") if "@" in arg else (arg, "", "")
         draft_options = parse_draft_options(options)
-        # a draft model runs in the target's weight format: who quantized the target for speed wants a draft
-        # that is as fast (an int4 target gets an int4 draft)
-        weights = getattr(target.model, "weight_format", "float32")
+        # a draft model runs in the target's weight format unless weights=FORMAT says otherwise: who quantized
+        # the target for speed wants a draft that is as fast (an int4 target gets an int4 draft)
+        weights = draft_options.weights or getattr(target.model, "weight_format", "float32")
         # and on a GPU it replays CUDA graphs when the target does
         graphs = getattr(target.model, "graphs", None) is not None
         draft = load_model(model, device=device, dtype=dtype, weights=weights, cuda_graphs=graphs)

@@ -1,4 +1,5 @@
-"""Options of a draft model after '@' (draft:MODEL@..., quant:FORMAT@...): confidence=C, vocab=N, context=N."""
+"""Options of a draft model after '@' (draft:MODEL@..., quant:FORMAT@...): confidence=C, vocab=N, context=N,
+and for draft models weights=FORMAT."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ class DraftOptions:
     min_confidence: float = 0.0  # confidence=C: stop drafting when the top probability falls below C
     head_vocab: int | None = None  # vocab=N: the draft's LM head computes only ids < N
     context: int | None = None  # context=N: the draft prefills only the prompt's last N tokens
+    weights: str | None = None  # weights=FORMAT (draft models): the draft's weight format, not the target's
 
 
 def parse_draft_options(options: str, kind: str = "draft") -> DraftOptions:
-    """'confidence=C,vocab=N,context=N' (any of them; a bare C is a confidence, as before); `kind` names
-    the drafter in errors."""
-    values: dict[str, float | int] = {}
+    """'confidence=C,vocab=N,context=N[,weights=FORMAT]' (any of them; a bare C is a confidence, as before);
+    `kind` names the drafter in errors."""
+    from specdec.models.packed_linear import parse_weight_format
+
+    values: dict[str, float | int | str] = {}
     for item in filter(None, options.split(",")):
         key, equals, value = item.partition("=")
         key, value = (key, value) if equals else ("confidence", item)
@@ -31,10 +35,15 @@ def parse_draft_options(options: str, kind: str = "draft") -> DraftOptions:
                 values["head_vocab"] = int(value)
             elif key == "context":
                 values["context"] = int(value)
+            elif key == "weights" and kind == "draft":
+                parse_weight_format(value)
+                values["weights"] = value
             else:
-                raise InvalidParameterError(f"{kind} drafter: unknown option {key!r} (confidence=C, vocab=N, context=N)")
-        except ValueError:
-            raise InvalidParameterError(f"{kind} drafter: {item!r} is not a number") from None
+                known = "confidence=C, vocab=N, context=N" + (", weights=FORMAT" if kind == "draft" else "")
+                raise InvalidParameterError(f"{kind} drafter: unknown option {key!r} ({known})")
+        except ValueError as error:
+            message = str(error) if key == "weights" else f"{item!r} is not a number"
+            raise InvalidParameterError(f"{kind} drafter: {message}") from None
     options = DraftOptions(**values)
     if not 0 <= options.min_confidence < 1:
         raise InvalidParameterError(f"{kind} drafter: the early-exit confidence must be in [0, 1)")
