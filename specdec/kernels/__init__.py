@@ -235,7 +235,7 @@ def integer_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, 
     return y
 
 
-GGUF_LAYOUTS = {"nibbles": 0, "bytes": 1, "signed": 2}  # gguf_matmul.cpp's code layouts
+GGUF_LAYOUTS = {"nibbles": 0, "sixbits": 1, "signed": 2}  # gguf_matmul.cpp's code layouts
 
 
 def gguf_matmul(x: torch.Tensor, codes: torch.Tensor, group_codes: torch.Tensor, super_scales: torch.Tensor,

@@ -11,7 +11,11 @@
 //
 // Codes, in integer_matmul.cpp's column-block layouts:
 //   NIBBLES (q in 0..15): its 4-bit layout; int16 partial sums are safe for a whole block of 32
-//   BYTES   (q in 0..127): its 7-bit layout, widened after each vpmaddubsw
+//   SIXBITS (q in 0..63: Q6_K, Q5_0, and 4-bit codes promoted to share a matrix with them): per step of 8
+//           inputs x 8 columns, the 4-bit layout's 32 bytes of low nibbles, then 16 bytes of the codes' top
+//           two bits: byte m holds those of the step's first[m], first[m + 16], second[m], second[m + 16]
+//           (the vectors Nibbles::load makes) in bits 0-1, 2-3, 4-5, 6-7. 6 bits a weight, as in the file;
+//           a step's two products still fit 16 bits (2 x 2 x 63 x 127)
 //   SIGNED  (q in -128..127, Q8_0): the byte layout holding signed codes, multiplied as |q| * (sign(q) x)
 //           with vpsignb, as llama.cpp does, since vpmaddubsw needs one unsigned operand
 // group_codes[c][g][0..1][8] int8: sc, mn of the 8 columns of column block c; super[c][s][0..1][8]: d, dmin.
@@ -29,7 +33,7 @@ namespace {
 
 using namespace integer_blocks;
 
-enum Layout { NIBBLES = 0, BYTES = 1, SIGNED = 2 };
+enum Layout { NIBBLES = 0, SIXBITS = 1, SIGNED = 2 };
 
 // Eight int8 lanes (one per column of the block) as floats.
 inline __m256 int8_lanes(const int8_t* at) {
@@ -41,7 +45,7 @@ template <int TB, int LAYOUT, int G>
 inline void column_block(const int8_t* xq, const float* dx, const float* xsum, const uint8_t* codes,
                          const int8_t* group_codes, const uint16_t* super, float* y, int64_t K, int64_t N, int64_t S,
                          int64_t c, int64_t t0) {
-    constexpr int64_t bytes_per_step = LAYOUT == NIBBLES ? 32 : 64;  // 8 inputs of 8 columns
+    constexpr int64_t bytes_per_step = LAYOUT == NIBBLES ? 32 : LAYOUT == SIXBITS ? 48 : 64;  // 8 inputs x 8 columns
     const int64_t groups = K / G, steps = K / 8;
     const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t* w = codes + c * steps * bytes_per_step;
@@ -67,8 +71,20 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
         for (int step = 0; step < G / 8; step++) {
             const int64_t k = k0 + step * 8;
             __m256i first, second;
-            if (LAYOUT == NIBBLES) Nibbles::load(w + (k / 8) * bytes_per_step, first, second);
-            else Bytes::load(w + (k / 8) * bytes_per_step, first, second);
+            const uint8_t* at = w + (k / 8) * bytes_per_step;
+            if (LAYOUT == SIGNED) {
+                Bytes::load(at, first, second);
+            } else {
+                Nibbles::load(at, first, second);
+            }
+            if (LAYOUT == SIXBITS) {  // put each code's top two bits at bits 4-5 of its byte
+                const __m256i top = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 32)));
+                const __m256i mask = _mm256_set1_epi8(0x30);
+                first = _mm256_or_si256(first, _mm256_and_si256(
+                    _mm256_blend_epi32(_mm256_slli_epi16(top, 4), _mm256_slli_epi16(top, 2), 0xF0), mask));
+                second = _mm256_or_si256(second, _mm256_and_si256(
+                    _mm256_blend_epi32(top, _mm256_srli_epi16(top, 2), 0xF0), mask));
+            }
             __m256i first_abs = first, second_abs = second;
             if (LAYOUT == SIGNED) {
                 first_abs = _mm256_sign_epi8(first, first);
@@ -87,6 +103,8 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
                 const __m256i p1 = _mm256_maddubs_epi16(second_abs, x1);
                 if (LAYOUT == NIBBLES) {
                     sum[t] = _mm256_add_epi16(_mm256_add_epi16(sum[t], p0), p1);
+                } else if (LAYOUT == SIXBITS) {  // a step's two products fit 16 bits
+                    sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
                 } else {
                     sum[t] = _mm256_add_epi32(sum[t], _mm256_add_epi32(_mm256_madd_epi16(p0, ones),
                                                                        _mm256_madd_epi16(p1, ones)));
@@ -157,7 +175,7 @@ void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, con
 
 }  // namespace
 
-// layout: 0 nibbles, 1 bytes, 2 signed bytes; group 16 or 32; super_size a multiple of group and of 32.
+// layout: 0 nibbles, 1 six bits, 2 signed bytes; group 16 or 32; super_size a multiple of group and of 32.
 extern "C" void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super,
                             float* y, int64_t T, int64_t K, int64_t N, int32_t layout, int64_t group,
                             int64_t super_size, int num_threads) {
@@ -166,8 +184,8 @@ extern "C" void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* 
         case NIBBLES:
             (small ? matmul<NIBBLES, 16> : matmul<NIBBLES, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);
             break;
-        case BYTES:
-            (small ? matmul<BYTES, 16> : matmul<BYTES, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);
+        case SIXBITS:
+            (small ? matmul<SIXBITS, 16> : matmul<SIXBITS, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);
             break;
         default:
             (small ? matmul<SIGNED, 16> : matmul<SIGNED, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);

@@ -30,21 +30,21 @@ import numpy as np
 import torch
 
 SUPPORTED_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
-LAYOUT_ORDER = ("nibbles", "bytes", "signed")  # each holds every code of the ones before it
+LAYOUT_ORDER = ("nibbles", "sixbits", "signed")  # each holds every code of the ones before it (0..15, 0..63, int8)
 
 
 @dataclass
 class BlockWeights:
     """An (N, K) matrix in block form (module docstring)."""
 
-    codes: torch.Tensor  # (N, K) uint8 (layout nibbles/bytes) or int8 (signed)
+    codes: torch.Tensor  # (N, K) uint8 (layout nibbles/sixbits) or int8 (signed)
     sc: torch.Tensor  # (N, K / group) int8
     mn: torch.Tensor  # (N, K / group) int8
     d: torch.Tensor  # (N, K / super_group) float16
     dmin: torch.Tensor  # (N, K / super_group) float16
     group: int
     super_group: int
-    layout: str  # "nibbles" (codes < 16), "bytes" (codes < 128) or "signed" (int8 codes)
+    layout: str  # "nibbles" (codes < 16), "sixbits" (codes < 64) or "signed" (int8 codes)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -124,7 +124,7 @@ def decode(raw: np.ndarray, format_name: str, rows: int, cols: int) -> BlockWeig
             high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # (N, K/32, 32)
             codes, dmin = _nibbles_low_then_high(blocks[..., 6:]) | (high << 4), d * np.float16(-16)
         return _weights(codes.reshape(rows, cols), ones, ones, d, dmin, 32, 32,
-                        "nibbles" if format_name != "Q5_0" else "bytes")
+                        "nibbles" if format_name != "Q5_0" else "sixbits")
     if format_name == "Q4_K":  # d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of codes
         blocks = raw.reshape(rows, cols // 256, 144)
         d, dmin = _half(blocks[..., 0:2]), _half(blocks[..., 2:4])  # (N, K/256)
@@ -145,7 +145,7 @@ def decode(raw: np.ndarray, format_name: str, rows: int, cols: int) -> BlockWeig
     sc = blocks[..., 192:208].view(np.int8).reshape(rows, -1)
     d = _half(blocks[..., 208:210])
     codes = (low | (high << 4)).reshape(rows, cols)
-    return _weights(codes, sc, sc, d, d * np.float16(-32), 16, 256, "bytes")
+    return _weights(codes, sc, sc, d, d * np.float16(-32), 16, 256, "sixbits")
 
 
 def _weights(codes, sc, mn, d, dmin, group: int, super_group: int, layout: str) -> BlockWeights:

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdec.kernels import INTEGER_COLUMNS, gguf_matmul, pack_codes, unpack_codes
+from specdec.kernels import GGUF_LAYOUTS, INTEGER_COLUMNS, gguf_matmul, pack_codes, unpack_codes
 from specdec.models.gguf_blocks import BlockWeights, concatenate, decode, dequantize_parts
 from specdec.models.packed_linear import PackedLinear
 
@@ -38,7 +38,8 @@ class GgufLinear(PackedLinear):
             return pair.view(blocks, INTEGER_COLUMNS, -1, 2).permute(0, 2, 3, 1).contiguous()
 
         codes = pad(weights.codes).view(torch.uint8)  # signed codes travel as their bytes
-        self.register_buffer("packed", pack_codes(codes, 4 if weights.layout == "nibbles" else 8))
+        self.register_buffer("packed", pack_sixbits(codes) if weights.layout == "sixbits"
+                             else pack_codes(codes, 4 if weights.layout == "nibbles" else 8))
         self.register_buffer("scales", by_column_block(weights.sc, weights.mn))
         self.register_buffer("super_scales", by_column_block(weights.d, weights.dmin))
         self.register_buffer("bias", None if bias is None else bias.float().clone())
@@ -47,6 +48,8 @@ class GgufLinear(PackedLinear):
     def from_buffers(cls, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, out_features: int,
                      in_features: int, split_sizes: Sequence[int], gguf: dict | None = None,
                      super_scales: torch.Tensor | None = None) -> "GgufLinear":
+        if gguf is None or gguf.get("layout") not in GGUF_LAYOUTS:  # a cache file from an older layout
+            raise ValueError(f"unknown GGUF block layout {gguf}")
         layer = super().from_buffers(packed, scales, bias, out_features, in_features, split_sizes)
         layer.block_form = dict(gguf)
         layer.register_buffer("super_scales", super_scales)
@@ -79,8 +82,12 @@ class GgufLinear(PackedLinear):
 
     def embedding_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """Rows of the matrix as float32 (..., K): embeddings tied to this head, or an embedding table."""
-        codes = unpack_codes(self.packed, tokens, self.in_features)
-        if self.block_form["layout"] == "signed":
+        layout = self.block_form["layout"]
+        if layout == "sixbits":
+            codes = unpack_sixbits(self.packed, tokens, self.in_features)
+        else:
+            codes = unpack_codes(self.packed, tokens, self.in_features)
+        if layout == "signed":
             codes = codes.view(torch.int8)
         block, column = tokens // INTEGER_COLUMNS, tokens % INTEGER_COLUMNS
 
@@ -92,6 +99,32 @@ class GgufLinear(PackedLinear):
 
         (sc, mn), (d, dmin) = of_rows(self.scales), of_rows(self.super_scales)
         return dequantize_parts(codes, sc, mn, d, dmin, self.block_form["group"], self.block_form["super_group"])
+
+
+def pack_sixbits(codes: torch.Tensor) -> torch.Tensor:
+    """Codes below 64 (N, K) uint8, N a multiple of 8 -> gguf_matmul.cpp's six-bit layout (N/8, K/8, 48):
+    per step of 8 inputs, the 4-bit layout's 32 bytes of low nibbles, then 16 bytes of top bit pairs."""
+    low = pack_codes(codes & 0x0F, 4)  # (C, K/8, 32)
+    rows, cols = codes.shape
+    top = (codes >> 4).view(rows // INTEGER_COLUMNS, INTEGER_COLUMNS, cols // 8, 2, 4)  # (C, 8 cols, steps, half, 4)
+    top = top.permute(0, 2, 3, 1, 4).reshape(rows // INTEGER_COLUMNS, cols // 8, 2, 32)  # [.., 0, m]: first[m]
+    first, second = top[:, :, 0], top[:, :, 1]
+    pairs = first[..., :16] | (first[..., 16:] << 2) | (second[..., :16] << 4) | (second[..., 16:] << 6)
+    return torch.cat([low, pairs], dim=-1).contiguous()
+
+
+def unpack_sixbits(packed: torch.Tensor, rows: torch.Tensor, in_features: int) -> torch.Tensor:
+    """`rows` of the code matrix pack_sixbits packed: (..., K) uint8."""
+    block, column = rows // INTEGER_COLUMNS, rows % INTEGER_COLUMNS
+    low = unpack_codes(packed[:, :, :32], rows, in_features)  # (..., K)
+    pairs = packed[block][..., 32:]  # (..., steps, 16)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)
+    top = (pairs.unsqueeze(-2) >> shifts.view(4, 1)) & 3  # (..., steps, 4: first lo/hi, second lo/hi, 16)
+    top = top.view(*pairs.shape[:-1], 2, 32)  # (..., steps, half, m): first[m], second[m]
+    top = top.view(*pairs.shape[:-1], 2, INTEGER_COLUMNS, 4)  # m = 4 column + input
+    index = column.view(*rows.shape, 1, 1, 1, 1).expand(*top.shape[:-2], 1, 4)
+    top = torch.take_along_dim(top, index, dim=-2).squeeze(-2)  # (..., steps, half, 4)
+    return low | (top.reshape(*rows.shape, in_features) << 4)
 
 
 # -- a model's layers from a GGUF file ------------------------------------------------------------------
