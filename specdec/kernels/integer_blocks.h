@@ -7,6 +7,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "vector_math.h"
 
 namespace integer_blocks {
@@ -73,5 +75,36 @@ struct Bytes {
         second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + 32));
     }
 };
+
+// The 8 outputs of column block c for rows t0..t0+TB-1 (the last block may hold fewer than 8 columns).
+template <int TB>
+inline void store_column_block(const __m256 (&acc)[TB], float* y, int64_t N, int64_t c, int64_t t0) {
+    const int64_t n0 = c * 8;
+#pragma GCC unroll 8
+    for (int t = 0; t < TB; t++) {
+        float* out = y + (t0 + t) * N + n0;
+        if (n0 + 8 <= N) {
+            _mm256_storeu_ps(out, acc[t]);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, acc[t]);
+            for (int64_t j = 0; j < N - n0; j++) out[j] = tmp[j];
+        }
+    }
+}
+
+// Calls rows_from(std::integral_constant<int, TB>, t0) over row blocks of at most 4 rows covering 0..T-1:
+// each block's row count is a compile-time constant, so its accumulators stay in registers.
+template <typename Block>
+inline void for_row_blocks(int64_t T, Block&& rows_from) {
+    int64_t t0 = 0;
+    for (; t0 + 4 <= T; t0 += 4) rows_from(std::integral_constant<int, 4>{}, t0);
+    switch (T - t0) {
+        case 3: rows_from(std::integral_constant<int, 3>{}, t0); break;
+        case 2: rows_from(std::integral_constant<int, 2>{}, t0); break;
+        case 1: rows_from(std::integral_constant<int, 1>{}, t0); break;
+        default: break;
+    }
+}
 
 }  // namespace integer_blocks

@@ -76,22 +76,8 @@ inline void column_block(const int8_t* xq, const float* dx, const int32_t* offse
             }
         }
     }
-    const int64_t n0 = c * 8;
-#pragma GCC unroll 8
-    for (int t = 0; t < TB; t++) {
-        float* out = y + (t0 + t) * N + n0;
-        if (n0 + 8 <= N) {
-            _mm256_storeu_ps(out, acc[t]);
-        } else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, acc[t]);
-            for (int64_t j = 0; j < N - n0; j++) out[j] = tmp[j];
-        }
-    }
+    store_column_block<TB>(acc, y, N, c, t0);
 }
-
-constexpr int TB_MAX = 4;
-
 
 template <typename Weights>
 void matmul(const float* x, const uint8_t* wq, const uint16_t* scales, float* y, int64_t T, int64_t K, int64_t N,
@@ -103,16 +89,10 @@ void matmul(const float* x, const uint8_t* wq, const uint16_t* scales, float* y,
     const int64_t column_blocks = (N + 7) / 8;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t c = 0; c < column_blocks; c++) {
-        const int8_t* q = xq.data();
-        int64_t t0 = 0;
-        for (; t0 + TB_MAX <= T; t0 += TB_MAX)
-            column_block<TB_MAX, Weights>(q, dx.data(), offset.data(), wq, scales, y, K, N, G, c, t0);
-        switch (T - t0) {
-            case 3: column_block<3, Weights>(q, dx.data(), offset.data(), wq, scales, y, K, N, G, c, t0); break;
-            case 2: column_block<2, Weights>(q, dx.data(), offset.data(), wq, scales, y, K, N, G, c, t0); break;
-            case 1: column_block<1, Weights>(q, dx.data(), offset.data(), wq, scales, y, K, N, G, c, t0); break;
-            default: break;
-        }
+        for_row_blocks(T, [&](auto rows, int64_t t0) {
+            column_block<decltype(rows)::value, Weights>(xq.data(), dx.data(), offset.data(), wq, scales, y, K, N, G,
+                                                         c, t0);
+        });
     }
 }
 
