@@ -143,8 +143,7 @@ def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
     arch = gguf_field(reader, "general.architecture")
     heads = gguf_field(reader, f"{arch}.attention.head_count")
     kv_heads = gguf_field(reader, f"{arch}.attention.head_count_kv", heads)
-    matrices: dict[str, BlockWeights] = {}
-    biases: dict[str, torch.Tensor] = {}
+    tensors = {}  # Hugging Face name -> (GGUF tensor, heads of llama.cpp's q/k row order to undo or None)
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name)
         if name is None or not (name.endswith("proj.weight") or name.endswith("proj.bias")
@@ -155,34 +154,41 @@ def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
             permute = heads
         elif arch == "llama" and ".attn_k." in tensor.name:
             permute = kv_heads
-        if name.endswith(".bias"):
-            bias = np.asarray(tensor.data, dtype=np.float32)
-            biases[name] = torch.from_numpy(np.array(unpermute_llama_qk(bias, permute) if permute else bias))
-            continue
+        tensors[name] = (tensor, permute)
+
+    def matrix(name: str) -> BlockWeights:  # decoded when its layer is built: one layer's codes at a time
+        tensor, permute = tensors[name]
         cols, rows = int(tensor.shape[0]), int(tensor.shape[1])
         weights = decode(tensor.data, tensor.tensor_type.name, rows, cols)
-        if permute:  # llama.cpp's q/k row order: rows are independent, so moving whole rows is exact
-            order = unpermute_llama_qk(np.arange(rows), permute)
-            weights = weights.rows(torch.from_numpy(np.ascontiguousarray(order)))
-        matrices[name] = weights
+        if permute:  # rows are independent, so moving whole rows is exact
+            weights = weights.rows(torch.from_numpy(np.ascontiguousarray(unpermute_llama_qk(np.arange(rows), permute))))
+        return weights
+
+    def bias(name: str) -> torch.Tensor | None:
+        if name not in tensors:
+            return None
+        tensor, permute = tensors[name]
+        values = np.asarray(tensor.data, dtype=np.float32)
+        return torch.from_numpy(np.array(unpermute_llama_qk(values, permute) if permute else values))
 
     def fused(prefix: str, parts: Sequence[str]) -> GgufLinear:
-        members = [matrices[f"{prefix}.{part}.weight"] for part in parts]
-        part_biases = [biases.get(f"{prefix}.{part}.bias") for part in parts]
-        bias = None if all(b is None for b in part_biases) else torch.cat(
+        members = [matrix(f"{prefix}.{part}.weight") for part in parts]
+        part_biases = [bias(f"{prefix}.{part}.bias") for part in parts]
+        joined = None if all(b is None for b in part_biases) else torch.cat(
             [b if b is not None else torch.zeros(m.shape[0]) for b, m in zip(part_biases, members)])
-        return GgufLinear(concatenate(members), bias, [m.shape[0] for m in members])
+        return GgufLinear(concatenate(members), joined, [m.shape[0] for m in members])
 
     layers: dict[str, PackedLinear] = {}
-    count = 1 + max(int(name.split(".")[2]) for name in matrices if name.startswith("model.layers."))
+    count = 1 + max(int(name.split(".")[2]) for name in tensors if name.startswith("model.layers."))
     for index in range(count):
         for fused_name, parts in _FUSED.items():
             block = "self_attn" if fused_name in ("qkv_proj", "o_proj") else "mlp"
             prefix = f"model.layers.{index}.{block}"
             layers[f"{prefix}.{fused_name}"] = fused(prefix, parts)
-    embeddings = matrices.pop("model.embed_tokens.weight")
-    if "lm_head.weight" in matrices:
-        layers["lm_head"] = GgufLinear(matrices["lm_head.weight"], None, [matrices["lm_head.weight"].shape[0]])
+    embeddings = matrix("model.embed_tokens.weight")
+    if "lm_head.weight" in tensors:
+        head = matrix("lm_head.weight")
+        layers["lm_head"] = GgufLinear(head, None, [head.shape[0]])
         layers["model.embed_tokens.table"] = GgufLinear(embeddings, None, [embeddings.shape[0]])
     else:
         layers["lm_head"] = GgufLinear(embeddings, None, [embeddings.shape[0]])

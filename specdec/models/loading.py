@@ -278,7 +278,8 @@ def load_native_gguf(name: str, model_dir: Path, hf_config: dict):
         layers = gguf_layers(source)
         model = native_from_packed_layers(model_dir, hf_config, "gguf", layers)
     except ValueError as error:
-        raise UnsupportedModelError(f"--weights gguf: {source.name}: {error}") from None
+        raise UnsupportedModelError(f"--weights gguf: {source.name}: {error}; use --weights int4 or float32 "
+                                    "for this file") from None
     save_packed(model, packed_cache_path(model_dir, "gguf"))
     return model
 
