@@ -9,6 +9,7 @@ import torch
 from specdec.drafters import make_drafter
 from specdec.errors import InvalidParameterError, UnsupportedModelError
 from specdec.generator import SpeculativeGenerator
+from specdec.heads.target_parts import lm_head_rows
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
 from specdec.models.gguf_blocks import BlockWeights, concatenate, decode
@@ -141,6 +142,11 @@ def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
     blocks = load_model(str(path), weights="gguf")
     assert blocks.model.weight_format == "gguf"
     assert isinstance(blocks.model.lm_head, GgufLinear)
+    # the float32 checkpoint is the file dequantized: embeddings and LM head rows (EAGLE's draft vocabulary
+    # reads them) come out of the blocks as exactly those values
+    ids = torch.tensor([0, 5, 77, 262])
+    assert torch.equal(blocks.model.model.embed_tokens(ids), dequantized.model.model.embed_tokens(ids))
+    assert torch.equal(lm_head_rows(blocks.model, ids), lm_head_rows(dequantized.model, ids))
     with torch.no_grad():
         reference, ours = logits(dequantized.model), logits(blocks.model)
         # same weights; only the activations' int8 rounding differs

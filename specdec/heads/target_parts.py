@@ -22,14 +22,11 @@ def native_model(model):
 
 def lm_head_rows(model, token_ids: torch.Tensor) -> torch.Tensor:
     """(N, C) rows of the target's LM head for token_ids (N,), in float32, whatever its storage."""
-    from specdec.kernels import dequantize_grouped, unpack_rows
     from specdec.models.packed_linear import PackedLinear
 
     head = model.lm_head
-    if isinstance(head, PackedLinear) and head.packed.dtype == torch.uint8:  # int4/int7 models' 7-bit head
-        return dequantize_grouped(head.packed, head.scales, head.in_features, token_ids).float()
-    if isinstance(head, PackedLinear):
-        return unpack_rows(head.packed, token_ids, head.scales).float()
+    if isinstance(head, PackedLinear):  # packed panels, int4/int7 codes, a GGUF file's blocks
+        return head.embedding_rows(token_ids).float()
     return head.weight.detach()[token_ids].float()
 
 
