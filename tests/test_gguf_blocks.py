@@ -158,12 +158,19 @@ def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
     expected = SpeculativeGenerator(blocks, None).generate(prompt, 24, chat=False).token_ids
     drafter = make_drafter(f"draft:{path}", blocks, "cpu", "float32")  # verifies several tokens a round
     assert SpeculativeGenerator(blocks, drafter, 4).generate(prompt, 24, chat=False).token_ids == expected
+    # the same blocks as the self-draft of the float32 model (quant:gguf): exact, and it agrees with it
+    float_expected = SpeculativeGenerator(dequantized, None).generate(prompt, 24, chat=False).token_ids
+    self_draft = make_drafter("quant:gguf", dequantized, "cpu", "float32")
+    result = SpeculativeGenerator(dequantized, self_draft, 4).generate(prompt, 24, chat=False)
+    assert result.token_ids == float_expected and result.stats.acceptance_rate > 0.8
 
 
 def test_gguf_weights_need_a_gguf_source(tmp_path):
     path = save_tiny_model(tmp_path / "hf", "llama", seed=1)
     with pytest.raises(InvalidParameterError, match="not loaded from a GGUF file"):
         load_model(str(path), weights="gguf")
+    with pytest.raises(InvalidParameterError, match="not loaded from a GGUF file"):
+        make_drafter("quant:gguf", load_model(str(path)), "cpu", "float32")
     float16 = write_tiny_gguf(tmp_path / "f16.gguf", make_hf_model("llama", seed=1), "F16")
     with pytest.raises(UnsupportedModelError, match="F16 is not supported"):
         load_model(str(float16), weights="gguf")

@@ -38,7 +38,7 @@ def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     except ValueError as error:
         raise InvalidParameterError(f"quant drafter: {error}") from None
     if kind == "float32":
-        raise InvalidParameterError("quant drafter: choose a quantized format (int8, int4[:GROUP], int7[:GROUP])")
+        raise InvalidParameterError("quant drafter: choose a quantized format (int8, int4[:GROUP], int7[:GROUP], gguf)")
     model = target.model
     if not hasattr(model, "quantized_copy") or not hasattr(model.lm_head, "quantized_copy"):
         raise InvalidParameterError("quant drafter: needs the native backend with the CPU kernel "
@@ -48,6 +48,8 @@ def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
                                     "a quantized self-draft is made from a float32 target")
     cache_path = packed_cache_path(target.path, weights)  # the same file a --weights target uses
     cached = load_packed(cache_path)
+    if kind == "gguf" and cached is None:  # the blocks of the GGUF the target was converted from
+        cached = gguf_block_layers(target)
     try:
         copy = model.quantized_copy(weights, cached=cached)
     except ValueError as error:  # e.g. an int4 group size that does not divide a layer
@@ -63,6 +65,17 @@ def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     return DraftModelDrafter(draft, model.vocab_size, options.min_confidence, name=f"quant:{spec}", shares_with=model,
                              prompt_window=options.context,
                              shares_prompt_cache=options.context is None)  # an explicit window is a request
+
+
+def gguf_block_layers(target: LoadedModel) -> dict:
+    """Packed layer name -> GgufLinear for a float32 target converted from a GGUF file (quant:gguf): the
+    file's own blocks, whose values the float32 weights are; loading them once writes the packed-weight
+    cache a `--weights gguf` target reads too."""
+    from specdec.models.loading import load_native_gguf, read_config
+    from specdec.models.packed_linear import PackedLinear
+
+    blocks = load_native_gguf(target.name, target.path, read_config(target.path))
+    return {name: module for name, module in blocks.named_modules() if isinstance(module, PackedLinear)}
 
 
 def parse_layer_subset(spec: str, num_layers: int) -> list[int]:

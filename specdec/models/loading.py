@@ -272,13 +272,13 @@ def load_native_gguf(name: str, model_dir: Path, hf_config: dict):
 
     source = gguf_source(model_dir)
     if source is None:
-        raise InvalidParameterError(f"--weights gguf: {name} was not loaded from a GGUF file "
-                                    "(use a zoo model or a .gguf path, or --weights int4)")
+        raise InvalidParameterError(f"gguf weights: {name} was not loaded from a GGUF file "
+                                    "(use a zoo model or a .gguf path, or int4)")
     try:
         layers = gguf_layers(source)
         model = native_from_packed_layers(model_dir, hf_config, "gguf", layers)
     except ValueError as error:
-        raise UnsupportedModelError(f"--weights gguf: {source.name}: {error}; use --weights int4 or float32 "
+        raise UnsupportedModelError(f"gguf weights: {source.name}: {error}; use int4 or float32 weights "
                                     "for this file") from None
     save_packed(model, packed_cache_path(model_dir, "gguf"))
     return model
