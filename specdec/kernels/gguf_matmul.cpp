@@ -64,6 +64,7 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
         }
         const __m256 scale = _mm256_mul_ps(d, int8_lanes(gc + g * 16));
         const __m256 minimum = _mm256_mul_ps(dmin, int8_lanes(gc + g * 16 + 8));
+        prefetch_ahead(w + (k0 / 8) * bytes_per_step, G / 8 * bytes_per_step);
         __m256i sum[TB];
 #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) sum[t] = _mm256_setzero_si256();

@@ -47,6 +47,7 @@ inline void column_block(const int8_t* xq, const float* dx, const int32_t* offse
     for (int64_t g = 0; g < K / G; g++) {
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g * 8)));
         for (int64_t end = b + per_group; b < end; b++) {
+            prefetch_ahead(w + b * Weights::bytes_per_block * 8, Weights::bytes_per_block * 8);
             __m256i sum16[TB], sum32[TB];
 #pragma GCC unroll 8
             for (int t = 0; t < TB; t++) sum16[t] = sum32[t] = _mm256_setzero_si256();
