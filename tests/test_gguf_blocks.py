@@ -112,12 +112,15 @@ def test_fused_matrices_of_different_formats_keep_every_value():
     layer = GgufLinear(fused, None, [16, 8, 8])
     ids = torch.tensor([[0, 17, 31]])
     assert torch.equal(layer.embedding_rows(ids), expected[ids])
-    q, k, v = layer(torch.randn(2, 256))
-    assert q.shape == (2, 16) and v.shape == (2, 8)
-    signed = concatenate([parts[0], decode(blocks_of("Q8_0", 8, 256, seed=9), "Q8_0", 8, 256)])
-    assert signed.layout == "signed" and torch.equal(
-        signed.dequantize(), torch.cat([parts[0].dequantize(), decode(blocks_of("Q8_0", 8, 256, seed=9), "Q8_0", 8,
-                                                                      256).dequantize()]))
+    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(1))
+    outputs = layer(x)
+    assert [o.shape for o in outputs] == [(2, 16), (2, 8), (2, 8)]
+    exact = x.double() @ expected.double().T
+    assert (torch.cat(outputs, -1).double() - exact).norm() / exact.norm() < 0.02
+    q8 = decode(blocks_of("Q8_0", 8, 256, seed=9), "Q8_0", 8, 256)
+    signed = concatenate([parts[0], q8])
+    assert signed.layout == "signed"
+    assert torch.equal(signed.dequantize(), torch.cat([parts[0].dequantize(), q8.dequantize()]))
 
 
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 7, 120, 64]])

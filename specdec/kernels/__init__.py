@@ -1,7 +1,8 @@
 """CPU kernels compiled on first use, with a clean fallback.
 
 The packed small-row matmuls (packed_matmul.cpp: float32 and int8 panels;
-integer_matmul.cpp: grouped 4-bit and 7-bit weights with integer dot products) are built with
+integer_matmul.cpp: grouped 4-bit and 7-bit weights with integer dot products; gguf_matmul.cpp: a GGUF
+file's own blocks, the same way) are built with
 the system C++ compiler into $SPECDEC_HOME/kernels the first time they are needed
 (a few seconds), then loaded through ctypes: no torch headers, no build step at
 install. Where there is no compiler, no AVX2/FMA/F16C, or SPECDEC_NO_KERNELS=1,
@@ -26,7 +27,8 @@ from specdec.paths import specdec_home
 
 SOURCES = [Path(__file__).with_name(name) for name in ("packed_matmul.cpp", "integer_matmul.cpp", "gguf_matmul.cpp",
                                                          "attention.cpp", "layer_ops.cpp")]
-HEADERS = [Path(__file__).with_name(name) for name in ("vector_math.h", "integer_blocks.h")]  # included by the sources: part of the build's key
+# included by the sources: part of the build's key
+HEADERS = [Path(__file__).with_name(name) for name in ("vector_math.h", "integer_blocks.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 PANEL = 16  # output columns per packed panel (two AVX2 registers)
 

@@ -62,11 +62,6 @@ class GgufLinear(PackedLinear):
     def weight_format(self) -> str:
         return "gguf"
 
-    def quantize_(self, weights: str) -> "GgufLinear":
-        if weights != "gguf":
-            raise ValueError(f"GGUF block weights cannot be turned into {weights} (they are already quantized)")
-        return self
-
     def first_outputs(self, count: int) -> "PackedLinear":
         raise ValueError("a draft head over the first token ids is not available for GGUF block weights")
 
