@@ -2,7 +2,8 @@
 
 The packed small-row matmuls (packed_matmul.cpp: float32 and int8 panels;
 integer_matmul.cpp: grouped 4-bit and 7-bit weights with integer dot products; gguf_matmul.cpp: a GGUF
-file's own blocks, the same way) are built with
+file's own blocks, the same way), the steps between them (attention.cpp, layer_ops.cpp) and a whole span
+of decoder layers in one call (decoder_layers.cpp) are built with
 the system C++ compiler into $SPECDEC_HOME/kernels the first time they are needed
 (a few seconds), then loaded through ctypes: no torch headers, no build step at
 install. Where there is no compiler, no AVX2/FMA/F16C, or SPECDEC_NO_KERNELS=1,
@@ -26,7 +27,8 @@ import torch
 from specdec.paths import specdec_home
 
 SOURCES = [Path(__file__).with_name(name) for name in ("packed_matmul.cpp", "integer_matmul.cpp", "gguf_matmul.cpp",
-                                                         "attention.cpp", "layer_ops.cpp")]
+                                                         "attention.cpp", "layer_ops.cpp",
+                                                         "decoder_layers.cpp")]
 # included by the sources: part of the build's key
 HEADERS = [Path(__file__).with_name(name) for name in ("vector_math.h", "integer_blocks.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
@@ -84,6 +86,10 @@ def packed_kernel() -> ctypes.CDLL | None:
     lib.gguf_matmul.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int32]
                                 + [ctypes.c_int64] * 2 + [ctypes.c_int])
     lib.gguf_matmul.restype = None
+    lib.decoder_layers.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2
+                                   + [ctypes.c_void_p]
+                                   + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int])
+    lib.decoder_layers.restype = None
     return lib
 
 

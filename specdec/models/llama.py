@@ -20,11 +20,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from specdec.kernels import SMALL_ROWS, add_rms_norm, attention_rows, packed_kernel, rope_qkv_to_cache, silu_mul
+from specdec.kernels import SMALL_ROWS, attention_rows, packed_kernel
 from specdec.models.base import ForwardOutput, causal_attention_mask
 from specdec.models.config import ModelConfig
 from specdec.models.cuda_graphs import CudaGraphs
 from specdec.models.kv_cache import KVCache
+from specdec.models.layer_plan import LayerPlan, layer_plan
 from specdec.models.rope import apply_rope, rope_cos_sin, rope_inverse_frequencies
 
 
@@ -180,21 +181,6 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, cache, layer, attn_mask, rows=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, attn_mask, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
-
-    def forward_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
-                      rows: RowAttention) -> torch.Tensor:
-        """The same layer for a few rows of a packed float32 model (batch 1): the norms, rope, cache
-        writes and activation in one kernel call each (kernels/layer_ops.cpp) instead of ~30 torch
-        operators, whose dispatch cost more than their arithmetic at decode sizes."""
-        attn, mlp = self.self_attn, self.mlp
-        _, normed = add_rms_norm(x, None, self.input_layernorm.weight, self.input_layernorm.eps)
-        qkv = attn.qkv_proj.unsplit(normed)  # (1, T, (H + 2 Hkv) D)
-        keys, values = cache.keys[layer, 0], cache.values[layer, 0]  # (Hkv, S_max, D)
-        q = rope_qkv_to_cache(qkv, cos, sin, keys, values, attn.num_heads, attn.num_kv_heads, cache.length)
-        keys, values = cache.filled(layer, cache.length + x.shape[1])  # (1, Hkv, S, D)
-        h = attn.o_proj(rows.attend(q, keys, values))  # (1, T, C)
-        x, normed = add_rms_norm(x, h, self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
-        return x + mlp.down_proj(silu_mul(mlp.gate_up_proj.unsplit(normed)))
 
 
 class DecoderStack(nn.Module):
@@ -389,6 +375,16 @@ class LlamaForCausalLM(nn.Module):
         cache.advance(num_new)
         return out
 
+    def layer_plan(self, x: torch.Tensor, cache, rows: RowAttention | None) -> LayerPlan | None:
+        """The one-call path through the layers where it applies: packed layers on the CPU, float32 rows of
+        batch 1 that each see the whole prefix (RowAttention), a contiguous KV cache."""
+        if rows is None or not rows.uses_kernel(x) or not self.layers_are_packed() or not isinstance(cache, KVCache):
+            return None
+        keys = cache.keys
+        if keys.dtype != torch.float32 or keys.stride(-1) != 1 or keys.stride(-2) != keys.shape[-1]:
+            return None
+        return layer_plan(self)
+
     def run(
         self,
         tokens: torch.Tensor,  # (B, T)
@@ -405,14 +401,21 @@ class LlamaForCausalLM(nn.Module):
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
         x = self.model.embed_tokens(tokens)  # (B, T, C)
-        fused = rows is not None and rows.uses_kernel(x) and self.layers_are_packed()
-        for index, layer in enumerate(self.model.layers):
-            if fused:
-                x = layer.forward_fused(x.contiguous(), cos, sin, cache, index, rows)
-            else:
+        plan = self.layer_plan(x, cache, rows)
+        if plan is not None:  # the CPU kernels: every layer in one C call (models/layer_plan.py)
+            start = 0
+            for stop in sorted({index + 1 for index in wanted if 0 <= index < self.config.num_layers}
+                               | {self.config.num_layers}):
+                x = plan.run(x, cos, sin, cache, start, stop, rows.visible, self.config.num_heads,
+                             self.config.num_kv_heads, self.config.head_dim)
+                if stop - 1 in wanted:
+                    hidden[stop - 1] = x
+                start = stop
+        else:
+            for index, layer in enumerate(self.model.layers):
                 x = layer(x, cos, sin, cache, index, attn_mask, rows)
-            if index in wanted:
-                hidden[index] = x
+                if index in wanted:
+                    hidden[index] = x
         if self.config.num_layers in wanted:  # every row's normed state, even when one row's logits are asked
             x = self.model.norm(x)
             hidden[self.config.num_layers] = x

@@ -1,0 +1,126 @@
+// A span of decoder layers over a few rows (decoding, verification) in one call from Python.
+//
+// Why: at decode sizes the Python around the kernels cost as much as a small model's arithmetic: ~11
+// kernel calls a layer, each with its ctypes conversion, output allocation and tensor views, came to
+// 0.3 ms a layer on a 2 GHz core (8.6 ms of a 135M model's 34 ms step; docs/benchmarks.md, section 18).
+// Here the layers' steps are the very kernels models/llama.py used to call one by one, in the same order
+// on the same inputs, so every value is bit-identical to that path (and rows stay identical to their
+// one-token steps): only the dispatch moved.
+//
+// One layer, T rows of width C (x updated in place):
+//   normed  = RMSNorm(x) * w_in
+//   qkv     = normed @ Wqkv (+ bias)                      (T, (H + 2 Hkv) D)
+//   q       = rope(q); rope(k) and v -> the layer's cache slots [start, start + T)
+//   x       = x + (attention(q, cache) @ Wo (+ bias))     (add_rms_norm keeps the sum)
+//   normed  = RMSNorm(x) * w_post
+//   x       = x + (silu(gate) * up) @ Wdown (+ bias)      (gate, up = normed @ Wgate_up)
+#include <stdint.h>
+
+#include <vector>
+
+extern "C" {
+void packed_matmul_f32(const float* x, const float* wp, float* y, int64_t T, int64_t K, int64_t N, int num_threads);
+void packed_matmul_q8(const float* x, const int8_t* wq, const float* scales, float* y, int64_t T, int64_t K,
+                      int64_t N, int num_threads);
+void int4_matmul(const float* x, const uint8_t* wq, const uint16_t* scales, float* y, int64_t T, int64_t K, int64_t N,
+                 int64_t G, int num_threads);
+void int7_matmul(const float* x, const uint8_t* wq, const uint16_t* scales, float* y, int64_t T, int64_t K, int64_t N,
+                 int64_t G, int num_threads);
+void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super, float* y,
+                 int64_t T, int64_t K, int64_t N, int32_t layout, int64_t group, int64_t super_size, int num_threads);
+void attention_rows(const float* q, const float* keys, const float* values, const uint8_t* visible, float* out,
+                    int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t prefix, int64_t head_stride, float scale,
+                    int num_threads);
+void add_rms_norm(const float* x, const float* residual, const float* weight, float* sum, float* out, int64_t rows,
+                  int64_t n, float eps);
+void rope_qkv_to_cache(const float* qkv, const float* cos, const float* sin, float* q_out, float* key_cache,
+                       float* value_cache, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t start,
+                       int64_t head_stride);
+void silu_mul(const float* gate_up, float* out, int64_t T, int64_t I);
+}
+
+namespace {
+
+// One PackedLinear as models/layer_plan.py describes it (a ctypes Structure of the same layout).
+enum MatrixKind : int32_t { FLOAT32 = 0, INT8 = 1, INT4 = 2, INT7 = 3, GGUF = 4 };
+
+struct PackedMatrix {
+    int32_t kind;
+    int32_t gguf_layout;
+    const void* codes;         // float32 panels, int8 panels, or uint8 codes
+    const void* scales;        // int8: float per column; int4/int7: float16 groups; gguf: int8 group codes
+    const void* super_scales;  // gguf only: float16 d/dmin
+    const float* bias;         // or null
+    int64_t in_features, out_features, group, super_group;
+};
+
+struct LayerWeights {
+    PackedMatrix qkv, o, gate_up, down;
+    const float* input_norm;
+    const float* post_norm;
+    float input_eps, post_eps;
+};
+
+// y (T, N) = x (T, K) @ W (+ bias), the kernel PackedLinear.unsplit picks for W's format.
+void multiply(const PackedMatrix& w, const float* x, float* y, int64_t T, int threads) {
+    const int64_t K = w.in_features, N = w.out_features;
+    switch (w.kind) {
+        case FLOAT32: packed_matmul_f32(x, static_cast<const float*>(w.codes), y, T, K, N, threads); break;
+        case INT8:
+            packed_matmul_q8(x, static_cast<const int8_t*>(w.codes), static_cast<const float*>(w.scales), y, T, K, N,
+                             threads);
+            break;
+        case INT4:
+            int4_matmul(x, static_cast<const uint8_t*>(w.codes), static_cast<const uint16_t*>(w.scales), y, T, K, N,
+                        w.group, threads);
+            break;
+        case INT7:
+            int7_matmul(x, static_cast<const uint8_t*>(w.codes), static_cast<const uint16_t*>(w.scales), y, T, K, N,
+                        w.group, threads);
+            break;
+        default:
+            gguf_matmul(x, static_cast<const uint8_t*>(w.codes), static_cast<const int8_t*>(w.scales),
+                        static_cast<const uint16_t*>(w.super_scales), y, T, K, N, w.gguf_layout, w.group,
+                        w.super_group, threads);
+    }
+    if (w.bias != nullptr)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t n = 0; n < N; n++) y[t * N + n] += w.bias[n];
+}
+
+}  // namespace
+
+// Layers [0, count) of `layers` over x (T, C), in place. key_cache/value_cache: the first layer's (Hkv, S_max,
+// D) block of a batch-1 cache, layer_stride floats apart; `start` cached tokens precede the T new ones, whose
+// keys and values are written at [start, start + T). cos/sin (T, D); visible (T, T) uint8: which new tokens
+// each row sees (the whole prefix always).
+extern "C" void decoder_layers(const LayerWeights* layers, int64_t count, float* x, const float* cos, const float* sin,
+                               float* key_cache, float* value_cache, int64_t layer_stride, int64_t head_stride,
+                               const uint8_t* visible, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t start,
+                               float attention_scale, int num_threads) {
+    if (count <= 0) return;
+    const int64_t C = layers[0].qkv.in_features;
+    std::vector<float> normed(T * C), sum(T * C), q(H * T * D), attended(T * H * D), projected(T * C);
+    std::vector<float> qkv, gate_up, activated;
+    for (int64_t l = 0; l < count; l++) {
+        const LayerWeights& layer = layers[l];
+        const int64_t I = layer.gate_up.out_features / 2;
+        qkv.resize(T * layer.qkv.out_features);
+        gate_up.resize(T * 2 * I);
+        activated.resize(T * I);
+        float* keys = key_cache + l * layer_stride;
+        float* values = value_cache + l * layer_stride;
+
+        add_rms_norm(x, nullptr, layer.input_norm, x, normed.data(), T, C, layer.input_eps);
+        multiply(layer.qkv, normed.data(), qkv.data(), T, num_threads);
+        rope_qkv_to_cache(qkv.data(), cos, sin, q.data(), keys, values, T, H, Hkv, D, start, head_stride);
+        attention_rows(q.data(), keys, values, visible, attended.data(), T, H, Hkv, D, start, head_stride,
+                       attention_scale, num_threads);
+        multiply(layer.o, attended.data(), projected.data(), T, num_threads);
+        add_rms_norm(x, projected.data(), layer.post_norm, sum.data(), normed.data(), T, C, layer.post_eps);
+        multiply(layer.gate_up, normed.data(), gate_up.data(), T, num_threads);
+        silu_mul(gate_up.data(), activated.data(), T, I);
+        multiply(layer.down, activated.data(), projected.data(), T, num_threads);
+        for (int64_t i = 0; i < T * C; i++) x[i] = sum[i] + projected[i];
+    }
+}

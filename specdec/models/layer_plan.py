@@ -1,0 +1,139 @@
+"""A packed model's decoder layers as one C call (kernels/decoder_layers.cpp).
+
+At decode and verification sizes a layer's arithmetic is a few kernel calls, and calling them one by one
+from Python (ctypes conversions, output tensors, cache views) cost ~0.3 ms a layer here: a quarter of a
+135M model's step. A `LayerPlan` records, once, every pointer those calls need (each fused projection's
+buffers and format, each norm's weight) in a ctypes array; a forward then hands the whole span of layers to
+`decoder_layers` in one call. The plan keeps the tensors it points to alive and is rebuilt when any layer
+module or buffer is replaced (quantize_, a packed-weight cache, a copy with other layers).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from specdec.kernels import GGUF_LAYOUTS, grouped_bits, packed_kernel
+from specdec.models.kv_cache import KVCache
+from specdec.models.packed_linear import PackedLinear
+
+FLOAT32, INT8, INT4, INT7, GGUF = range(5)  # decoder_layers.cpp's MatrixKind
+
+
+class PackedMatrix(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int32), ("gguf_layout", ctypes.c_int32), ("codes", ctypes.c_void_p),
+                ("scales", ctypes.c_void_p), ("super_scales", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64), ("group", ctypes.c_int64),
+                ("super_group", ctypes.c_int64)]
+
+
+class LayerWeights(ctypes.Structure):
+    _fields_ = [("qkv", PackedMatrix), ("o", PackedMatrix), ("gate_up", PackedMatrix), ("down", PackedMatrix),
+                ("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("input_eps", ctypes.c_float),
+                ("post_eps", ctypes.c_float)]
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def describe(linear: PackedLinear) -> PackedMatrix | None:
+    """The C description of a packed layer, or None for a layer the span kernel does not multiply."""
+    if not isinstance(linear, PackedLinear) or linear.packed.device.type != "cpu" or not linear.packed.is_contiguous():
+        return None
+    packed, scales = linear.packed, linear.scales
+    group = super_group = layout = 0
+    if getattr(linear, "block_form", None) is not None:  # GgufLinear
+        kind, form = GGUF, linear.block_form
+        layout, group, super_group = GGUF_LAYOUTS[form["layout"]], form["group"], form["super_group"]
+    elif packed.dtype == torch.float32:
+        kind = FLOAT32
+    elif packed.dtype == torch.int8:
+        kind = INT8
+    else:
+        kind = INT4 if grouped_bits(packed, linear.in_features) == 4 else INT7
+        group = linear.in_features // scales.shape[1]
+    if linear.bias is not None and (linear.bias.dtype != torch.float32 or not linear.bias.is_contiguous()):
+        return None
+    return PackedMatrix(kind, layout, packed.data_ptr(), _pointer(scales),
+                        _pointer(getattr(linear, "super_scales", None)), _pointer(linear.bias),
+                        linear.in_features, linear.out_features, group, super_group)
+
+
+def _parts(layer: nn.Module) -> list:
+    """What a layer's plan entry points into: the four packed projections, then the two norms."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj, layer.input_layernorm,
+            layer.post_attention_layernorm]
+
+
+def _tensors(parts: list) -> list:
+    tensors = []
+    for module in parts[:4]:
+        tensors += [module.packed, module.scales, getattr(module, "super_scales", None), module.bias]
+    return tensors + [parts[4].weight, parts[5].weight]
+
+
+class LayerPlan:
+    def __init__(self, layers: Sequence[nn.Module], entries: ctypes.Array, parts: list[list], tensors: list[list]):
+        self.layers = list(layers)
+        self.entries = entries
+        self.parts = parts  # per layer: the modules the entry was read from
+        self.tensors = tensors  # per layer: the tensors it points into (kept alive, checked by identity)
+
+    @classmethod
+    def build(cls, layers: Sequence[nn.Module]) -> "LayerPlan | None":
+        """The plan of packed float32 layers on the CPU, or None where a layer cannot go through the kernel."""
+        entries = (LayerWeights * len(layers))()
+        all_parts, all_tensors = [], []
+        for index, layer in enumerate(layers):
+            parts = _parts(layer)
+            matrices = [describe(module) for module in parts[:4]]
+            norms = [parts[4].weight, parts[5].weight]
+            if any(m is None for m in matrices) or any(
+                    w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous() for w in norms):
+                return None
+            entries[index] = LayerWeights(*matrices, norms[0].data_ptr(), norms[1].data_ptr(), parts[4].eps,
+                                          parts[5].eps)
+            all_parts.append(parts)
+            all_tensors.append(_tensors(parts))
+        return cls(layers, entries, all_parts, all_tensors)
+
+    def matches(self, layers: Sequence[nn.Module]) -> bool:
+        """Whether every module and buffer the plan points into is still the one in `layers`."""
+        if len(layers) != len(self.layers):
+            return False
+        for layer, known, parts, tensors in zip(layers, self.layers, self.parts, self.tensors):
+            if layer is not known:
+                return False
+            now = _parts(layer)
+            if any(a is not b for a, b in zip(now, parts)) or any(a is not b for a, b in zip(_tensors(now), tensors)):
+                return False
+        return True
+
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, first: int, stop: int,
+            visible: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
+        """Layers [first, stop) over x (1, T, C): a new tensor (x is left as it was). The new tokens' keys and
+        values go to cache slots [cache.length, cache.length + T); visible (T, T) uint8."""
+        out = x.contiguous().clone()
+        rows = out.shape[1]
+        keys, values = cache.keys[first, 0], cache.values[first, 0]  # (Hkv, S_max, D)
+        entry = ctypes.addressof(self.entries) + first * ctypes.sizeof(LayerWeights)
+        packed_kernel().decoder_layers(
+            entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
+            cache.keys.stride(0), keys.stride(0), visible.data_ptr(), rows, heads, kv_heads, head_dim, cache.length,
+            head_dim ** -0.5, torch.get_num_threads())
+        return out
+
+
+def layer_plan(model: nn.Module) -> LayerPlan | None:
+    """The model's current plan (built on first use, rebuilt after its layers change), or None."""
+    layers = model.model.layers
+    plan = model.__dict__.get("_layer_plan")
+    if plan is None or not plan.matches(layers):
+        plan = LayerPlan.build(layers)
+        model.__dict__["_layer_plan"] = plan
+    return plan
