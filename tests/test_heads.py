@@ -280,5 +280,18 @@ def test_drafting_runs_a_packed_copy_of_the_head_that_computes_the_same(tiny):
     positions = positions_after(0, 5, 1, "cpu")
     outputs = [head(embeds, features, positions, head.new_cache(8), None) for head in (loaded.module, drafter.head)]
     torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+    # a tree step: three nodes after the five pairs, each seeing the first four pairs and only some of the
+    # rest (the packed copy runs it in one C call, attention row by row with a partly shared prefix)
+    mask = torch.zeros(1, 3, 8, dtype=torch.bool)
+    mask[0, :, :4] = True
+    mask[0, 0, [4, 5]] = mask[0, 1, [6]] = mask[0, 2, [4, 6, 7]] = True
+    step = [torch.randn(1, 3, model.hidden_size) for _ in range(2)]
+    tree = []
+    for head in (loaded.module, drafter.head):
+        cache = head.new_cache(8)
+        head(embeds, features, positions, cache, None)
+        tree.append(head(*step, torch.tensor([[5, 5, 6]]), cache, mask))
+    assert drafter.head.__dict__.get("_layer_plan") is not None
+    torch.testing.assert_close(tree[1], tree[0], rtol=1e-5, atol=1e-5)
     vocab = drafter.vocab
     torch.testing.assert_close(vocab.logits(outputs[0][0]), outputs[0][0] @ vocab.rows.T, rtol=1e-5, atol=1e-5)

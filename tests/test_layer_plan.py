@@ -8,7 +8,6 @@ from specdec.kernels import add_rms_norm, packed_kernel, rope_qkv_to_cache, silu
 from specdec.models.base import positions_after, tree_attention_mask
 from specdec.models.gguf_blocks import decode
 from specdec.models.gguf_linear import GgufLinear
-from specdec.models.layer_plan import layer_plan
 from specdec.models.llama import RowAttention
 from specdec.models.rope import rope_cos_sin
 from specdec.tree import TokenTree
@@ -83,10 +82,10 @@ def test_span_equals_the_kernels_called_one_by_one(weights, shape):
     rows = RowAttention.for_forward(mask, 9, rows_count)
     cos, sin = rope_cos_sin(native.inv_freq, positions, native.dtype)
     x = native.model.embed_tokens(new)
-    plan = layer_plan(native)
+    plan = native.layer_plan(x, prefilled(), rows)
     assert plan is not None
     by_plan, by_calls = prefilled(), prefilled()
-    ours = plan.run(x, cos, sin, by_plan, 0, config.num_layers, rows.visible, config.num_heads,
+    ours = plan.run(x, cos, sin, by_plan, 0, config.num_layers, rows, config.num_heads,
                     config.num_kv_heads, config.head_dim)
     reference = x.contiguous()
     for index, layer in enumerate(native.model.layers):
@@ -103,14 +102,15 @@ def test_plan_follows_replaced_layers():
     """A plan points into the layers' buffers: replacing a projection (quantize_, a cached layer) must
     rebuild it, never run on freed memory or stale weights."""
     native = model_in("float32")
-    first = layer_plan(native)
-    assert layer_plan(native) is first  # unchanged layers: the same plan
+    x, cache, rows = torch.zeros(1, 1, native.config.hidden_size), native.new_cache(1, 8), RowAttention(0, torch.ones(1, 1, dtype=torch.uint8))
+    first = native.layer_plan(x, cache, rows)
+    assert native.layer_plan(x, cache, rows) is first  # unchanged layers: the same plan
     layer = native.model.layers[1]
     layer.mlp.down_proj.quantize_("int8")  # a buffer replaced in place of the same module
-    second = layer_plan(native)
+    second = native.layer_plan(x, cache, rows)
     assert second is not first
     layer.self_attn.o_proj = layer.self_attn.o_proj.quantized_copy("int4")  # a module replaced
-    assert layer_plan(native) is not second
+    assert native.layer_plan(x, cache, rows) is not second
 
 
 def test_unpacked_layers_have_no_plan():

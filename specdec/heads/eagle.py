@@ -18,7 +18,8 @@ from torch import nn
 
 from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import KVCache
-from specdec.models.llama import DecoderLayer, RMSNorm
+from specdec.models.layer_plan import layer_plan
+from specdec.models.llama import ROW_BY_ROW_MAX, DecoderLayer, RMSNorm, RowAttention
 from specdec.models.rope import rope_cos_sin, rope_inverse_frequencies
 
 
@@ -81,6 +82,14 @@ class EagleHead(nn.Module):
             attn_mask = causal_attention_mask(cache.length, num_new, token_embeds.device)
         x = self.fc(torch.cat([token_embeds, features], dim=-1))  # (B, T, C)
         cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
-        x = self.layer(x, cos, sin, cache, 0, attn_mask)
+        plan = None
+        if self.layer.self_attn.qkv_proj is not None and num_new <= ROW_BY_ROW_MAX:  # packed_copy(): drafting
+            rows = RowAttention.for_forward(attn_mask, cache.length, num_new)
+            plan = layer_plan(self, [self.layer], x, cache, rows)
+        if plan is not None:  # the layer in one C call, as the target's (models/layer_plan.py)
+            c = self.config
+            x = plan.run(x, cos, sin, cache, 0, 1, rows, c.num_heads, c.num_kv_heads, c.head_dim)
+        else:
+            x = self.layer(x, cos, sin, cache, 0, attn_mask)
         cache.advance(num_new)
         return self.norm(x)

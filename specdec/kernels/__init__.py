@@ -71,7 +71,7 @@ def packed_kernel() -> ctypes.CDLL | None:
     lib.packed_matmul_f32.restype = None
     lib.packed_matmul_q8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.packed_matmul_q8.restype = None
-    lib.attention_rows.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6
+    lib.attention_rows.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7
                                    + [ctypes.c_float, ctypes.c_int])
     lib.attention_rows.restype = None
     lib.add_rms_norm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float]
@@ -87,8 +87,7 @@ def packed_kernel() -> ctypes.CDLL | None:
                                 + [ctypes.c_int64] * 2 + [ctypes.c_int])
     lib.gguf_matmul.restype = None
     lib.decoder_layers.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2
-                                   + [ctypes.c_void_p]
-                                   + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int])
+                                   + [ctypes.c_void_p] + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int])
     lib.decoder_layers.restype = None
     return lib
 
@@ -260,14 +259,15 @@ def gguf_matmul(x: torch.Tensor, codes: torch.Tensor, group_codes: torch.Tensor,
 
 def attention_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
                    prefix: int) -> torch.Tensor:
-    """q (1, H, T, D), the cache's keys/values views (1, Hkv, prefix + T, D), visible (T, T) uint8 ->
-    (1, T, H * D): each row's attention as its own one-token step computes it (attention.cpp)."""
+    """q (1, H, T, D), the cache's keys/values views (1, Hkv, prefix + W, D), visible (T, W) uint8: which of
+    the keys after the shared `prefix` each row sees -> (1, T, H * D): each row's attention as its own
+    one-token step computes it (attention.cpp)."""
     _, heads, rows, dim = q.shape
     q = q.contiguous()
     out = torch.empty(1, rows, heads * dim, dtype=torch.float32)
     packed_kernel().attention_rows(q.data_ptr(), keys.data_ptr(), values.data_ptr(), visible.data_ptr(),
-                                   out.data_ptr(), rows, heads, keys.shape[1], dim, prefix, keys.stride(1),
-                                   dim ** -0.5, torch.get_num_threads())
+                                   out.data_ptr(), rows, heads, keys.shape[1], dim, prefix, visible.shape[1],
+                                   keys.stride(1), dim ** -0.5, torch.get_num_threads())
     return out
 
 

@@ -1,7 +1,8 @@
 // Attention for a few query rows over a KV cache, each row computed exactly as it would be alone.
 //
-// Row t of T new tokens sees every cached key before them (the committed prefix, `prefix` keys) and the
-// new keys j with visible[t][j] (itself, its ancestors in a tree, earlier tokens of a chain). Each row
+// Row t of T new tokens sees the first `prefix` keys (the committed prefix every row shares) and, of the
+// `visible_width` keys after them, those with visible[t][j] (itself, its ancestors in a tree, earlier
+// tokens of a chain; the T new keys are the last T). Each row
 // takes the same arithmetic in the same order whatever T is and whichever other rows share the call, so
 // a verified token's attention output is bit-identical to the one-token step plain decoding takes for it
 // (the matmul kernels' rows already are).
@@ -82,8 +83,8 @@ inline void weighted_values(const float* p, const int64_t* seen, int64_t n, cons
 
 extern "C" void attention_rows(const float* q, const float* keys, const float* values, const uint8_t* visible,
                                float* out, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t prefix,
-                               int64_t head_stride, float scale, int num_threads) {
-    const int64_t S = prefix + T, group = H / Hkv;
+                               int64_t visible_width, int64_t head_stride, float scale, int num_threads) {
+    const int64_t S = prefix + visible_width, group = H / Hkv;
 #pragma omp parallel num_threads(num_threads)
     {
         std::vector<float> scores((S + 7) / 8 * 8);
@@ -96,7 +97,7 @@ extern "C" void attention_rows(const float* q, const float* keys, const float* v
                 const float* q_row = q + (h * T + t) * D;
                 int64_t n = 0;  // the keys this row sees, in order
                 for (int64_t j = 0; j < S; j++)
-                    if (j < prefix || visible[t * T + (j - prefix)]) seen[n++] = j;
+                    if (j < prefix || visible[t * visible_width + (j - prefix)]) seen[n++] = j;
                 const int64_t padded = (n + 7) / 8 * 8;
                 int64_t i = 0;
                 for (; i + 4 <= n; i += 4) {

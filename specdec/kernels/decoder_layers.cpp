@@ -29,8 +29,8 @@ void int7_matmul(const float* x, const uint8_t* wq, const uint16_t* scales, floa
 void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super, float* y,
                  int64_t T, int64_t K, int64_t N, int32_t layout, int64_t group, int64_t super_size, int num_threads);
 void attention_rows(const float* q, const float* keys, const float* values, const uint8_t* visible, float* out,
-                    int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t prefix, int64_t head_stride, float scale,
-                    int num_threads);
+                    int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t prefix, int64_t visible_width,
+                    int64_t head_stride, float scale, int num_threads);
 void add_rms_norm(const float* x, const float* residual, const float* weight, float* sum, float* out, int64_t rows,
                   int64_t n, float eps);
 void rope_qkv_to_cache(const float* qkv, const float* cos, const float* sin, float* q_out, float* key_cache,
@@ -92,12 +92,12 @@ void multiply(const PackedMatrix& w, const float* x, float* y, int64_t T, int th
 
 // Layers [0, count) of `layers` over x (T, C), in place. key_cache/value_cache: the first layer's (Hkv, S_max,
 // D) block of a batch-1 cache, layer_stride floats apart; `start` cached tokens precede the T new ones, whose
-// keys and values are written at [start, start + T). cos/sin (T, D); visible (T, T) uint8: which new tokens
-// each row sees (the whole prefix always).
+// keys and values are written at [start, start + T). cos/sin (T, D). Attention: every row sees the first
+// `prefix` keys; visible (T, start + T - prefix) uint8 says which of the others it sees.
 extern "C" void decoder_layers(const LayerWeights* layers, int64_t count, float* x, const float* cos, const float* sin,
                                float* key_cache, float* value_cache, int64_t layer_stride, int64_t head_stride,
-                               const uint8_t* visible, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t start,
-                               float attention_scale, int num_threads) {
+                               const uint8_t* visible, int64_t prefix, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                               int64_t start, float attention_scale, int num_threads) {
     if (count <= 0) return;
     const int64_t C = layers[0].qkv.in_features;
     std::vector<float> normed(T * C), sum(T * C), q(H * T * D), attended(T * H * D), projected(T * C);
@@ -114,8 +114,8 @@ extern "C" void decoder_layers(const LayerWeights* layers, int64_t count, float*
         add_rms_norm(x, nullptr, layer.input_norm, x, normed.data(), T, C, layer.input_eps);
         multiply(layer.qkv, normed.data(), qkv.data(), T, num_threads);
         rope_qkv_to_cache(qkv.data(), cos, sin, q.data(), keys, values, T, H, Hkv, D, start, head_stride);
-        attention_rows(q.data(), keys, values, visible, attended.data(), T, H, Hkv, D, start, head_stride,
-                       attention_scale, num_threads);
+        attention_rows(q.data(), keys, values, visible, attended.data(), T, H, Hkv, D, prefix, start + T - prefix,
+                       head_stride, attention_scale, num_threads);
         multiply(layer.o, attended.data(), projected.data(), T, num_threads);
         add_rms_norm(x, projected.data(), layer.post_norm, sum.data(), normed.data(), T, C, layer.post_eps);
         multiply(layer.gate_up, normed.data(), gate_up.data(), T, num_threads);

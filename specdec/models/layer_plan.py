@@ -116,25 +116,31 @@ class LayerPlan:
             _signature(layer) == known for layer, known in zip(layers, self.signatures))
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, first: int, stop: int,
-            visible: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
+            rows, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
         """Layers [first, stop) over x (1, T, C): a new tensor (x is left as it was). The new tokens' keys and
-        values go to cache slots [cache.length, cache.length + T); visible (T, T) uint8."""
+        values go to cache slots [cache.length, cache.length + T); `rows` (llama.RowAttention) says which
+        cached keys each row sees."""
         out = x.contiguous().clone()
-        rows = out.shape[1]
         keys, values = cache.keys[first, 0], cache.values[first, 0]  # (Hkv, S_max, D)
         entry = ctypes.addressof(self.entries) + first * ctypes.sizeof(LayerWeights)
         packed_kernel().decoder_layers(
             entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
-            cache.keys.stride(0), keys.stride(0), visible.data_ptr(), rows, heads, kv_heads, head_dim, cache.length,
-            head_dim ** -0.5, torch.get_num_threads())
+            cache.keys.stride(0), keys.stride(0), rows.visible.data_ptr(), rows.prefix, out.shape[1], heads,
+            kv_heads, head_dim, cache.length, head_dim ** -0.5, torch.get_num_threads())
         return out
 
 
-def layer_plan(model: nn.Module) -> LayerPlan | None:
-    """The model's current plan (built on first use, rebuilt after its layers change), or None."""
-    layers = model.model.layers
-    plan = model.__dict__.get("_layer_plan")
+def layer_plan(owner: nn.Module, layers: Sequence[nn.Module], x: torch.Tensor, cache, rows) -> LayerPlan | None:
+    """The plan of `layers` (packed decoder layers of `owner`: a model, an EAGLE head) where the one-call path
+    applies to this forward: float32 rows on the CPU attended row by row (`rows`, llama.RowAttention), batch
+    1, a contiguous float32 KV cache. Built on first use and rebuilt after the layers change; else None."""
+    if rows is None or not rows.uses_kernel(x) or x.shape[0] != 1 or not isinstance(cache, KVCache):
+        return None
+    keys = cache.keys
+    if keys.dtype != torch.float32 or keys.shape[1] != 1 or keys.stride(-1) != 1 or keys.stride(-2) != keys.shape[-1]:
+        return None
+    plan = owner.__dict__.get("_layer_plan")
     if plan is None or not plan.matches(layers):
         plan = LayerPlan.build(layers)
-        model.__dict__["_layer_plan"] = plan
+        owner.__dict__["_layer_plan"] = plan
     return plan

@@ -105,21 +105,22 @@ class RowAttention:
     Why: a batched attention call rounds differently from T one-token calls, and with int8-quantized
     activations (int4/int7 weights) such last-bit differences grow into visibly different logits. Row by
     row, a verified token's attention is bit-identical to the step plain decoding takes for it, as the
-    matmul kernels' rows already are. Every row sees the `prefix` cached keys; `visible` says which of the
-    new tokens' keys it sees (a chain: those up to itself; a tree node: its ancestors and itself)."""
+    matmul kernels' rows already are. Every row sees the first `prefix` cached keys (the committed
+    prefix); `visible` says which of the keys after them it sees (a chain: the new tokens up to itself; a
+    tree node: its ancestors and itself; an EAGLE head's tree also reaches into nodes cached earlier)."""
 
     prefix: int
-    visible: torch.Tensor  # (T, T) uint8, the attention kernel's input
+    visible: torch.Tensor  # (T, S - prefix) uint8, the attention kernel's input
 
     @classmethod
-    def for_forward(cls, attn_mask: torch.Tensor | None, prefix: int, num_new: int) -> "RowAttention | None":
-        """None where rows do not all see the whole prefix (then the batched call with the mask)."""
+    def for_forward(cls, attn_mask: torch.Tensor | None, past: int, num_new: int) -> "RowAttention":
+        """For a forward of num_new tokens after `past` cached ones, over attn_mask (1, T, past + T) or causal."""
         if attn_mask is None:
-            return cls(prefix, torch.ones(1, 1, dtype=torch.uint8))
+            return cls(past, torch.ones(1, 1, dtype=torch.uint8))
         mask = attn_mask[0].cpu()  # (T, S)
-        if not bool(mask[:, :prefix].all()):
-            return None
-        return cls(prefix, mask[:, prefix:prefix + num_new].to(torch.uint8).contiguous())
+        shared = mask[:, :past].all(dim=0)  # (past,): keys every row sees
+        prefix = past if bool(shared.all()) else int(shared.to(torch.uint8).argmin())
+        return cls(prefix, mask[:, prefix:].to(torch.uint8).contiguous())
 
     def keys_of_row(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, Hkv, S, D) keys and values -> those `row` attends to, in cache order."""
@@ -376,14 +377,8 @@ class LlamaForCausalLM(nn.Module):
         return out
 
     def layer_plan(self, x: torch.Tensor, cache, rows: RowAttention | None) -> LayerPlan | None:
-        """The one-call path through the layers where it applies: packed layers on the CPU, float32 rows of
-        batch 1 that each see the whole prefix (RowAttention), a contiguous KV cache."""
-        if rows is None or not rows.uses_kernel(x) or not self.layers_are_packed() or not isinstance(cache, KVCache):
-            return None
-        keys = cache.keys
-        if keys.dtype != torch.float32 or keys.stride(-1) != 1 or keys.stride(-2) != keys.shape[-1]:
-            return None
-        return layer_plan(self)
+        """The one-call path through the layers (models/layer_plan.py) where it applies, else None."""
+        return layer_plan(self, self.model.layers, x, cache, rows) if self.layers_are_packed() else None
 
     def run(
         self,
@@ -406,7 +401,7 @@ class LlamaForCausalLM(nn.Module):
             start = 0
             for stop in sorted({index + 1 for index in wanted if 0 <= index < self.config.num_layers}
                                | {self.config.num_layers}):
-                x = plan.run(x, cos, sin, cache, start, stop, rows.visible, self.config.num_heads,
+                x = plan.run(x, cos, sin, cache, start, stop, rows, self.config.num_heads,
                              self.config.num_kv_heads, self.config.head_dim)
                 if stop - 1 in wanted:
                     hidden[stop - 1] = x
