@@ -6,7 +6,7 @@ import torch
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after, tree_attention_mask
 from specdec.models.config import ModelConfig
-from specdec.models.llama import LlamaForCausalLM
+from specdec.models.llama import ROW_BY_ROW_MAX, LlamaForCausalLM
 from specdec.tree import TokenTree
 from tiny_models import VOCAB, make_hf_model
 
@@ -53,6 +53,19 @@ def test_prefill_and_decode_match_transformers(pair):
     steps = [native(tokens[:, i:i + 1], positions_after(i, 1, 2, "cpu"), cache).logits for i in range(20, 24)]
     assert (prefill - reference[:, :20]).abs().max() < TOLERANCE
     assert (torch.cat(steps, 1) - reference[:, 20:]).abs().max() < TOLERANCE
+
+
+def test_long_first_prefill_takes_the_causal_kernel_and_matches(pair):
+    """A first prefill longer than the row-by-row range runs torch's causal attention (no mask tensor); a
+    prefill after cached tokens builds the mask. Both match transformers."""
+    hf, native = pair
+    tokens = torch.randint(0, VOCAB, (1, ROW_BY_ROW_MAX + 30), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        reference = hf(tokens).logits
+    cache = native.new_cache(1, 128)
+    first = native(tokens[:, :ROW_BY_ROW_MAX + 10], positions_after(0, ROW_BY_ROW_MAX + 10, 1, "cpu"), cache).logits
+    rest = native(tokens[:, ROW_BY_ROW_MAX + 10:], positions_after(ROW_BY_ROW_MAX + 10, 20, 1, "cpu"), cache).logits
+    assert (torch.cat([first, rest], 1) - reference).abs().max() < TOLERANCE
 
 
 def test_tree_masked_forward_matches_each_path(pair):

@@ -65,7 +65,7 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         cache: KVCache,
         layer: int,
-        attn_mask: torch.Tensor | None,  # (B or 1, T, S) bool or None (no masking needed)
+        attn_mask: torch.Tensor | None,  # (B or 1, T, S) bool, or None: causal (one token, or a first prefill)
         rows: RowAttention | None = None,  # attend row by row (decoding and verification)
     ) -> torch.Tensor:
         batch, num_new, _ = x.shape
@@ -79,7 +79,9 @@ class Attention(nn.Module):
             return self.o_proj(rows.attend(q, keys, values))
         mask = None if attn_mask is None else attn_mask.unsqueeze(1)  # (B, 1, T, S)
         with gpu_attention_backends(q.device, getattr(cache, "attention_backends", GPU_ATTENTION_BACKENDS)):
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # (B, H, T, D)
+            causal = mask is None and num_new > 1  # then keys are the T new ones only (LlamaForCausalLM.forward)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
+                                                 enable_gqa=True)  # (B, H, T, D)
         return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, self.num_heads * self.head_dim))
 
 
@@ -365,7 +367,10 @@ class LlamaForCausalLM(nn.Module):
         cache.check_room(num_new)
         if self.graphs is not None and self.graphs.serves(tokens, cache):
             return self.graphs.forward(tokens, positions, cache, attn_mask, hidden_layers, last_logits_only)
-        if attn_mask is None and num_new > 1:
+        # A first prefill keeps attn_mask None: attention then runs torch's causal kernel, which skips the
+        # masked half of the scores (a 1k-token prompt's attention 1.4 -> 1.0 s on the 135M model)
+        causal_prefill = attn_mask is None and cache.length == 0 and num_new > ROW_BY_ROW_MAX
+        if attn_mask is None and num_new > 1 and not causal_prefill:
             attn_mask = causal_attention_mask(cache.length, num_new, tokens.device)
         rows = None
         # Only on the CPU, where the matmul kernels are row-invariant too: on a GPU the batched
