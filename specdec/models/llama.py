@@ -117,8 +117,8 @@ class RowAttention:
     @classmethod
     def for_forward(cls, attn_mask: torch.Tensor | None, past: int, num_new: int) -> "RowAttention":
         """For a forward of num_new tokens after `past` cached ones, over attn_mask (1, T, past + T) or causal."""
-        if attn_mask is None:
-            return cls(past, torch.ones(1, 1, dtype=torch.uint8))
+        if attn_mask is None:  # causal: each new token sees the prefix and the new tokens up to itself
+            return cls(past, torch.ones(num_new, num_new, dtype=torch.uint8).tril())
         mask = attn_mask[0].cpu()  # (T, S)
         shared = mask[:, :past].all(dim=0)  # (past,): keys every row sees
         prefix = past if bool(shared.all()) else int(shared.to(torch.uint8).argmin())
