@@ -8,6 +8,7 @@ from specdec.kernels import add_rms_norm, packed_kernel, rope_qkv_to_cache, silu
 from specdec.models.base import positions_after, tree_attention_mask
 from specdec.models.gguf_blocks import decode
 from specdec.models.gguf_linear import GgufLinear
+from specdec.models.layer_plan import INT4, INT8
 from specdec.models.llama import RowAttention
 from specdec.models.rope import rope_cos_sin
 from specdec.tree import TokenTree
@@ -109,8 +110,13 @@ def test_plan_follows_replaced_layers():
     layer.mlp.down_proj.quantize_("int8")  # a buffer replaced in place of the same module
     second = native.layer_plan(x, cache, rows)
     assert second is not first
+    entry = second.entries[1]
+    assert entry.down.kind == INT8 and entry.down.codes == layer.mlp.down_proj.packed.data_ptr()
+    assert entry.down.scales == layer.mlp.down_proj.scales.data_ptr()
     layer.self_attn.o_proj = layer.self_attn.o_proj.quantized_copy("int4")  # a module replaced
-    assert native.layer_plan(x, cache, rows) is not second
+    third = native.layer_plan(x, cache, rows)
+    assert third is not second
+    assert third.entries[1].o.kind == INT4 and third.entries[1].o.codes == layer.self_attn.o_proj.packed.data_ptr()
 
 
 def test_unpacked_layers_have_no_plan():

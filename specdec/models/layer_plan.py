@@ -64,22 +64,21 @@ def describe(linear: PackedLinear) -> PackedMatrix | None:
 
 
 def _parts(layer: nn.Module) -> list:
-    """What a layer's plan entry points into: the four packed projections, then the two norms."""
-    attn, mlp = layer.self_attn, layer.mlp
-    return [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj, layer.input_layernorm,
-            layer.post_attention_layernorm]
+    """What a layer's plan entry points into: the four packed projections, then the two norms. Read through
+    the modules' own dicts: nn.Module.__getattr__ made checking a plan cost 3 ms a forward."""
+    attn, mlp = layer._modules["self_attn"]._modules, layer._modules["mlp"]._modules  # no fused ones: None
+    return [attn.get("qkv_proj"), attn.get("o_proj"), mlp.get("gate_up_proj"), mlp.get("down_proj"),
+            layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"]]
 
 
 def _members(layer: nn.Module) -> list:
-    """Every module and tensor a layer's entry was read from. Read through the modules' own dicts:
-    nn.Module.__getattr__ made checking them cost 3 ms a forward."""
-    attn, mlp = layer._modules["self_attn"]._modules, layer._modules["mlp"]._modules
+    """Every module and tensor a layer's entry was read from: the layer, its parts, their buffers and weights."""
     members = [layer]
-    for module in (attn["qkv_proj"], attn["o_proj"], mlp["gate_up_proj"], mlp["down_proj"]):
-        members.append(module)
-        members.extend(module._buffers.values())
-    for norm in (layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"]):
-        members += [norm, norm._parameters["weight"]]
+    for part in _parts(layer):
+        members.append(part)
+        if part is not None:
+            members.extend(part._buffers.values())
+            members.extend(part._parameters.values())
     return members
 
 
@@ -102,9 +101,10 @@ class LayerPlan:
         for index, layer in enumerate(layers):
             parts = _parts(layer)
             matrices = [describe(module) for module in parts[:4]]
+            if any(m is None for m in matrices):
+                return None
             norms = [parts[4].weight, parts[5].weight]
-            if any(m is None for m in matrices) or any(
-                    w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous() for w in norms):
+            if any(w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous() for w in norms):
                 return None
             entries[index] = LayerWeights(*matrices, norms[0].data_ptr(), norms[1].data_ptr(), parts[4].eps,
                                           parts[5].eps)
