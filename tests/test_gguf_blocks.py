@@ -10,13 +10,14 @@ from specdec.drafters import make_drafter
 from specdec.errors import InvalidParameterError, UnsupportedModelError
 from specdec.generator import SpeculativeGenerator
 from specdec.heads.target_parts import lm_head_rows
+from specdec import kernels
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
 from specdec.models.gguf_blocks import BlockWeights, concatenate, decode
 from specdec.models.gguf_linear import GgufLinear
 from specdec.models.loading import load_model
 from specdec.models.packed_cache import packed_cache_path
-from test_integer_kernel import quantized_activations
+from test_integer_kernel import both_builds, quantized_activations
 from tiny_models import make_hf_model, random_k_blocks, save_tiny_model, write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA/F16C CPU or no C++ compiler here")
@@ -89,6 +90,19 @@ def test_block_kernel_matches_float64_reference(format_name, rows):
     # and the activation quantization costs little against the exact product with the file's weights
     exact = x.double() @ weights.dequantize().double().T
     assert (layer(x).double() - exact).norm() / exact.norm() < 0.02
+
+
+@pytest.mark.parametrize("format_name", FORMATS)
+@pytest.mark.parametrize("rows", [1, 4, 7])
+def test_vnni_build_is_bit_identical_to_the_avx2_build(monkeypatch, format_name, rows):
+    weights = decode(blocks_of(format_name, 44, 512, seed=rows), format_name, 44, 512)
+    layer = GgufLinear(weights, None, [44])
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)) * 3
+    results = []
+    for library in both_builds():
+        monkeypatch.setattr(kernels, "packed_kernel", lambda library=library: library)
+        results.append(layer(x))
+    assert torch.equal(results[0], results[1])
 
 
 @pytest.mark.parametrize("format_name", ["Q4_K", "Q6_K", "Q8_0"])

@@ -32,17 +32,35 @@ SOURCES = [Path(__file__).with_name(name) for name in ("packed_matmul.cpp", "int
 # included by the sources: part of the build's key
 HEADERS = [Path(__file__).with_name(name) for name in ("vector_math.h", "integer_blocks.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+# Added where the CPU has AVX512-VNNI (Zen 4, Ice Lake and later): the integer kernels' byte dot products
+# take one vpdpbusd (integer_blocks.h). 256-bit vectors stay preferred: the kernels are written for them.
+VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256"]
 PANEL = 16  # output columns per packed panel (two AVX2 registers)
 
 
-def cpu_has_avx2_fma_f16c() -> bool:
+def cpu_flags() -> set[str]:
+    """The x86 feature flags /proc/cpuinfo lists (empty elsewhere)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
+        return set()
     try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
-        return False
-    return " avx2" in flags and " fma" in flags and " f16c" in flags
+        return set()
+    return set(line.split(":", 1)[1].split())
+
+
+def cpu_has_avx2_fma_f16c() -> bool:
+    return {"avx2", "fma", "f16c"} <= cpu_flags()
+
+
+def cpu_has_vnni() -> bool:
+    """AVX512-VNNI with its 256-bit forms; SPECDEC_NO_VNNI=1 builds the AVX2 kernels anyway."""
+    return not os.environ.get("SPECDEC_NO_VNNI") and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags()
+
+
+def kernel_flags() -> list[str]:
+    """The compiler flags for this CPU."""
+    return FLAGS + VNNI_FLAGS if cpu_has_vnni() else FLAGS
 
 
 @functools.cache
@@ -50,16 +68,22 @@ def packed_kernel() -> ctypes.CDLL | None:
     """The compiled kernel library, or None where it cannot be used here."""
     if os.environ.get("SPECDEC_NO_KERNELS") or not cpu_has_avx2_fma_f16c():
         return None
+    return build_kernel(tuple(kernel_flags()))
+
+
+@functools.cache
+def build_kernel(flags: tuple[str, ...]) -> ctypes.CDLL | None:
+    """The kernel library built with these flags (once per flags and sources), or None without a compiler."""
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if compiler is None:
         return None
     source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
-    key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     library = specdec_home() / "kernels" / f"packed_matmul-{key}.so"
     if not library.exists():
         library.parent.mkdir(parents=True, exist_ok=True)
         partial = library.with_suffix(f".{os.getpid()}.partial")
-        result = subprocess.run([compiler, *FLAGS, "-o", str(partial), *map(str, SOURCES)], capture_output=True, text=True)
+        result = subprocess.run([compiler, *flags, "-o", str(partial), *map(str, SOURCES)], capture_output=True, text=True)
         if result.returncode != 0:
             partial.unlink(missing_ok=True)
             print(f"specdec: warning: could not build the CPU kernel, using torch matmul ({result.stderr.strip()[:200]})",

@@ -17,7 +17,7 @@
 //           (the vectors Nibbles::load makes) in bits 0-1, 2-3, 4-5, 6-7. 6 bits a weight, as in the file;
 //           a step's two products still fit 16 bits (2 x 2 x 63 x 127)
 //   SIGNED  (q in -128..127, Q8_0): the byte layout holding signed codes, multiplied as |q| * (sign(q) x)
-//           with vpsignb, as llama.cpp does, since vpmaddubsw needs one unsigned operand
+//           with vpsignb, as llama.cpp does, since vpmaddubsw (and vpdpbusd) need one unsigned operand
 // group_codes[c][g][0..1][8] int8: sc, mn of the 8 columns of column block c; super[c][s][0..1][8]: d, dmin.
 //
 // Per group and row: acc += (d sc) dx * sum(q xq) + (dmin mn) * dx * sum(xq), the integer sums exact,
@@ -65,9 +65,9 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
         const __m256 scale = _mm256_mul_ps(d, int8_lanes(gc + g * 16));
         const __m256 minimum = _mm256_mul_ps(dmin, int8_lanes(gc + g * 16 + 8));
         prefetch_ahead(w + (k0 / 8) * bytes_per_step, G / 8 * bytes_per_step);
-        __m256i sum[TB];
+        __m256i sum[TB], sum_second[TB];  // the second: VNNI only (two shorter vpdpbusd chains)
 #pragma GCC unroll 8
-        for (int t = 0; t < TB; t++) sum[t] = _mm256_setzero_si256();
+        for (int t = 0; t < TB; t++) sum[t] = sum_second[t] = _mm256_setzero_si256();
 #pragma GCC unroll 1
         for (int step = 0; step < G / 8; step++) {
             const int64_t k = k0 + step * 8;
@@ -100,6 +100,11 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
                     x0 = _mm256_sign_epi8(x0, first);
                     x1 = _mm256_sign_epi8(x1, second);
                 }
+                if (VNNI) {
+                    sum[t] = dot_accumulate(sum[t], first_abs, x0);
+                    sum_second[t] = dot_accumulate(sum_second[t], second_abs, x1);
+                    continue;
+                }
                 const __m256i p0 = _mm256_maddubs_epi16(first_abs, x0);
                 const __m256i p1 = _mm256_maddubs_epi16(second_abs, x1);
                 if (LAYOUT == NIBBLES) {
@@ -115,7 +120,8 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
         const int64_t block = k0 / BLOCK;
 #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) {
-            const __m256i total = LAYOUT == NIBBLES ? _mm256_madd_epi16(sum[t], ones) : sum[t];
+            const __m256i total = VNNI ? _mm256_add_epi32(sum[t], sum_second[t])
+                                  : LAYOUT == NIBBLES ? _mm256_madd_epi16(sum[t], ones) : sum[t];
             const float row_scale = dx[(t0 + t) * (K / BLOCK) + block];
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(scale, _mm256_set1_ps(row_scale)), acc[t]);
             acc[t] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(xsum[(t0 + t) * groups + g]), acc[t]);

@@ -27,6 +27,26 @@ inline void prefetch_ahead(const uint8_t* at, int64_t size) {
 
 constexpr int BLOCK = 32;  // inputs per activation block (and the smallest weight group)
 
+// Where the CPU has AVX512-VNNI (with VL: 256-bit forms), the kernels are built with it (kernels/__init__.py)
+// and a block's integer sum can take one vpdpbusd per 32 products instead of vpmaddubsw, vpmaddwd and vpaddd
+// (each kernel says where it does).
+// Same exact 32-bit sums either way (no product pair here can saturate vpmaddubsw's 16 bits), so both builds
+// give bit-identical results (tests/test_integer_kernel.py builds both where it can).
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr bool VNNI = true;
+#else
+constexpr bool VNNI = false;
+#endif
+
+// acc + in each 32-bit lane the sum of its four unsigned(u) x signed(s) byte products.
+inline __m256i dot_accumulate(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
 inline int32_t horizontal_sum(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));

@@ -1,5 +1,6 @@
 // y (T, N) = x (T, K) @ W^T with W in grouped 4-bit or 7-bit form and x quantized to int8 on the fly,
-// using integer dot products (vpmaddubsw) as llama.cpp does for Q4_0 x Q8_0.
+// using integer dot products (vpmaddubsw; vpdpbusd for 7-bit codes where the CPU has AVX512-VNNI) as
+// llama.cpp does for Q4_0 x Q8_0.
 //
 // Why integer arithmetic: widening low-bit weights to float costs as many instructions as the FMAs
 // themselves, so a weight-only int8/int4 matmul with float activations is bound by arithmetic on AVX2
@@ -37,6 +38,9 @@ template <int TB, typename Weights>
 inline void column_block(const int8_t* xq, const float* dx, const int32_t* offset, const uint8_t* wq,
                          const uint16_t* scales, float* y, int64_t K, int64_t N, int64_t G, int64_t c, int64_t t0) {
     const int64_t blocks = K / BLOCK, per_group = G / BLOCK;
+    // vpdpbusd for the 7-bit codes only (1.25x at 8 rows): the 4-bit codes' 16-bit sums need no vpmaddwd per
+    // step, and measured 10% faster than vpdpbusd at 1-2 rows, equal at 8 (docs/benchmarks.md section 19)
+    constexpr bool vnni = VNNI && Weights::widen_each;
     const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t* w = wq + c * blocks * Weights::bytes_per_block * 8;
     const uint16_t* s = scales + c * (K / G) * 8;
@@ -48,9 +52,10 @@ inline void column_block(const int8_t* xq, const float* dx, const int32_t* offse
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g * 8)));
         for (int64_t end = b + per_group; b < end; b++) {
             prefetch_ahead(w + b * Weights::bytes_per_block * 8, Weights::bytes_per_block * 8);
-            __m256i sum16[TB], sum32[TB];
+            // sum32 / sum_second: 32-bit sums (two, so that a single row's vpdpbusd chain is half as long)
+            __m256i sum16[TB], sum32[TB], sum_second[TB];
 #pragma GCC unroll 8
-            for (int t = 0; t < TB; t++) sum16[t] = sum32[t] = _mm256_setzero_si256();
+            for (int t = 0; t < TB; t++) sum16[t] = sum32[t] = sum_second[t] = _mm256_setzero_si256();
 #pragma GCC unroll 1  // unrolled, the compiler hoists every vpmaddubsw and spills the results
             for (int step = 0; step < BLOCK / 8; step++) {
                 __m256i first, second;
@@ -59,8 +64,15 @@ inline void column_block(const int8_t* xq, const float* dx, const int32_t* offse
 #pragma GCC unroll 8
                 for (int t = 0; t < TB; t++) {
                     const int8_t* row = xq + (t0 + t) * K + k;
-                    const __m256i p0 = _mm256_maddubs_epi16(first, _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row)));
-                    const __m256i p1 = _mm256_maddubs_epi16(second, _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row + 4)));
+                    const __m256i x0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row));
+                    const __m256i x1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row + 4));
+                    if (vnni) {
+                        sum32[t] = dot_accumulate(sum32[t], first, x0);
+                        sum_second[t] = dot_accumulate(sum_second[t], second, x1);
+                        continue;
+                    }
+                    const __m256i p0 = _mm256_maddubs_epi16(first, x0);
+                    const __m256i p1 = _mm256_maddubs_epi16(second, x1);
                     if (Weights::widen_each) {
                         sum32[t] = _mm256_add_epi32(sum32[t], _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)));
                     } else {
@@ -71,7 +83,8 @@ inline void column_block(const int8_t* xq, const float* dx, const int32_t* offse
 #pragma GCC unroll 8
             for (int t = 0; t < TB; t++) {
                 const int64_t at = (t0 + t) * blocks + b;
-                const __m256i total = Weights::widen_each ? sum32[t] : _mm256_madd_epi16(sum16[t], ones);
+                const __m256i total = vnni ? _mm256_add_epi32(sum32[t], sum_second[t])
+                                      : Weights::widen_each ? sum32[t] : _mm256_madd_epi16(sum16[t], ones);
                 const __m256i exact = _mm256_sub_epi32(total, _mm256_set1_epi32(offset[at]));
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(dw, _mm256_set1_ps(dx[at])), acc[t]);
             }
