@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA CPU
 
 
 @pytest.mark.parametrize("in_features,out_features", [(64, 16), (96, 100), (7, 33), (576, 1536), (1536, 257)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 12, 16, 17, 40, 70])  # > 64: the GEMM path
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 12, 16, 17, 40, 70, 301])  # > 64: prefill sizes
 def test_matches_float64_reference(in_features, out_features, rows):
     gen = torch.Generator().manual_seed(in_features * 1000 + rows)
     weight = torch.randn(out_features, in_features, generator=gen)
@@ -37,6 +37,16 @@ def test_row_results_do_not_depend_on_batch_size():
     alone = torch.cat([packed_matmul(x[row:row + 1].contiguous(), packed, 300) for row in range(16)])
     for rows in range(2, 17):
         assert torch.equal(packed_matmul(x[:rows].contiguous(), packed, 300), alone[:rows])
+
+
+def test_prefill_rows_round_as_decode_rows():
+    """Prefill takes the same kernel: a prompt's rows are bit-identical to one-row steps."""
+    gen = torch.Generator().manual_seed(1)
+    weight, x = torch.randn(100, 256, generator=gen), torch.randn(200, 256, generator=gen)
+    packed = pack_weight(weight)
+    together = packed_matmul(x, packed, 100)
+    for row in (0, 63, 64, 65, 150, 199):
+        assert torch.equal(packed_matmul(x[row:row + 1].contiguous(), packed, 100)[0], together[row])
 
 
 def test_packed_linear_fuses_and_keeps_bias():

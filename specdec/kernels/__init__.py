@@ -142,21 +142,21 @@ def unpack_rows(packed: torch.Tensor, rows: torch.Tensor, scales: torch.Tensor |
     return values if scales is None else values.float() * scales[rows].unsqueeze(-1)
 
 
-# Up to here the kernel (decoding and verification, trees of 24+ nodes included: its rows are batch-invariant);
-# above, torch's GEMM (prefill is compute-bound, MKL is faster there). llama.ROW_BY_ROW_MAX follows it.
+# Up to here a forward's rows attend row by row (llama.ROW_BY_ROW_MAX) and its layers run in one C call
+# (models/layer_plan.py): decoding and verification, trees of 24+ nodes included. Int8 panels take their kernel
+# up to here too; above, they are dequantized for the call (prefill is compute-bound, widening int8 is not free).
 SMALL_ROWS = 64
 
 
 def packed_matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """(T, K) float32 contiguous @ packed (P, K, 16) -> (T, out_features).
+    """(T, K) float32 contiguous @ packed (P, K, 16) -> (T, out_features), any T.
 
-    Decoding and verification (T <= SMALL_ROWS) take the kernel, whose rows round the
-    same at any T; prefill takes a batched GEMM over the panels.
+    The kernel's rows round the same at any T (plain and speculative decoding agree bit for bit), and it
+    serves prefill too: the panels are the layout a GEMM packs its right-hand side into, and on the Zen 4
+    it ran prefill-sized products at 180-195 GFLOP/s against 75-145 for torch's batched matmul over the
+    panels and 160 for torch's GEMM over an unpacked matrix (docs/benchmarks.md section 19).
     """
     rows, cols = x.shape
-    if rows > SMALL_ROWS:
-        y = torch.matmul(x, packed)  # (P, T, 16)
-        return y.transpose(0, 1).reshape(rows, -1)[:, :out_features]
     lib = packed_kernel()
     y = torch.empty(rows, out_features, dtype=torch.float32)
     lib.packed_matmul_f32(x.data_ptr(), packed.data_ptr(), y.data_ptr(), rows, cols, out_features,
@@ -168,10 +168,10 @@ def packed_matmul_int8(x: torch.Tensor, quantized: torch.Tensor, scales: torch.T
                        out_features: int) -> torch.Tensor:
     """(T, K) float32 contiguous @ int8 panels (P, K, 16) with per-column scales -> (T, out_features).
 
-    Like `packed_matmul`: up to SMALL_ROWS rows the kernel (batch-invariant), more rows (prefill, a draft model
-    catching up) a GEMM over panels dequantized for this call (compute-bound there, the copy is cheap)."""
+    Up to SMALL_ROWS rows the int8 kernel (batch-invariant), more rows (prefill, a draft model catching up)
+    float32 panels dequantized for this call (compute-bound there, the copy is cheap)."""
     rows, cols = x.shape
-    if rows > SMALL_ROWS:  # float32 panels for this call, then the float32 GEMM path
+    if rows > SMALL_ROWS:  # float32 panels for this call, then the float32 kernel
         return packed_matmul(x, quantized.to(torch.float32).mul_(scales.view(-1, 1, PANEL)), out_features)
     y = torch.empty(rows, out_features, dtype=torch.float32)
     packed_kernel().packed_matmul_q8(x.data_ptr(), quantized.data_ptr(), scales.data_ptr(), y.data_ptr(), rows,
