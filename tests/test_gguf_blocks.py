@@ -17,7 +17,8 @@ from specdec.models.gguf_blocks import BlockWeights, concatenate, decode
 from specdec.models.gguf_linear import GgufLinear
 from specdec.models.loading import load_model
 from specdec.models.packed_cache import packed_cache_path
-from test_integer_kernel import both_builds, quantized_activations
+from kernel_builds import both_builds
+from test_integer_kernel import quantized_activations
 from tiny_models import make_hf_model, random_k_blocks, save_tiny_model, write_tiny_gguf
 
 pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA/F16C CPU or no C++ compiler here")

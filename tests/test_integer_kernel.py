@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from specdec import kernels
-from specdec.kernels import (FLAGS, VNNI_FLAGS, ZERO_POINTS, build_kernel, cpu_flags, dequantize_grouped,
-                             integer_matmul, packed_kernel, quantize_grouped)
+from specdec.kernels import ZERO_POINTS, dequantize_grouped, integer_matmul, packed_kernel, quantize_grouped
 from specdec.models.packed_linear import PackedEmbedding, PackedLinear
+from kernel_builds import both_builds
 
 pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA/F16C CPU or no C++ compiler here")
 
@@ -50,13 +50,6 @@ def test_integer_kernel_matches_float64_reference(in_features, out_features, gro
     result = integer_matmul(x, packed, scales, out_features)
     # integer sums are exact: only the float32 scale products and the per-block accumulation round
     assert (result.double() - expected).abs().max() < 1e-5 * expected.abs().max() + 1e-6
-
-
-def both_builds() -> tuple:
-    """The AVX2 build and the AVX512-VNNI build of the kernels; skips where this CPU cannot run the second."""
-    if not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags():
-        pytest.skip("no AVX512-VNNI on this CPU: only the AVX2 build can run")
-    return build_kernel(tuple(FLAGS)), build_kernel(tuple(FLAGS + VNNI_FLAGS))
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 13])

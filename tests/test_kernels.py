@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from specdec import kernels
 from specdec.kernels import (
     pack_weight,
     packed_kernel,
@@ -12,6 +13,7 @@ from specdec.kernels import (
     unpack_rows,
 )
 from specdec.models.packed_linear import PackedLinear
+from kernel_builds import both_builds
 
 pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA CPU or no C++ compiler here")
 
@@ -37,6 +39,23 @@ def test_row_results_do_not_depend_on_batch_size():
     alone = torch.cat([packed_matmul(x[row:row + 1].contiguous(), packed, 300) for row in range(16)])
     for rows in range(2, 17):
         assert torch.equal(packed_matmul(x[:rows].contiguous(), packed, 300), alone[:rows])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 5, 8, 9, 12, 13, 17, 70])
+@pytest.mark.parametrize("int8", [False, True])
+def test_avx512_build_is_bit_identical_to_the_avx2_build(monkeypatch, rows, int8):
+    """Blocks of up to 12 rows (AVX-512's registers) keep each output's one FMA chain: not one bit differs."""
+    gen = torch.Generator().manual_seed(rows)
+    packed, x = pack_weight(torch.randn(100, 320, generator=gen)), torch.randn(rows, 320, generator=gen)
+    results = []
+    for library in both_builds():
+        monkeypatch.setattr(kernels, "packed_kernel", lambda library=library: library)
+        if int8:
+            quantized, scales = quantize_packed_int8(packed)
+            results.append(packed_matmul_int8(x, quantized, scales, 100))
+        else:
+            results.append(packed_matmul(x, packed, 100))
+    assert torch.equal(results[0], results[1])
 
 
 def test_prefill_rows_round_as_decode_rows():

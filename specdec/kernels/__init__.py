@@ -33,8 +33,11 @@ SOURCES = [Path(__file__).with_name(name) for name in ("packed_matmul.cpp", "int
 HEADERS = [Path(__file__).with_name(name) for name in ("vector_math.h", "integer_blocks.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 # Added where the CPU has AVX512-VNNI (Zen 4, Ice Lake and later): the integer kernels' byte dot products
-# take one vpdpbusd (integer_blocks.h). 256-bit vectors stay preferred: the kernels are written for them.
-VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256"]
+# take one vpdpbusd (integer_blocks.h), and 256-bit code gets 32 registers instead of 16, so the float32
+# kernel streams a panel once for up to 12 rows (packed_matmul.cpp). 256-bit vectors stay preferred: the
+# kernels are written for them.
+AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256"]
+AVX512_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo's names for them
 PANEL = 16  # output columns per packed panel (two AVX2 registers)
 
 
@@ -53,14 +56,14 @@ def cpu_has_avx2_fma_f16c() -> bool:
     return {"avx2", "fma", "f16c"} <= cpu_flags()
 
 
-def cpu_has_vnni() -> bool:
-    """AVX512-VNNI with its 256-bit forms; SPECDEC_NO_VNNI=1 builds the AVX2 kernels anyway."""
-    return not os.environ.get("SPECDEC_NO_VNNI") and {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= cpu_flags()
+def cpu_has_avx512_vnni() -> bool:
+    """AVX-512 with VNNI and 256-bit forms (VL); SPECDEC_NO_AVX512=1 builds the AVX2 kernels anyway."""
+    return not os.environ.get("SPECDEC_NO_AVX512") and AVX512_CPU_FLAGS <= cpu_flags()
 
 
 def kernel_flags() -> list[str]:
     """The compiler flags for this CPU."""
-    return FLAGS + VNNI_FLAGS if cpu_has_vnni() else FLAGS
+    return FLAGS + AVX512_FLAGS if cpu_has_avx512_vnni() else FLAGS
 
 
 @functools.cache
