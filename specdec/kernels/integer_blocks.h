@@ -31,7 +31,7 @@ constexpr int BLOCK = 32;  // inputs per activation block (and the smallest weig
 // and a block's integer sum can take one vpdpbusd per 32 products instead of vpmaddubsw, vpmaddwd and vpaddd
 // (each kernel says where it does).
 // Same exact 32-bit sums either way (no product pair here can saturate vpmaddubsw's 16 bits), so both builds
-// give bit-identical results (tests/test_integer_kernel.py builds both where it can).
+// give bit-identical results (the tests build both where the CPU runs both: tests/kernel_builds.py).
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 constexpr bool VNNI = true;
 #else

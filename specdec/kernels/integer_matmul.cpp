@@ -38,7 +38,7 @@ template <int TB, typename Weights>
 inline void column_block(const int8_t* xq, const float* dx, const int32_t* offset, const uint8_t* wq,
                          const uint16_t* scales, float* y, int64_t K, int64_t N, int64_t G, int64_t c, int64_t t0) {
     const int64_t blocks = K / BLOCK, per_group = G / BLOCK;
-    // vpdpbusd for the 7-bit codes only (1.25x at 8 rows): the 4-bit codes' 16-bit sums need no vpmaddwd per
+    // vpdpbusd for the 7-bit codes only (1.2x at 8 rows): the 4-bit codes' 16-bit sums need no vpmaddwd per
     // step, and measured 10% faster than vpdpbusd at 1-2 rows, equal at 8 (docs/benchmarks.md section 19)
     constexpr bool vnni = VNNI && Weights::widen_each;
     const __m256i ones = _mm256_set1_epi16(1);

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 // Rows a block takes at once: 2 accumulators a row + 2 weights + the broadcasts must stay in registers. AVX2
-// has 16: 4 rows (5+ spill). With AVX-512 (the VNNI build, kernels/__init__.py) 256-bit code may use 32,
+// has 16: 4 rows (5+ spill). With AVX-512 (the AVX-512 build, kernels/__init__.py) 256-bit code may use 32,
 // and up to 12 rows stream a panel once: at 8-9 rows (a verification) the FMAs then overlap the weight
 // stream instead of running a second pass from L2 after it.
 // Above 16 rows (prefill) the product is bound by FMAs, not by the stream, and 8-row blocks ran fastest
