@@ -58,6 +58,13 @@ def test_avx512_build_is_bit_identical_to_the_avx2_build(monkeypatch, rows, int8
     assert torch.equal(results[0], results[1])
 
 
+def test_a_compiler_without_the_avx512_flags_keeps_the_avx2_build(monkeypatch, capsys):
+    monkeypatch.setattr(kernels, "kernel_flags", lambda: kernels.FLAGS + ["-mno-such-option"])
+    library = kernels.packed_kernel.__wrapped__()  # uncached: decide again
+    assert library is kernels.build_kernel(tuple(kernels.FLAGS))
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_prefill_rows_round_as_decode_rows():
     """Prefill takes the same kernel: a prompt's rows are bit-identical to one-row steps."""
     gen = torch.Generator().manual_seed(1)

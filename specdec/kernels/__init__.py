@@ -71,12 +71,18 @@ def packed_kernel() -> ctypes.CDLL | None:
     """The compiled kernel library, or None where it cannot be used here."""
     if os.environ.get("SPECDEC_NO_KERNELS") or not cpu_has_avx2_fma_f16c():
         return None
-    return build_kernel(tuple(kernel_flags()))
+    flags = kernel_flags()
+    if flags != FLAGS:  # the AVX-512 build; a compiler too old for its flags leaves the AVX2 build
+        library = build_kernel(tuple(flags), warn=False)
+        if library is not None:
+            return library
+    return build_kernel(tuple(FLAGS))
 
 
 @functools.cache
-def build_kernel(flags: tuple[str, ...]) -> ctypes.CDLL | None:
-    """The kernel library built with these flags (once per flags and sources), or None without a compiler."""
+def build_kernel(flags: tuple[str, ...], warn: bool = True) -> ctypes.CDLL | None:
+    """The kernel library built with these flags (once per flags and sources), or None without a compiler or
+    when the build fails (with a warning unless warn=False)."""
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if compiler is None:
         return None
@@ -89,8 +95,9 @@ def build_kernel(flags: tuple[str, ...]) -> ctypes.CDLL | None:
         result = subprocess.run([compiler, *flags, "-o", str(partial), *map(str, SOURCES)], capture_output=True, text=True)
         if result.returncode != 0:
             partial.unlink(missing_ok=True)
-            print(f"specdec: warning: could not build the CPU kernel, using torch matmul ({result.stderr.strip()[:200]})",
-                  file=sys.stderr)
+            if warn:
+                print(f"specdec: warning: could not build the CPU kernel, using torch matmul "
+                      f"({result.stderr.strip()[:200]})", file=sys.stderr)
             return None
         partial.rename(library)
     lib = ctypes.CDLL(str(library))
