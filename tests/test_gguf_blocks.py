@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from specdec import kernels
 from specdec.drafters import make_drafter
 from specdec.errors import InvalidParameterError, UnsupportedModelError
 from specdec.generator import SpeculativeGenerator
 from specdec.heads.target_parts import lm_head_rows
-from specdec import kernels
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
 from specdec.models.gguf_blocks import BlockWeights, concatenate, decode
@@ -95,7 +95,7 @@ def test_block_kernel_matches_float64_reference(format_name, rows):
 
 @pytest.mark.parametrize("format_name", FORMATS)
 @pytest.mark.parametrize("rows", [1, 4, 7])
-def test_vnni_build_is_bit_identical_to_the_avx2_build(monkeypatch, format_name, rows):
+def test_avx512_build_is_bit_identical_to_the_avx2_build(monkeypatch, format_name, rows):
     weights = decode(blocks_of(format_name, 44, 512, seed=rows), format_name, 44, 512)
     layer = GgufLinear(weights, None, [44])
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)) * 3

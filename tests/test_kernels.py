@@ -59,10 +59,20 @@ def test_avx512_build_is_bit_identical_to_the_avx2_build(monkeypatch, rows, int8
 
 
 def test_a_compiler_without_the_avx512_flags_keeps_the_avx2_build(monkeypatch, capsys):
-    monkeypatch.setattr(kernels, "kernel_flags", lambda: kernels.FLAGS + ["-mno-such-option"])
+    monkeypatch.setattr(kernels, "cpu_has_avx512_vnni", lambda: True)
+    monkeypatch.setattr(kernels, "AVX512_FLAGS", ["-mno-such-option"])
     library = kernels.packed_kernel.__wrapped__()  # uncached: decide again
     assert library is kernels.build_kernel(tuple(kernels.FLAGS))
     assert "warning" not in capsys.readouterr().err
+    with pytest.raises(kernels.KernelBuildError, match="no-such-option"):
+        kernels.build_kernel(tuple(kernels.FLAGS + ["-mno-such-option"]))
+
+
+def test_a_kernel_that_cannot_be_built_leaves_torch_with_a_one_line_warning(monkeypatch, capsys):
+    monkeypatch.setattr(kernels, "FLAGS", kernels.FLAGS + ["-mno-such-option"])
+    assert kernels.packed_kernel.__wrapped__() is None
+    warning = capsys.readouterr().err
+    assert warning.startswith("specdec: warning: could not build the CPU kernel") and "no-such-option" in warning
 
 
 def test_prefill_rows_round_as_decode_rows():

@@ -61,31 +61,35 @@ def cpu_has_avx512_vnni() -> bool:
     return not os.environ.get("SPECDEC_NO_AVX512") and AVX512_CPU_FLAGS <= cpu_flags()
 
 
-def kernel_flags() -> list[str]:
-    """The compiler flags for this CPU."""
-    return FLAGS + AVX512_FLAGS if cpu_has_avx512_vnni() else FLAGS
-
 
 @functools.cache
 def packed_kernel() -> ctypes.CDLL | None:
     """The compiled kernel library, or None where it cannot be used here."""
     if os.environ.get("SPECDEC_NO_KERNELS") or not cpu_has_avx2_fma_f16c():
         return None
-    flags = kernel_flags()
-    if flags != FLAGS:  # the AVX-512 build; a compiler too old for its flags leaves the AVX2 build
-        library = build_kernel(tuple(flags), warn=False)
-        if library is not None:
-            return library
-    return build_kernel(tuple(FLAGS))
+    builds = ([FLAGS + AVX512_FLAGS] if cpu_has_avx512_vnni() else []) + [FLAGS]
+    for flags in builds:  # a compiler too old for the AVX-512 flags leaves the AVX2 build
+        try:
+            return build_kernel(tuple(flags))
+        except KernelBuildError as error:
+            failure = error
+        except FileNotFoundError:  # no compiler
+            return None
+    print(f"specdec: warning: could not build the CPU kernel, using torch matmul ({failure})", file=sys.stderr)
+    return None
+
+
+class KernelBuildError(RuntimeError):
+    """The compiler refused the kernels with these flags (its first lines of complaint)."""
 
 
 @functools.cache
-def build_kernel(flags: tuple[str, ...], warn: bool = True) -> ctypes.CDLL | None:
-    """The kernel library built with these flags (once per flags and sources), or None without a compiler or
-    when the build fails (with a warning unless warn=False)."""
+def build_kernel(flags: tuple[str, ...]) -> ctypes.CDLL:
+    """The kernel library built with these flags (once per flags and sources). Raises FileNotFoundError
+    without a C++ compiler, KernelBuildError when the build fails (not cached: tried again if asked)."""
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if compiler is None:
-        return None
+        raise FileNotFoundError("no C++ compiler (g++ or c++) on the PATH")
     source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     library = specdec_home() / "kernels" / f"packed_matmul-{key}.so"
@@ -95,10 +99,7 @@ def build_kernel(flags: tuple[str, ...], warn: bool = True) -> ctypes.CDLL | Non
         result = subprocess.run([compiler, *flags, "-o", str(partial), *map(str, SOURCES)], capture_output=True, text=True)
         if result.returncode != 0:
             partial.unlink(missing_ok=True)
-            if warn:
-                print(f"specdec: warning: could not build the CPU kernel, using torch matmul "
-                      f"({result.stderr.strip()[:200]})", file=sys.stderr)
-            return None
+            raise KernelBuildError(result.stderr.strip()[:200])
         partial.rename(library)
     lib = ctypes.CDLL(str(library))
     lib.packed_matmul_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
