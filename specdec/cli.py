@@ -18,12 +18,15 @@ NO_CUDA_GRAPHS_HELP = "on a GPU, run every forward eagerly instead of replaying 
 
 
 def _k_value(text: str) -> int | str:
-    if text == "auto":
-        return text
+    if text == "auto" or text.startswith("auto:"):
+        return text  # checked with the rest by generator.speculation_length
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer or 'auto', not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be an integer, 'auto' or 'auto:N', not {text!r}") from None
+
+
+K_HELP = "draft tokens per round; 'auto' (default) chooses K <= 12 from measurements, 'auto:N' K <= N"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="the prompt (use - to read it from standard input)")
     gen.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
     gen.add_argument("--drafter", default="default", help=f"{DRAFTER_SPECS}; default: the best for the target")
-    gen.add_argument("--k", type=_k_value, default="auto", help="draft tokens per round, or 'auto' (default)")
+    gen.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
     gen.add_argument("--max-new-tokens", type=int, default=256)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0)
@@ -67,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
     serve.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
     serve.add_argument("--drafter", default="default", help=f"{DRAFTER_SPECS}; default: the best for the target")
-    serve.add_argument("--k", type=_k_value, default="auto", help="draft tokens per round, or 'auto' (default)")
+    serve.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name)")

@@ -30,16 +30,22 @@ DEFAULT_DRAFTERS = {DEFAULT_MODEL: "ngram"}
 # 1.15x; on smollm2 it only ties n-gram). Needs ~1 GB more memory, and 35 s to quantize at the first use
 # (then read from the packed-weight cache).
 SELF_DRAFT_DEFAULTS = {"qwen2.5-coder-1.5b-instruct": "quant:int4"}
-MAX_AUTO_K = 8
+# The longest draft `--k auto` considers (`auto:N` sets another). AdaptiveK picks K <= this from measured
+# costs; on code the int4 self-draft is accepted ~94% a token, and capping at 12 instead of 8 took the float32
+# 1.5B from 2.54x to 2.73x and 2.56x (interleaved, docs/benchmarks.md section 20).
+MAX_AUTO_K = 12
 
 
 def speculation_length(k: int | str) -> SpeculationLength:
-    if k == "auto":
-        return AdaptiveK(max_k=MAX_AUTO_K)
+    if isinstance(k, str) and (k == "auto" or k.startswith("auto:")):
+        most = k.partition(":")[2]
+        if most and not (most.isdigit() and 1 <= int(most) <= 64):
+            raise InvalidParameterError(f"k: 'auto:N' needs N between 1 and 64, not {most!r}")
+        return AdaptiveK(max_k=int(most) if most else MAX_AUTO_K)
     try:
         value = int(k)
     except (TypeError, ValueError):
-        raise InvalidParameterError(f"k must be an integer >= 1 or 'auto', not {k!r}") from None
+        raise InvalidParameterError(f"k must be an integer >= 1, 'auto' or 'auto:N', not {k!r}") from None
     if not 1 <= value <= 64:
         raise InvalidParameterError(f"k must be between 1 and 64, not {value}")
     return FixedK(value)
@@ -50,7 +56,7 @@ def _speculation_for(drafter: Drafter | None, k: int | str) -> SpeculationLength
         return FixedK(0)
     # Tree drafters (EAGLE, Medusa) draft a node budget, which AdaptiveK's chain model does not describe.
     tree_budget = getattr(drafter, "default_k", None)
-    if k == "auto" and tree_budget is not None:
+    if str(k).startswith("auto") and tree_budget is not None:
         return FixedK(tree_budget)
     return speculation_length(k)
 

@@ -40,6 +40,8 @@ def test_generate_streams_to_stdout(tiny_dirs, capsys):
         (["generate", "hi", "--top-p", "nan"], "top_p"),
         (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
         (["generate", "hi", "--k", "0"], "k must be"),
+        (["generate", "hi", "--k", "auto:0"], "auto:N"),
+        (["generate", "hi", "--k", "auto:x"], "auto:N"),
         (["generate", "hi", "--drafter", "magic"], "unknown drafter"),
         (["generate", "hi", "--dtype", "int3"], "dtype"),
         (["generate", "hi", "--device", "tpu9"], "device"),

@@ -17,7 +17,7 @@ from specdec.models.loading import load_model
 from specdec.sampling import SamplingParams
 from tiny_models import save_tiny_model
 
-KS = [1, 2, 3, 4, 5, 6, 7, 8, "auto"]
+KS = [1, 2, 3, 4, 5, 6, 7, 8, "auto", "auto:3"]
 PROMPTS = ["hello hello the world", "in the beginning", "x"]
 
 

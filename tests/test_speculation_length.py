@@ -56,3 +56,10 @@ def test_positions_never_drafted_borrow_the_measured_acceptance():
     K = 3); with a fixed prior (0.6) for the positions never tried, K stayed at 3 for 29 of 32 rounds."""
     history = simulate(0.99, 0.038, rounds=40, step=0.125, extra=0.020)
     assert np.mean(history[-20:]) >= 5
+
+
+def test_auto_k_caps():
+    from specdec.generator import MAX_AUTO_K, speculation_length
+
+    assert speculation_length("auto").max_k == MAX_AUTO_K
+    assert speculation_length("auto:5").max_k == 5
