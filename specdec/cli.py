@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--k", type=_k_value, default="auto")
+    bench.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
     bench.add_argument("--peers", default="", help="comma-separated peers: transformers' plain, lookup, assisted:MODEL; "
                        "llama.cpp's llamacpp, llamacpp-draft:MODEL (programs from $SPECDEC_LLAMA_CPP or PATH)")
     bench.add_argument("--spec-bench", default=None, help="path to Spec-Bench question.jsonl")
