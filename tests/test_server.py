@@ -159,6 +159,9 @@ def test_stop_strings_and_speculation_switched_off_per_request(server, tiny_gene
     fixed = server.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=40, temperature=0,
                                                   extra_body={"speculative": {"k": 2}})
     assert fixed.choices[0].message.content == expected.text
+    capped = server.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=40, temperature=0,
+                                                   extra_body={"speculative": {"k": "auto:3"}})
+    assert capped.choices[0].message.content == expected.text
 
 
 def test_models_health_and_metrics(server):
@@ -219,6 +222,8 @@ BAD_REQUESTS = {
     "prompt longer than the context": ("/v1/completions", {"prompt": LONG_PROMPT}),
     "chat longer than the context": ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG_PROMPT}]}),
     "speculative k zero": ("/v1/completions", {"prompt": "a", "speculative": {"k": 0}}),
+    "speculative k not auto:N": ("/v1/completions", {"prompt": "a", "speculative": {"k": "auto:0"}}),
+    "speculative k a word": ("/v1/completions", {"prompt": "a", "speculative": {"k": "many"}}),
     "speculative unknown field": ("/v1/completions", {"prompt": "a", "speculative": {"depth": 3}}),
 }
 

@@ -50,13 +50,20 @@ class SpeculativeOptions(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
     enabled: bool = True
-    k: int | Literal["auto"] | None = Field(default=None)
+    k: int | str | None = Field(default=None)  # N, "auto" or "auto:N" (K chosen up to N), as --k
 
     @field_validator("k")
     @classmethod
     def _k_range(cls, k):
         if isinstance(k, int) and not 1 <= k <= 64:
-            raise ValueError("k must be between 1 and 64, or 'auto'")
+            raise ValueError("k must be between 1 and 64, 'auto' or 'auto:N'")
+        if isinstance(k, str):
+            from specdec.generator import speculation_length
+
+            try:
+                speculation_length(k)
+            except InvalidParameterError as error:
+                raise ValueError(str(error)) from None
         return k
 
 
