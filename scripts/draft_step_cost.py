@@ -1,7 +1,7 @@
-"""One draft step of a self-draft against one step of its target, interleaved in one process (300-token context,
-medians): the draft cost ratio c, and where the draft's bytes are (docs/benchmarks.md section 20).
+"""One draft step of self-drafts against one step of their target, interleaved in one process (300-token
+context, medians): the draft cost ratio c of each, and where a draft's bytes are (docs/benchmarks.md section 20).
 
-    python scripts/draft_step_cost.py qwen2.5-coder-1.5b-instruct quant:int4 20
+    python scripts/draft_step_cost.py qwen2.5-coder-1.5b-instruct 20 quant:int4 [quant:gguf ...]
 """
 
 import statistics
@@ -22,29 +22,36 @@ def module_megabytes(module: torch.nn.Module) -> float:
 
 
 def main() -> None:
-    name, spec, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 20
+    name, rounds, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     target = load_model(name)
-    draft = make_drafter(spec, target, "cpu", "float32").model
-    print(f"draft: layers {module_megabytes(draft.model.layers):.0f} MB, LM head {module_megabytes(draft.lm_head):.0f} MB")
+    models = {"target": target.model}
+    for spec in specs:
+        models[spec] = make_drafter(spec, target, "cpu", "float32").model
+        print(f"{spec}: layers {module_megabytes(models[spec].model.layers):.0f} MB, "
+              f"LM head {module_megabytes(models[spec].lm_head):.0f} MB (held, not all read a step)")
     prompt = torch.randint(0, 1000, (1, CONTEXT), generator=torch.Generator().manual_seed(0))
     caches = {}
-    for label, model in (("draft", draft), ("target", target.model)):
+    for label, model in models.items():
         caches[label] = model.new_cache(1, CONTEXT + 8)
         model.forward(prompt, positions_after(0, CONTEXT, 1, "cpu"), caches[label], last_logits_only=True)
-    hidden = torch.randn(1, 1, draft.config.hidden_size)
-    times: dict[str, list[float]] = {"draft step": [], "draft LM head": [], "target step": []}
+    hidden = torch.randn(1, 1, target.model.config.hidden_size)
+    steps: dict[str, list[float]] = {label: [] for label in models}
+    heads: dict[str, list[float]] = {label: [] for label in specs}
     for _ in range(rounds):
-        for label, model in (("draft", draft), ("target", target.model)):
+        for label, model in models.items():
             start = time.perf_counter()
             model.forward(torch.tensor([[5]]), positions_after(CONTEXT, 1, 1, "cpu"), caches[label], last_logits_only=True)
-            times[f"{label} step"].append(time.perf_counter() - start)
+            steps[label].append(time.perf_counter() - start)
             caches[label].truncate(CONTEXT)
-        start = time.perf_counter()
-        draft.lm_head(hidden)
-        times["draft LM head"].append(time.perf_counter() - start)
-    median = {label: statistics.median(values) * 1e3 for label, values in times.items()}
-    print(" | ".join(f"{label} {ms:.1f} ms" for label, ms in median.items()))
-    print(f"c = {median['draft step'] / median['target step']:.3f}")
+            if label in heads:
+                start = time.perf_counter()
+                model.lm_head(hidden)
+                heads[label].append(time.perf_counter() - start)
+    target_ms = statistics.median(steps["target"]) * 1e3
+    print(f"target step {target_ms:.1f} ms")
+    for spec in specs:
+        step_ms, head_ms = statistics.median(steps[spec]) * 1e3, statistics.median(heads[spec]) * 1e3
+        print(f"{spec}: step {step_ms:.1f} ms (LM head {head_ms:.1f} ms), c = {step_ms / target_ms:.3f}")
 
 
 if __name__ == "__main__":
