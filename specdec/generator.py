@@ -16,7 +16,7 @@ from specdec.commit import StopCriteria
 from specdec.drafters import Drafter, make_drafter
 from specdec.engine import GenerationResult, SpeculativeEngine, StreamChunk
 from specdec.errors import InvalidParameterError
-from specdec.models.loading import LoadedModel, load_model
+from specdec.models.loading import LoadedModel, gguf_source, load_model
 from specdec.sampling import SamplingParams
 from specdec.speculation_length import AdaptiveK, FixedK, SpeculationLength
 from specdec.zoo import DEFAULT_MODEL
@@ -26,10 +26,11 @@ Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "co
 # The best drafter we have for each model; others get n-gram drafting.
 DEFAULT_DRAFTERS = {DEFAULT_MODEL: "ngram"}
 # Models whose float32 form on the CPU kernel is best served by its own quantized copy (benchmarks.md
-# sections 13 and 15: the 1.5B's int4 self-draft 1.6-2.0x on code and 1.36x on Spec-Bench, against n-gram's
-# 1.15x; on smollm2 it only ties n-gram). Needs ~1 GB more memory, and 35 s to quantize at the first use
-# (then read from the packed-weight cache).
-SELF_DRAFT_DEFAULTS = {"qwen2.5-coder-1.5b-instruct": "quant:int4"}
+# sections 13, 15 and 20; on smollm2 a self-draft only ties n-gram). The zoo's 1.5B is a GGUF file
+# dequantized, so the file's own blocks (quant:gguf) draft for it: 99% of their tokens accepted against 93%
+# for a 4-bit re-quantization, at the same cost a step; interleaved over the 7 tasks 1.93x vs 1.80x (section
+# 20). Needs ~1.1 GB more memory, and ~25 s to repack the blocks at the first use (then the packed cache).
+SELF_DRAFT_DEFAULTS = {"qwen2.5-coder-1.5b-instruct": "quant:gguf"}
 # The longest draft `--k auto` considers (`auto:N` sets another). AdaptiveK picks K <= this from measured
 # costs; on code the int4 self-draft is accepted ~94% a token, and capping at 12 instead of 8 took the float32
 # 1.5B from 2.54x to 2.73x and 2.56x (interleaved, docs/benchmarks.md section 20).
@@ -66,7 +67,10 @@ def default_drafter(target: LoadedModel) -> str:
     (a float32 target on the CPU kernel, SELF_DRAFT_DEFAULTS), else the per-model table, else n-gram."""
     if target.name in SELF_DRAFT_DEFAULTS and getattr(target.model, "weight_format", None) == "float32" \
             and getattr(target.model, "layers_are_packed", lambda: False)():
-        return SELF_DRAFT_DEFAULTS[target.name]
+        spec = SELF_DRAFT_DEFAULTS[target.name]
+        if spec == "quant:gguf" and gguf_source(target.path) is None:
+            return "quant:int4"  # its float32 weights did not come from a GGUF file at hand: a 4-bit copy
+        return spec
     return DEFAULT_DRAFTERS.get(target.name, "ngram")
 
 

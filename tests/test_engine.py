@@ -362,5 +362,8 @@ def test_default_drafter_is_a_self_draft_only_where_it_pays(models, monkeypatch)
     assert generator.default_drafter(load_model(str(target.path), kernels=False)) == "ngram"
     if packed_kernel() is not None:
         assert generator.default_drafter(load_model(str(target.path), weights="int4")) == "ngram"
+    # the blocks of a GGUF file (quant:gguf) only where the float32 weights came from one: else a 4-bit copy
+    monkeypatch.setitem(generator.SELF_DRAFT_DEFAULTS, target.name, "quant:gguf")
+    assert generator.default_drafter(target) == expected
     monkeypatch.delitem(generator.SELF_DRAFT_DEFAULTS, target.name)
     assert generator.default_drafter(target) == "ngram"

@@ -181,6 +181,12 @@ def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
     self_draft = make_drafter("quant:gguf", dequantized, "cpu", "float32")
     result = SpeculativeGenerator(dequantized, self_draft, 4).generate(prompt, 24, chat=False)
     assert result.token_ids == float_expected and result.stats.acceptance_rate > 0.8
+    if kind == "qwen2":  # a model whose default is the GGUF self-draft gets it when loaded from the file
+        from specdec import generator
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setitem(generator.SELF_DRAFT_DEFAULTS, dequantized.name, "quant:gguf")
+            assert generator.default_drafter(dequantized) == "quant:gguf"
 
 
 def test_gguf_weights_need_a_gguf_source(tmp_path):
