@@ -11,14 +11,11 @@ import time
 import torch
 
 from specdec.drafters import make_drafter
+from specdec.drafters.base import module_bytes
 from specdec.models.base import positions_after
 from specdec.models.loading import load_model
 
 CONTEXT = 300
-
-
-def module_megabytes(module: torch.nn.Module) -> float:
-    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()]) / 1e6
 
 
 def main() -> None:
@@ -27,8 +24,8 @@ def main() -> None:
     models = {"target": target.model}
     for spec in specs:
         models[spec] = make_drafter(spec, target, "cpu", "float32").model
-        print(f"{spec}: layers {module_megabytes(models[spec].model.layers):.0f} MB, "
-              f"LM head {module_megabytes(models[spec].lm_head):.0f} MB (held, not all read a step)")
+        print(f"{spec}: layers {module_bytes(models[spec].model.layers) / 1e6:.0f} MB, "
+              f"LM head {module_bytes(models[spec].lm_head) / 1e6:.0f} MB")
     prompt = torch.randint(0, 1000, (1, CONTEXT), generator=torch.Generator().manual_seed(0))
     caches = {}
     for label, model in models.items():

@@ -18,8 +18,10 @@ NO_CUDA_GRAPHS_HELP = "on a GPU, run every forward eagerly instead of replaying 
 
 
 def _k_value(text: str) -> int | str:
-    if text == "auto" or text.startswith("auto:"):
-        return text  # checked with the rest by generator.speculation_length
+    from specdec.generator import is_auto
+
+    if is_auto(text):
+        return text  # N is checked with the rest by generator.speculation_length
     try:
         return int(text)
     except ValueError:

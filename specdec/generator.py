@@ -37,8 +37,13 @@ SELF_DRAFT_DEFAULTS = {"qwen2.5-coder-1.5b-instruct": "quant:gguf"}
 MAX_AUTO_K = 12
 
 
+def is_auto(k: int | str) -> bool:
+    """Whether K is left to measurements: 'auto' or 'auto:N' (validated by speculation_length)."""
+    return isinstance(k, str) and (k == "auto" or k.startswith("auto:"))
+
+
 def speculation_length(k: int | str) -> SpeculationLength:
-    if isinstance(k, str) and (k == "auto" or k.startswith("auto:")):
+    if is_auto(k):
         most = k.partition(":")[2]
         if most and not (most.isdigit() and 1 <= int(most) <= 64):
             raise InvalidParameterError(f"k: 'auto:N' needs N between 1 and 64, not {most!r}")
@@ -57,7 +62,7 @@ def _speculation_for(drafter: Drafter | None, k: int | str) -> SpeculationLength
         return FixedK(0)
     # Tree drafters (EAGLE, Medusa) draft a node budget, which AdaptiveK's chain model does not describe.
     tree_budget = getattr(drafter, "default_k", None)
-    if str(k).startswith("auto") and tree_budget is not None:
+    if is_auto(k) and tree_budget is not None:
         return FixedK(tree_budget)
     return speculation_length(k)
 

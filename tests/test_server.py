@@ -224,6 +224,7 @@ BAD_REQUESTS = {
     "speculative k zero": ("/v1/completions", {"prompt": "a", "speculative": {"k": 0}}),
     "speculative k not auto:N": ("/v1/completions", {"prompt": "a", "speculative": {"k": "auto:0"}}),
     "speculative k a word": ("/v1/completions", {"prompt": "a", "speculative": {"k": "many"}}),
+    "speculative k a number in a string": ("/v1/completions", {"prompt": "a", "speculative": {"k": "5"}}),
     "speculative unknown field": ("/v1/completions", {"prompt": "a", "speculative": {"depth": 3}}),
 }
 

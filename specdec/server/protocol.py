@@ -58,8 +58,10 @@ class SpeculativeOptions(BaseModel):
         if isinstance(k, int) and not 1 <= k <= 64:
             raise ValueError("k must be between 1 and 64, 'auto' or 'auto:N'")
         if isinstance(k, str):
-            from specdec.generator import speculation_length
+            from specdec.generator import is_auto, speculation_length
 
+            if not is_auto(k):  # a number comes as a JSON number, as before
+                raise ValueError(f"k must be an integer, 'auto' or 'auto:N', not {k!r}")
             try:
                 speculation_length(k)
             except InvalidParameterError as error:
