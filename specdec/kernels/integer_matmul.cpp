@@ -33,64 +33,84 @@ namespace {
 
 using namespace integer_blocks;
 
-// Rows t0..t0+TB-1 times one column block c.
-template <int TB, typename Weights>
-inline void column_block(const int8_t* xq, const float* dx, const int32_t* offset, const uint8_t* wq,
-                         const uint16_t* scales, float* y, int64_t K, int64_t N, int64_t G, int64_t c, int64_t t0) {
+// Rows t0..t0+TB-1 times the PB column blocks cs[0..PB-1], each one's sums as if it were alone.
+template <int TB, int PB, typename Weights>
+inline void column_blocks(const int8_t* xq, const float* dx, const int32_t* offset, const uint8_t* wq,
+                          const uint16_t* scales, float* y, int64_t K, int64_t N, int64_t G, const int64_t* cs,
+                          int64_t t0) {
     const int64_t blocks = K / BLOCK, per_group = G / BLOCK;
     // vpdpbusd for the 7-bit codes only (1.2x at 8 rows): the 4-bit codes' 16-bit sums need no vpmaddwd per
     // step, and measured 10% faster than vpdpbusd at 1-2 rows, equal at 8 (docs/benchmarks.md section 19)
     constexpr bool vnni = VNNI && Weights::widen_each;
     const __m256i ones = _mm256_set1_epi16(1);
-    const uint8_t* w = wq + c * blocks * Weights::bytes_per_block * 8;
-    const uint16_t* s = scales + c * (K / G) * 8;
-    __m256 acc[TB];
+    const uint8_t* w[PB];
+    const uint16_t* s[PB];
+    __m256 acc[PB][TB];
 #pragma GCC unroll 8
-    for (int t = 0; t < TB; t++) acc[t] = _mm256_setzero_ps();
+    for (int p = 0; p < PB; p++) {
+        w[p] = wq + cs[p] * blocks * Weights::bytes_per_block * 8;
+        s[p] = scales + cs[p] * (K / G) * 8;
+#pragma GCC unroll 8
+        for (int t = 0; t < TB; t++) acc[p][t] = _mm256_setzero_ps();
+    }
     int64_t b = 0;  // block index, walked group by group (no division in the loop)
     for (int64_t g = 0; g < K / G; g++) {
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g * 8)));
-        for (int64_t end = b + per_group; b < end; b++) {
-            prefetch_ahead(w + b * Weights::bytes_per_block * 8, Weights::bytes_per_block * 8);
-            // sum32 / sum_second: 32-bit sums (two, so that a single row's vpdpbusd chain is half as long)
-            __m256i sum16[TB], sum32[TB], sum_second[TB];
+        __m256 dw[PB];
 #pragma GCC unroll 8
-            for (int t = 0; t < TB; t++) sum16[t] = sum32[t] = sum_second[t] = _mm256_setzero_si256();
+        for (int p = 0; p < PB; p++) dw[p] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s[p] + g * 8)));
+        for (int64_t end = b + per_group; b < end; b++) {
+            // sum32 / sum_second: 32-bit sums (two, so that a single row's vpdpbusd chain is half as long)
+            __m256i sum16[PB][TB], sum32[PB][TB], sum_second[PB][TB];
+#pragma GCC unroll 8
+            for (int p = 0; p < PB; p++) {
+                prefetch_ahead(w[p] + b * Weights::bytes_per_block * 8, Weights::bytes_per_block * 8);
+#pragma GCC unroll 8
+                for (int t = 0; t < TB; t++) sum16[p][t] = sum32[p][t] = sum_second[p][t] = _mm256_setzero_si256();
+            }
 #pragma GCC unroll 1  // unrolled, the compiler hoists every vpmaddubsw and spills the results
             for (int step = 0; step < BLOCK / 8; step++) {
-                __m256i first, second;
-                Weights::load(w + (b * BLOCK + step * 8) * Weights::bytes_per_block / BLOCK * 8, first, second);
                 const int64_t k = b * BLOCK + step * 8;
 #pragma GCC unroll 8
-                for (int t = 0; t < TB; t++) {
-                    const int8_t* row = xq + (t0 + t) * K + k;
-                    const __m256i x0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row));
-                    const __m256i x1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row + 4));
-                    if (vnni) {
-                        sum32[t] = dot_accumulate(sum32[t], first, x0);
-                        sum_second[t] = dot_accumulate(sum_second[t], second, x1);
-                        continue;
-                    }
-                    const __m256i p0 = _mm256_maddubs_epi16(first, x0);
-                    const __m256i p1 = _mm256_maddubs_epi16(second, x1);
-                    if (Weights::widen_each) {
-                        sum32[t] = _mm256_add_epi32(sum32[t], _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones)));
-                    } else {
-                        sum16[t] = _mm256_add_epi16(_mm256_add_epi16(sum16[t], p0), p1);
+                for (int p = 0; p < PB; p++) {
+                    __m256i first, second;
+                    Weights::load(w[p] + k * Weights::bytes_per_block / BLOCK * 8, first, second);
+#pragma GCC unroll 8
+                    for (int t = 0; t < TB; t++) {
+                        const int8_t* row = xq + (t0 + t) * K + k;
+                        const __m256i x0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row));
+                        const __m256i x1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row + 4));
+                        if (vnni) {
+                            sum32[p][t] = dot_accumulate(sum32[p][t], first, x0);
+                            sum_second[p][t] = dot_accumulate(sum_second[p][t], second, x1);
+                            continue;
+                        }
+                        const __m256i p0 = _mm256_maddubs_epi16(first, x0);
+                        const __m256i p1 = _mm256_maddubs_epi16(second, x1);
+                        if (Weights::widen_each) {
+                            sum32[p][t] = _mm256_add_epi32(sum32[p][t], _mm256_add_epi32(_mm256_madd_epi16(p0, ones),
+                                                                                         _mm256_madd_epi16(p1, ones)));
+                        } else {
+                            sum16[p][t] = _mm256_add_epi16(_mm256_add_epi16(sum16[p][t], p0), p1);
+                        }
                     }
                 }
             }
 #pragma GCC unroll 8
-            for (int t = 0; t < TB; t++) {
-                const int64_t at = (t0 + t) * blocks + b;
-                const __m256i total = vnni ? _mm256_add_epi32(sum32[t], sum_second[t])
-                                      : Weights::widen_each ? sum32[t] : _mm256_madd_epi16(sum16[t], ones);
-                const __m256i exact = _mm256_sub_epi32(total, _mm256_set1_epi32(offset[at]));
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(dw, _mm256_set1_ps(dx[at])), acc[t]);
+            for (int p = 0; p < PB; p++) {
+#pragma GCC unroll 8
+                for (int t = 0; t < TB; t++) {
+                    const int64_t at = (t0 + t) * blocks + b;
+                    const __m256i total = vnni ? _mm256_add_epi32(sum32[p][t], sum_second[p][t])
+                                          : Weights::widen_each ? sum32[p][t] : _mm256_madd_epi16(sum16[p][t], ones);
+                    const __m256i exact = _mm256_sub_epi32(total, _mm256_set1_epi32(offset[at]));
+                    acc[p][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(dw[p], _mm256_set1_ps(dx[at])),
+                                                acc[p][t]);
+                }
             }
         }
     }
-    store_column_block<TB>(acc, y, N, c, t0);
+#pragma GCC unroll 8
+    for (int p = 0; p < PB; p++) store_column_block<TB>(acc[p], y, N, cs[p], t0);
 }
 
 template <typename Weights>
@@ -100,12 +120,30 @@ void matmul(const float* x, const uint8_t* wq, const uint16_t* scales, float* y,
     std::vector<float> dx(T * (K / BLOCK));
     std::vector<int32_t> offset(T * (K / BLOCK));
     quantize_rows(x, T, K, Weights::zero, xq.data(), dx.data(), offset.data());
-    const int64_t column_blocks = (N + 7) / 8;
+    const int64_t column_block_count = (N + 7) / 8;
+    if (T == 1) {
+        // One row (a decode step, a draft step): each thread walks two column blocks half a matrix apart, two
+        // weight streams in flight instead of one. The memory system keeps more lines coming: 1.1-1.25x on
+        // the 1.5B's matrices streaming from memory, 4-bit and 7-bit (docs/benchmarks.md section 21). Adjacent
+        // blocks (one stream, the same independent chains) measured 0.8-0.94x: it is the streams, not the chains.
+        constexpr int STREAMS = 2;
+        const int64_t half = (column_block_count + 1) / 2;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t c = 0; c < column_blocks; c++) {
+        for (int64_t i = 0; i < half; i++) {
+            const int64_t cs[STREAMS] = {i, i + half};
+            if (cs[1] < column_block_count) {
+                column_blocks<1, STREAMS, Weights>(xq.data(), dx.data(), offset.data(), wq, scales, y, K, N, G, cs, 0);
+            } else {
+                column_blocks<1, 1, Weights>(xq.data(), dx.data(), offset.data(), wq, scales, y, K, N, G, cs, 0);
+            }
+        }
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t c = 0; c < column_block_count; c++) {
         for_row_blocks(T, [&](auto rows, int64_t t0) {
-            column_block<decltype(rows)::value, Weights>(xq.data(), dx.data(), offset.data(), wq, scales, y, K, N, G,
-                                                         c, t0);
+            column_blocks<decltype(rows)::value, 1, Weights>(xq.data(), dx.data(), offset.data(), wq, scales, y, K, N, G,
+                                                             &c, t0);
         });
     }
 }
