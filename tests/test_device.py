@@ -4,8 +4,9 @@ CI runs this file on the CPU; on a machine with a GPU: `pytest tests/test_device
 What must hold there: greedy speculative output equals plain decoding of the same target, token for
 token, up to near-ties (where the target's own top two logits differ by less than the rounding of a
 batched forward: GPU matmuls and bfloat16 are not batch-invariant, see docs/runtime.md); seeded sampling
-is reproducible; the chain verifier's sampled law is the target's (10^6 rounds on the device); what
-needs the CPU kernel fails with one clear error. On a GPU all of it runs through CUDA graphs
+is reproducible; the chain verifier's sampled law is the target's (10^6 rounds on the device); quant:int8
+and quant:int4 run on torch's own low-bit operators off the CPU kernel; what needs the kernel (int7, gguf)
+fails with one clear error. On a GPU all of it runs through CUDA graphs
 (models/cuda_graphs.py), checked against the eager forward at the end.
 """
 
@@ -32,7 +33,8 @@ PROMPTS = ["hello hello the world", "in the beginning"]
 NEW_TOKENS = 32
 # Largest logit gap (relative to the logits' scale) at which a divergence counts as a near-tie.
 NEAR_TIE = {"float32": 1e-4, "bfloat16": 2e-2}
-DRAFTERS = ["ngram", "draft-model", "draft-self", "layerskip", "lookahead", "eagle", "medusa", "retrieval"]
+DRAFTERS = ["ngram", "draft-model", "draft-self", "layerskip", "lookahead", "eagle", "medusa", "retrieval", "quant-int8",
+            "quant-int4"]
 
 
 @pytest.fixture(scope="module", params=DTYPES)
@@ -60,6 +62,8 @@ def build_drafter(name: str, models: dict, device: str):
         return DraftModelDrafter(target, vocab)
     if name == "layerskip":
         return make_drafter("layerskip:first:1", target, device, models["dtype"])
+    if name.startswith("quant-"):  # the CPU kernel in float32 on a CPU, torch's low-bit operators elsewhere
+        return make_drafter(f"quant:{name.removeprefix('quant-')}", target, device, models["dtype"])
     if name == "lookahead":
         return LookaheadDrafter(4, 3, 4)
     if name == "eagle":
@@ -131,8 +135,8 @@ def test_cpu_kernel_formats_fail_clearly(models, device):
         pytest.skip("the CPU kernel serves this combination (tests/test_engine.py)")
     with pytest.raises(InvalidParameterError, match="CPU kernel"):
         load_model(str(models["target"].path), device=device, dtype=models["dtype"], weights="int4")
-    with pytest.raises(InvalidParameterError, match="quant drafter"):
-        make_drafter("quant:int8", models["target"], device, models["dtype"])
+    with pytest.raises(InvalidParameterError, match="int7 needs the CPU kernel"):  # int8 / int4 run on torch's ops
+        make_drafter("quant:int7", models["target"], device, models["dtype"])
 
 
 @pytest.mark.parametrize("name,target,draft", [CASES[1], CASES[3]], ids=[CASES[1][0], CASES[3][0]])

@@ -40,9 +40,10 @@ def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     if kind == "float32":
         raise InvalidParameterError("quant drafter: choose a quantized format (int8, int4[:GROUP], int7[:GROUP], gguf)")
     model = target.model
-    if not hasattr(model, "quantized_copy") or not hasattr(model.lm_head, "quantized_copy"):
-        raise InvalidParameterError("quant drafter: needs the native backend with the CPU kernel "
-                                    "(packed float32 weights on a CPU with AVX2/FMA)")
+    if not hasattr(model, "quantized_copy"):
+        raise InvalidParameterError("quant drafter: needs the native backend (--backend native)")
+    if not hasattr(model.lm_head, "quantized_copy"):  # stock torch layers: torch's own low-bit operators
+        return torch_quantized_self_draft(target, weights, kind, options, spec)
     if model.lm_head.weight_format != "float32":
         raise InvalidParameterError(f"quant drafter: the target already has {model.lm_head.weight_format} weights; "
                                     "a quantized self-draft is made from a float32 target")
@@ -65,6 +66,25 @@ def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     return DraftModelDrafter(draft, model.vocab_size, options.min_confidence, name=f"quant:{spec}", shares_with=model,
                              prompt_window=options.context,
                              shares_prompt_cache=options.context is None)  # an explicit window is a request
+
+
+def torch_quantized_self_draft(target: LoadedModel, weights: str, kind: str, options, spec: str) -> DraftModelDrafter:
+    """quant:int8 / quant:int4[:G] for a target on stock torch layers (a GPU, a CPU without the kernel,
+    bfloat16/float16 weights): the copy runs on torch's own low-bit operators (models/torch_quant_linear.py)."""
+    from specdec.models.torch_quant_linear import TORCH_QUANT_FORMATS
+
+    if kind not in TORCH_QUANT_FORMATS:
+        raise InvalidParameterError(f"quant drafter: {weights} needs the CPU kernel (float32 weights on an x86 CPU "
+                                    "with AVX2 and a C++ compiler); on this target choose int8 or int4[:GROUP]")
+    try:
+        copy = target.model.quantized_copy(weights)
+    except (ValueError, NotImplementedError, RuntimeError) as error:  # a group size or shape the operators refuse
+        raise InvalidParameterError(f"quant drafter: {weights}: {error}".splitlines()[0]) from None
+    draft = with_head_vocab(dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy), options.head_vocab,
+                            "quant")
+    return DraftModelDrafter(draft, target.model.vocab_size, options.min_confidence, name=f"quant:{spec}",
+                             shares_with=target.model, prompt_window=options.context,
+                             shares_prompt_cache=options.context is None)
 
 
 def gguf_block_layers(target: LoadedModel) -> dict:

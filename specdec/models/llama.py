@@ -253,14 +253,20 @@ class LlamaForCausalLM(nn.Module):
         return getattr(down, "weight_format", "float32")
 
     def quantized_copy(self, weights: str, cached: dict[str, nn.Module] | None = None) -> "LlamaForCausalLM":
-        """The same model with its packed matrices in another format (e.g. an int8 self-draft).
+        """The same model with its matrices in another format (e.g. an int8 self-draft).
 
-        Norms, untied embeddings and rope tables are shared with this model; only the
-        quantized matrices are new memory. `cached` (packed layer name -> PackedLinear in that
-        format, from models/packed_cache.py) supplies them instead of quantizing."""
+        Norms, embeddings and rope tables are shared with this model; only the quantized matrices are
+        new memory. Packed models (the CPU kernel) get packed copies in any of its formats; `cached`
+        (packed layer name -> PackedLinear in that format, from models/packed_cache.py) supplies them
+        instead of quantizing. Stock torch layers (a GPU, no kernel here, bfloat16) get int8 or int4[:G]
+        copies on torch's own low-bit operators (models/torch_quant_linear.py), with an int8 LM head
+        for int4, as the packed form keeps a 7-bit one."""
         import copy
 
         from specdec.models.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
+        from specdec.models.torch_quant_linear import TorchQuantLinear
+
+        packed = isinstance(self.lm_head, PackedLinear)
 
         def clone(module: nn.Module, name: str) -> nn.Module:
             if isinstance(module, PackedEmbedding):  # an embedding table of its own: shared, as untied ones are
@@ -269,17 +275,20 @@ class LlamaForCausalLM(nn.Module):
                 if cached is not None:
                     return cached[name]
                 return module.quantized_copy(head_weight_format(weights) if module is self.lm_head else weights)
+            if type(module) is nn.Linear and not packed:
+                return TorchQuantLinear(module, "int8" if module is self.lm_head else weights)
+            if type(module) is nn.Embedding:  # shared (tied or not): only matrices are quantized
+                return module
             twin = copy.copy(module)  # shares parameters and buffers; gets its own child table
             twin._modules = {child_name: clone(child, f"{name}.{child_name}" if name else child_name)
                              for child_name, child in module._modules.items()
                              if not (isinstance(child, PackedEmbedding) and child.head[0] is self.lm_head)}
             return twin
 
-        if not isinstance(self.lm_head, PackedLinear):
-            raise ValueError("quantized copies need packed weights (the CPU kernel)")
         twin = clone(self, "")
-        if self.config.tie_word_embeddings:
+        if packed and self.config.tie_word_embeddings:
             twin.model.embed_tokens = PackedEmbedding(twin.lm_head)
+        twin.graphs = None if self.graphs is None else CudaGraphs(twin)
         return twin
 
     def layer_subset_copy(self, layers: Sequence[int]) -> "LlamaForCausalLM":
