@@ -1,0 +1,122 @@
+"""Interleaved A/B of two builds of the CPU kernels: the sources in specdec/kernels against a variant copy
+of them in another directory (edit the copy, keep the file names). Both builds multiply the same matrices
+the same number of times, alternating, in one process, and must agree bit for bit: on this shared machine
+only such ratios mean anything (docs/benchmarks.md sections 20-21).
+
+    cp -r specdec/kernels /tmp/variant   # then edit /tmp/variant/*.cpp
+    python scripts/kernel_ab.py /tmp/variant --format int4 --rows 1
+    python scripts/kernel_ab.py /tmp/variant --format gguf --rows 8 --threads 2
+
+int4 / int7: 18 random matrices of the 1.5B's shapes (8960 x 1536, 1536 x 8960, 2048 x 1536), 166 MB in int4:
+more than the last-level cache, so the weights stream from memory. gguf: the 1.5B's own GGUF blocks
+(layers, then the LM head). --cache repeats one matrix instead (compute-bound).
+"""
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import specdec.kernels as kernels
+from specdec.kernels import GGUF_LAYOUTS, quantize_grouped
+
+SHAPES = [(8960, 1536), (1536, 8960), (2048, 1536)]
+
+
+def build_both(variant: Path):
+    """(committed build, variant build) with this CPU's flags."""
+    flags = tuple(kernels.FLAGS + (kernels.AVX512_FLAGS if kernels.cpu_has_avx512_vnni() else []))
+    committed = kernels.build_kernel.__wrapped__(flags)
+    kernels.SOURCES = [variant / path.name for path in kernels.SOURCES]
+    kernels.HEADERS = [variant / path.name for path in kernels.HEADERS]
+    return committed, kernels.build_kernel.__wrapped__(flags)
+
+
+def grouped_calls(bits: int, rows: int, threads: int, cache: bool) -> list:
+    """Calls lib -> output for int4/int7 matrices."""
+    calls = []
+    for index in range(1 if cache else 18):
+        out_features, in_features = SHAPES[index % len(SHAPES)]
+        packed, scales = quantize_grouped(torch.randn(out_features, in_features), 32, bits)
+        x = torch.randn(rows, in_features)
+
+        def call(lib, packed=packed, scales=scales, x=x, n=out_features, k=in_features):
+            y = torch.empty(rows, n)
+            kernel = lib.int4_matmul if bits == 4 else lib.int7_matmul
+            kernel(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, k, n, k // scales.shape[1],
+                   threads)
+            return y
+        calls.append(call)
+    return calls * (20 if cache else 1)
+
+
+def gguf_calls(rows: int, threads: int, cache: bool) -> dict[str, list]:
+    """Label -> calls over the 1.5B's GGUF blocks (pulls the model if needed)."""
+    from specdec.models.gguf_linear import GgufLinear
+    from specdec.models.loading import load_native_gguf, read_config
+    from specdec.zoo import ensure_pulled
+
+    name = "qwen2.5-coder-1.5b-instruct"
+    path = ensure_pulled(name)  # the Hugging Face directory of the zoo model
+    layers = [(n, m) for n, m in load_native_gguf(name, path, read_config(path)).named_modules()
+              if isinstance(m, GgufLinear)]
+
+    def call_for(module):
+        x = torch.randn(rows, module.in_features)
+
+        def call(lib):
+            y = torch.empty(rows, module.out_features)
+            form = module.block_form
+            lib.gguf_matmul(x.data_ptr(), module.packed.data_ptr(), module.scales.data_ptr(),
+                            module.super_scales.data_ptr(), y.data_ptr(), rows, module.in_features,
+                            module.out_features, GGUF_LAYOUTS[form["layout"]], form["group"], form["super_group"],
+                            threads)
+            return y
+        return call
+    if cache:
+        first = next(m for n, m in layers if "gate_up" in n)
+        return {"gate_up, cached": [call_for(first)] * 20}
+    return {"layers": [call_for(m) for n, m in layers if "lm_head" not in n],
+            "LM head": [call_for(m) for n, m in layers if "lm_head" in n]}
+
+
+def race(label: str, calls: list, committed, variant, reps: int) -> None:
+    first = [call(committed) for call in calls]
+    second = [call(variant) for call in calls]
+    if not all(torch.equal(a, b) for a, b in zip(first, second)):
+        raise SystemExit(f"{label}: the variant's results differ from the committed build's")
+    times = {"committed": [], "variant": []}
+    for rep in range(reps):  # alternate which goes first
+        for which in (("committed", "variant") if rep % 2 else ("variant", "committed")):
+            lib = committed if which == "committed" else variant
+            start = time.perf_counter()
+            for call in calls:
+                call(lib)
+            times[which].append(time.perf_counter() - start)
+    a, b = statistics.median(times["committed"]), statistics.median(times["variant"])
+    print(f"{label}: committed {a * 1e3:.2f} ms, variant {b * 1e3:.2f} ms, variant speed {a / b:.3f}x", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variant", type=Path, help="a directory holding edited copies of specdec/kernels' sources")
+    parser.add_argument("--format", choices=["int4", "int7", "gguf"], default="int4")
+    parser.add_argument("--rows", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--cache", action="store_true", help="one matrix over and over (from cache)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    committed, variant = build_both(args.variant)
+    if args.format == "gguf":
+        sets = gguf_calls(args.rows, args.threads, args.cache)
+    else:
+        sets = {f"{args.format}": grouped_calls(int(args.format[3]), args.rows, args.threads, args.cache)}
+    for label, calls in sets.items():
+        race(f"{label}, {args.rows} row(s), {args.threads} thread(s)", calls, committed, variant, args.reps)
+
+
+if __name__ == "__main__":
+    main()
