@@ -7,8 +7,8 @@ only such ratios mean anything (docs/benchmarks.md sections 20-21).
     python scripts/kernel_ab.py /tmp/variant --format int4 --rows 1
     python scripts/kernel_ab.py /tmp/variant --format gguf --rows 8 --threads 2
 
-int4 / int7: 18 random matrices of the 1.5B's shapes (8960 x 1536, 1536 x 8960, 2048 x 1536), 166 MB in int4:
-more than the last-level cache, so the weights stream from memory. gguf: the 1.5B's own GGUF blocks
+int4 / int7 / float32: 18 random matrices of the 1.5B's shapes (8960 x 1536, 1536 x 8960, 2048 x 1536), 166 MB
+in int4: more than the last-level cache, so the weights stream from memory. gguf: the 1.5B's own GGUF blocks
 (layers, then the LM head). --cache repeats one matrix instead (compute-bound).
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import specdec.kernels as kernels
-from specdec.kernels import GGUF_LAYOUTS, quantize_grouped
+from specdec.kernels import GGUF_LAYOUTS, pack_weight, quantize_grouped
 
 SHAPES = [(8960, 1536), (1536, 8960), (2048, 1536)]
 
@@ -34,20 +34,28 @@ def build_both(variant: Path):
     return committed, kernels.build_kernel.__wrapped__(flags)
 
 
-def grouped_calls(bits: int, rows: int, threads: int, cache: bool) -> list:
-    """Calls lib -> output for int4/int7 matrices."""
+def random_matrix_calls(weights: str, rows: int, threads: int, cache: bool) -> list:
+    """Calls lib -> output over random float32 (packed panels) or int4/int7 matrices."""
     calls = []
     for index in range(1 if cache else 18):
         out_features, in_features = SHAPES[index % len(SHAPES)]
-        packed, scales = quantize_grouped(torch.randn(out_features, in_features), 32, bits)
-        x = torch.randn(rows, in_features)
+        weight, x = torch.randn(out_features, in_features), torch.randn(rows, in_features)
+        if weights == "float32":
+            panels = pack_weight(weight)
 
-        def call(lib, packed=packed, scales=scales, x=x, n=out_features, k=in_features):
-            y = torch.empty(rows, n)
-            kernel = lib.int4_matmul if bits == 4 else lib.int7_matmul
-            kernel(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, k, n, k // scales.shape[1],
-                   threads)
-            return y
+            def call(lib, panels=panels, x=x, n=out_features, k=in_features):
+                y = torch.empty(rows, n)
+                lib.packed_matmul_f32(x.data_ptr(), panels.data_ptr(), y.data_ptr(), rows, k, n, threads)
+                return y
+        else:
+            packed, scales = quantize_grouped(weight, 32, int(weights[3]))
+
+            def call(lib, packed=packed, scales=scales, x=x, n=out_features, k=in_features):
+                y = torch.empty(rows, n)
+                kernel = lib.int4_matmul if weights == "int4" else lib.int7_matmul
+                kernel(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, k, n,
+                       k // scales.shape[1], threads)
+                return y
         calls.append(call)
     return calls * (20 if cache else 1)
 
@@ -102,7 +110,7 @@ def race(label: str, calls: list, committed, variant, reps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variant", type=Path, help="a directory holding edited copies of specdec/kernels' sources")
-    parser.add_argument("--format", choices=["int4", "int7", "gguf"], default="int4")
+    parser.add_argument("--format", choices=["float32", "int4", "int7", "gguf"], default="int4")
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--reps", type=int, default=30)
@@ -113,7 +121,7 @@ def main() -> None:
     if args.format == "gguf":
         sets = gguf_calls(args.rows, args.threads, args.cache)
     else:
-        sets = {f"{args.format}": grouped_calls(int(args.format[3]), args.rows, args.threads, args.cache)}
+        sets = {args.format: random_matrix_calls(args.format, args.rows, args.threads, args.cache)}
     for label, calls in sets.items():
         race(f"{label}, {args.rows} row(s), {args.threads} thread(s)", calls, committed, variant, args.reps)
 
