@@ -88,11 +88,19 @@ class AdaptiveK:
     def next_k(self) -> int:
         if self.draft_per_token is not None and self.verify_seconds:
             self.k = int(np.argmax(self.predicted_rates()))
-            # Keep measuring one longer K now and then, or a low start could never grow.
-            if self.k < self.max_k and len(self.history) % 16 == 15:
+            # Keep measuring one longer K now and then, or a low start could never grow; but not for a
+            # drafter whose draft token costs a whole plain step: no K pays then, even with every draft
+            # accepted, and each probe also pays the draft's catch-up on the tokens it skipped (torch's int4
+            # operators drafting for a float32 CPU target read 0.5x with probes, benchmarks.md section 21).
+            if self.k < self.max_k and len(self.history) % 16 == 15 and not self.drafting_cannot_pay():
                 self.k += 1
         self.history.append(self.k)
         return self.k
+
+    def drafting_cannot_pay(self) -> bool:
+        """A draft token costs at least a plain decoding step (measured): then K = 0 is best for any acceptance."""
+        plain_step = self.verify_seconds.get(1)
+        return self.draft_per_token is not None and plain_step is not None and self.draft_per_token >= plain_step
 
     def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         self.reached *= self.decay

@@ -50,6 +50,17 @@ def test_catch_up_after_plain_steps_does_not_keep_k_at_zero():
     assert np.mean(history[-100:]) >= 2  # and back on once it does
 
 
+def test_a_draft_dearer_than_a_plain_step_is_not_probed_again():
+    """A draft token costing more than a plain step (torch's int4 operators drafting for a float32 CPU
+    target: c 1.35-2.3) cannot pay at any acceptance; probing it every 16 rounds, with the catch-up each
+    probe brings, halved the speed. Once measured, it stays off."""
+    history = simulate(1.0, 1.3 * STEP, catch_up_per_token=1.3 * STEP, rounds=200)
+    assert sum(k > 0 for k in history[10:]) == 0
+    # a draft just under a plain step still gets its probes (it might pay at high acceptance)
+    history = simulate(1.0, 0.9 * STEP, rounds=200)
+    assert sum(k > 0 for k in history[10:]) > 0
+
+
 def test_positions_never_drafted_borrow_the_measured_acceptance():
     """The float32 1.5B with its int4 self-draft on code (measured): 97-100% of draft tokens accepted,
     38 ms a draft token, verify 125 ms + 20 ms a token. K = 6-8 pays best (14 tokens/s against 13 at
