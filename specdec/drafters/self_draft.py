@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from torch import nn
+
 from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.draft_options import parse_draft_options, with_head_vocab
+from specdec.drafters.draft_options import DraftOptions, parse_draft_options, with_head_vocab
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel
 from specdec.models.packed_cache import discard_packed, load_packed, packed_cache_path, save_packed
@@ -61,14 +63,21 @@ def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
         cached = None
     if cached is None:
         save_packed(copy, cache_path)
+    return quantized_copy_drafter(target, copy, weights, options, spec)
+
+
+def quantized_copy_drafter(target: LoadedModel, copy: nn.Module, weights: str, options: DraftOptions,
+                           spec: str) -> DraftModelDrafter:
+    """The drafter over a quantized copy of the target's model (quant:SPEC)."""
     draft = with_head_vocab(dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy), options.head_vocab,
                             "quant")
-    return DraftModelDrafter(draft, model.vocab_size, options.min_confidence, name=f"quant:{spec}", shares_with=model,
-                             prompt_window=options.context,
+    return DraftModelDrafter(draft, target.model.vocab_size, options.min_confidence, name=f"quant:{spec}",
+                             shares_with=target.model, prompt_window=options.context,
                              shares_prompt_cache=options.context is None)  # an explicit window is a request
 
 
-def torch_quantized_self_draft(target: LoadedModel, weights: str, kind: str, options, spec: str) -> DraftModelDrafter:
+def torch_quantized_self_draft(target: LoadedModel, weights: str, kind: str, options: DraftOptions,
+                               spec: str) -> DraftModelDrafter:
     """quant:int8 / quant:int4[:G] for a target on stock torch layers (a GPU, a CPU without the kernel,
     bfloat16/float16 weights): the copy runs on torch's own low-bit operators (models/torch_quant_linear.py)."""
     from specdec.models.torch_quant_linear import TORCH_QUANT_FORMATS
@@ -80,11 +89,7 @@ def torch_quantized_self_draft(target: LoadedModel, weights: str, kind: str, opt
         copy = target.model.quantized_copy(weights)
     except (ValueError, NotImplementedError, RuntimeError) as error:  # a group size or shape the operators refuse
         raise InvalidParameterError(f"quant drafter: {weights}: {error}".splitlines()[0]) from None
-    draft = with_head_vocab(dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy), options.head_vocab,
-                            "quant")
-    return DraftModelDrafter(draft, target.model.vocab_size, options.min_confidence, name=f"quant:{spec}",
-                             shares_with=target.model, prompt_window=options.context,
-                             shares_prompt_cache=options.context is None)
+    return quantized_copy_drafter(target, copy, weights, options, spec)
 
 
 def gguf_block_layers(target: LoadedModel) -> dict:
