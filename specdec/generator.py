@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-import torch
-
 from specdec.commit import StopCriteria
 from specdec.drafters import Drafter, make_drafter
 from specdec.engine import GenerationResult, SpeculativeEngine, StreamChunk
@@ -33,10 +31,6 @@ DEFAULT_DRAFTERS = {DEFAULT_MODEL: "ngram"}
 # for a 4-bit re-quantization, at the same cost a step; interleaved over the 7 tasks 1.93x vs 1.80x (section
 # 20). Needs ~1.1 GB more memory, and ~25 s to repack the blocks at the first use (then the packed cache).
 SELF_DRAFT_DEFAULTS = {"qwen2.5-coder-1.5b-instruct": "quant:gguf"}
-# Models that in bfloat16 on a CPU (stock torch layers, no kernel) draft best with an int4 copy on torch's
-# low-bit operators: their int4 matmul costs half a bfloat16 one there. Code prompts, interleaved: the 135M
-# 1.47x against n-gram's 1.17x, the 1.5B 1.65x against 1.20x (benchmarks.md section 21).
-BFLOAT16_CPU_SELF_DRAFTS = {"smollm2-135m-instruct": "quant:int4", "qwen2.5-coder-1.5b-instruct": "quant:int4"}
 # The longest draft `--k auto` considers (`auto:N` sets another). AdaptiveK picks K <= this from measured
 # costs; on code the int4 self-draft is accepted ~94% a token, and capping at 12 instead of 8 took the float32
 # 1.5B from 2.54x to 2.73x and 2.56x (interleaved, docs/benchmarks.md section 20).
@@ -75,18 +69,15 @@ def _speculation_for(drafter: Drafter | None, k: int | str) -> SpeculationLength
 
 def default_drafter(target: LoadedModel) -> str:
     """The drafter spec `drafter="default"` means for this target as loaded: a self-draft where one pays
-    (a float32 target on the CPU kernel, SELF_DRAFT_DEFAULTS; bfloat16 on a CPU, BFLOAT16_CPU_SELF_DRAFTS),
-    else the per-model table, else n-gram."""
-    model = target.model
-    packed = getattr(model, "layers_are_packed", lambda: False)()
-    if target.name in SELF_DRAFT_DEFAULTS and getattr(model, "weight_format", None) == "float32" and packed:
+    (a float32 target on the CPU kernel, SELF_DRAFT_DEFAULTS), else the per-model table, else n-gram.
+    In bfloat16 on a CPU, torch's int4 self-draft won decode-only on code but lost to n-gram over seven
+    tasks with prefill counted (0.94x against 1.18x on the 135M, benchmarks.md section 21): n-gram there."""
+    if target.name in SELF_DRAFT_DEFAULTS and getattr(target.model, "weight_format", None) == "float32" \
+            and getattr(target.model, "layers_are_packed", lambda: False)():
         spec = SELF_DRAFT_DEFAULTS[target.name]
         if spec == "quant:gguf" and gguf_source(target.path) is None:
             return "quant:int4"  # its float32 weights did not come from a GGUF file at hand: a 4-bit copy
         return spec
-    if target.name in BFLOAT16_CPU_SELF_DRAFTS and not packed and getattr(model, "dtype", None) == torch.bfloat16 \
-            and getattr(model, "device", torch.device("cuda")).type == "cpu":
-        return BFLOAT16_CPU_SELF_DRAFTS[target.name]
     return DEFAULT_DRAFTERS.get(target.name, "ngram")
 
 
