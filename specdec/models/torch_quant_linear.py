@@ -71,7 +71,7 @@ class TorchQuantLinear(nn.Module):
             packed = torch.ops.aten._convert_weight_to_int4pack(two_per_byte, int4_inner_k_tiles(self.in_features))
             table_dtype = torch.bfloat16
         else:
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # (N, K/2) uint8
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # (N, K/2) uint8, outputs in tiles
             table_dtype = torch.bfloat16 if self.activation_dtype == torch.bfloat16 else torch.float32
         self.register_buffer("codes", packed)
         self.register_buffer("scales", torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(table_dtype))
