@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.kernels import quantize_packed_int8
 from specdec.models.packed_linear import parse_weight_format
 
 TORCH_QUANT_FORMATS = ("int8", "int4")
@@ -42,20 +43,18 @@ class TorchQuantLinear(nn.Module):
         self.weight_format = weights
         self.out_features, self.in_features = linear.weight.shape
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
-        self.activation_dtype = linear.weight.dtype
         weight = linear.weight.detach().float()  # (N, K)
         self.group_size = group
         self.on_cuda = weight.device.type == "cuda"
         self.int8_op = kind == "int8"  # cleared at the first call where this build has no int8 kernel for the device
-        if kind == "int8":
-            scales = weight.abs().amax(dim=1) / 127.0  # (N,)
-            scales = torch.where(scales > 0, scales, torch.ones_like(scales))
-            self.register_buffer("codes", torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8))
-            self.register_buffer("scales", scales.to(self.activation_dtype))
+        if kind == "int8":  # the packed int8 format's per-column quantization, on one (1, K, N) "panel"
+            codes, scales = quantize_packed_int8(weight.t().unsqueeze(0))
+            self.register_buffer("codes", codes[0].t().contiguous())  # (N, K) int8
+            self.register_buffer("scales", scales.to(linear.weight.dtype))  # (N,)
         else:
-            self._quantize_int4(weight, group)
+            self._quantize_int4(weight, group, linear.weight.dtype)
 
-    def _quantize_int4(self, weight: torch.Tensor, group: int) -> None:
+    def _quantize_int4(self, weight: torch.Tensor, group: int, activation_dtype: torch.dtype) -> None:
         if group not in INT4_GROUP_SIZES or self.in_features % group:
             raise ValueError(f"int4 group size {group} must be one of {INT4_GROUP_SIZES} and divide {self.in_features}")
         rows = self.out_features
@@ -72,7 +71,7 @@ class TorchQuantLinear(nn.Module):
             table_dtype = torch.bfloat16
         else:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # (N, K/2) uint8, outputs in tiles
-            table_dtype = torch.bfloat16 if self.activation_dtype == torch.bfloat16 else torch.float32
+            table_dtype = torch.bfloat16 if activation_dtype == torch.bfloat16 else torch.float32
         self.register_buffer("codes", packed)
         self.register_buffer("scales", torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(table_dtype))
 
