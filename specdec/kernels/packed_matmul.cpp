@@ -19,6 +19,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include <vector>
+
 // Rows a block takes at once: 2 accumulators a row + 2 weights + the broadcasts must stay in registers. AVX2
 // has 16: 4 rows (5+ spill). With AVX-512 (the AVX-512 build, kernels/__init__.py) 256-bit code may use 32,
 // and up to 12 rows stream a panel once: at 8-9 rows (a verification) the FMAs then overlap the weight
@@ -35,13 +37,31 @@ constexpr int TB_MAX = 4, TB_PREFILL = 4;
 constexpr int PREFETCH_MIN_ROWS = 3;
 constexpr int64_t PREFETCH_STEPS = 64;  // k steps ahead: 4 KB of a float32 panel
 
+// Two regimes above 2 rows. STREAMED (3-16 rows, a verification: each panel is read from memory once, for
+// one row block): the activations are read k-major (xt[k][t]: one short run a k step) instead of one stream
+// per row, and weights are prefetched into L2 only. 9 rows of 8960 inputs are 315 KB that every panel
+// re-reads; nine interleaved streams, and weights pulled into L1 ahead of use, evicted them and left the
+// FMAs waiting (9 rows: 1.09x from k-major, 1.12x more from the L2 hint; benchmarks.md section 22).
+// Prefill (17+ rows) reuses each cached panel for many row blocks, bound by FMAs: row-major, L1 prefetch
+// (the L2 hint cost it 8%).
+constexpr int STREAMED_MAX_ROWS = 16;
+
+template <bool STREAMED>
+static inline void prefetch_weights(const void* at) {
+    if constexpr (STREAMED) {
+        _mm_prefetch(static_cast<const char*>(at), _MM_HINT_T1);
+    } else {
+        _mm_prefetch(static_cast<const char*>(at), _MM_HINT_T0);
+    }
+}
+
 struct Float32Panels {
     const float* w;
     static constexpr bool scaled = false;
-    template <int TB>
+    template <int TB, bool STREAMED>
     inline void load(int64_t p, int64_t K, int64_t k, __m256& w0, __m256& w1) const {
         const float* at = w + (p * K + k) * 16;
-        if (TB >= PREFETCH_MIN_ROWS) _mm_prefetch(reinterpret_cast<const char*>(at + PREFETCH_STEPS * 16), _MM_HINT_T0);
+        if (TB >= PREFETCH_MIN_ROWS) prefetch_weights<STREAMED>(at + PREFETCH_STEPS * 16);
         w0 = _mm256_loadu_ps(at);
         w1 = _mm256_loadu_ps(at + 8);
     }
@@ -50,20 +70,21 @@ struct Float32Panels {
 struct Int8Panels {
     const int8_t* w;
     static constexpr bool scaled = true;
-    template <int TB>
+    template <int TB, bool STREAMED>
     inline void load(int64_t p, int64_t K, int64_t k, __m256& w0, __m256& w1) const {
         // two sign-extending loads (vpmovsxbd ymm, m64): no separate load or shift
         const int8_t* at = w + (p * K + k) * 16;
-        if (TB >= PREFETCH_MIN_ROWS) _mm_prefetch(reinterpret_cast<const char*>(at + PREFETCH_STEPS * 16), _MM_HINT_T0);
+        if (TB >= PREFETCH_MIN_ROWS) prefetch_weights<STREAMED>(at + PREFETCH_STEPS * 16);
         w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))));
         w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 8))));
     }
 };
 
-// Rows t0..t0+TB-1 times panels p0..p0+PB-1.
-template <int TB, int PB, typename Panels>
-static inline void block(const float* x, const Panels& panels, const float* scales, float* y, int64_t K, int64_t N,
-                         int64_t p0, int64_t t0) {
+// Rows t0..t0+TB-1 times panels p0..p0+PB-1. x: (T, K) row-major; xt (STREAMED with 3+ rows): the same rows
+// k-major per row block (rows t0.. at xt + t0 K, element [k][t] at k TB + t).
+template <int TB, int PB, bool STREAMED, typename Panels>
+static inline void block(const float* x, const float* xt, const Panels& panels, const float* scales, float* y,
+                         int64_t K, int64_t N, int64_t p0, int64_t t0) {
     __m256 acc[PB][TB][2];
 #pragma GCC unroll 16
     for (int b = 0; b < PB; b++)
@@ -71,14 +92,22 @@ static inline void block(const float* x, const Panels& panels, const float* scal
         for (int t = 0; t < TB; t++) acc[b][t][0] = acc[b][t][1] = _mm256_setzero_ps();
     const float* xr[TB];
     for (int t = 0; t < TB; t++) xr[t] = x + (t0 + t) * K;
+    constexpr bool kmajor = STREAMED && TB >= PREFETCH_MIN_ROWS;
+    const float* xk = kmajor ? xt + t0 * K : nullptr;  // k-major: this k step's TB activations side by side
     for (int64_t k = 0; k < K; k++) {
         __m256 xb[TB];
+        if constexpr (kmajor) {
 #pragma GCC unroll 16
-        for (int t = 0; t < TB; t++) xb[t] = _mm256_broadcast_ss(xr[t] + k);
+            for (int t = 0; t < TB; t++) xb[t] = _mm256_broadcast_ss(xk + t);
+            xk += TB;
+        } else {
+#pragma GCC unroll 16
+            for (int t = 0; t < TB; t++) xb[t] = _mm256_broadcast_ss(xr[t] + k);
+        }
 #pragma GCC unroll 16
         for (int b = 0; b < PB; b++) {
             __m256 w0, w1;
-            panels.template load<TB>(p0 + b, K, k, w0, w1);
+            panels.template load<TB, STREAMED>(p0 + b, K, k, w0, w1);
 #pragma GCC unroll 16
             for (int t = 0; t < TB; t++) {
                 acc[b][t][0] = _mm256_fmadd_ps(w0, xb[t], acc[b][t][0]);
@@ -113,12 +142,34 @@ static inline void block(const float* x, const Panels& panels, const float* scal
 }
 
 // Rows t0.. (TB of them) over panels p0..p1-1, PB panels at a time, single panels for the rest.
-template <int TB, int PB, typename Panels>
-static inline void rows(const float* x, const Panels& panels, const float* scales, float* y, int64_t K, int64_t N,
-                        int64_t p0, int64_t p1, int64_t t0) {
+template <int TB, int PB, bool STREAMED, typename Panels>
+static inline void rows(const float* x, const float* xt, const Panels& panels, const float* scales, float* y,
+                        int64_t K, int64_t N, int64_t p0, int64_t p1, int64_t t0) {
     int64_t p = p0;
-    for (; p + PB <= p1; p += PB) block<TB, PB>(x, panels, scales, y, K, N, p, t0);
-    for (; p < p1; p++) block<TB, 1>(x, panels, scales, y, K, N, p, t0);
+    for (; p + PB <= p1; p += PB) block<TB, PB, STREAMED>(x, xt, panels, scales, y, K, N, p, t0);
+    for (; p < p1; p++) block<TB, 1, STREAMED>(x, xt, panels, scales, y, K, N, p, t0);
+}
+
+// One row block of `size` rows (1..TB_MAX) over panels p0..p1-1.
+template <bool STREAMED, typename Panels>
+static inline void row_block(int64_t size, const float* x, const float* xt, const Panels& panels,
+                             const float* scales, float* y, int64_t K, int64_t N, int64_t p0, int64_t p1, int64_t t0) {
+    switch (size) {
+#if defined(__AVX512VL__)
+        case 12: rows<12, 1, STREAMED>(x, xt, panels, scales, y, K, N, p0, p1, t0); break;
+        case 11: rows<11, 1, STREAMED>(x, xt, panels, scales, y, K, N, p0, p1, t0); break;
+        case 10: rows<10, 1, STREAMED>(x, xt, panels, scales, y, K, N, p0, p1, t0); break;
+        case 9: rows<9, 1, STREAMED>(x, xt, panels, scales, y, K, N, p0, p1, t0); break;
+        case 8: rows<8, 1, STREAMED>(x, xt, panels, scales, y, K, N, p0, p1, t0); break;
+        case 7: rows<7, 1, STREAMED>(x, xt, panels, scales, y, K, N, p0, p1, t0); break;
+        case 6: rows<6, 1, STREAMED>(x, xt, panels, scales, y, K, N, p0, p1, t0); break;
+        case 5: rows<5, 1, STREAMED>(x, xt, panels, scales, y, K, N, p0, p1, t0); break;
+#endif
+        case 4: rows<4, 1, STREAMED>(x, xt, panels, scales, y, K, N, p0, p1, t0); break;
+        case 3: rows<3, 1, STREAMED>(x, xt, panels, scales, y, K, N, p0, p1, t0); break;
+        case 2: rows<2, 2, STREAMED>(x, xt, panels, scales, y, K, N, p0, p1, t0); break;
+        default: rows<1, 4, STREAMED>(x, xt, panels, scales, y, K, N, p0, p1, t0); break;
+    }
 }
 
 template <typename Panels>
@@ -127,32 +178,38 @@ static void matmul(const float* x, const Panels& panels, const float* scales, fl
     constexpr int64_t GROUP = 4;  // panels per parallel work item: enough for PB = 4, fine-grained enough
     const int64_t panel_count = (N + 15) / 16;
     const int64_t groups = (panel_count + GROUP - 1) / GROUP;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t g = 0; g < groups; g++) {
-        const int64_t p0 = g * GROUP, p1 = p0 + GROUP < panel_count ? p0 + GROUP : panel_count;
-        // Row blocks of at most `most` rows, as even as possible (5 rows on AVX2: 3 + 2, not 4 + 1: a lone
-        // row would be a block of 2 FMA chains, latency-bound); PB panels at once give small blocks 6-8 chains.
-        const int64_t most = T > 16 ? TB_PREFILL : TB_MAX;
-        const int64_t blocks = (T + most - 1) / most;
-        for (int64_t i = 0, t0 = 0; i < blocks; i++) {
-            const int64_t size = (T - t0) / (blocks - i);
-            switch (size) {
-#if defined(__AVX512VL__)
-                case 12: rows<12, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
-                case 11: rows<11, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
-                case 10: rows<10, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
-                case 9: rows<9, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
-                case 8: rows<8, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
-                case 7: rows<7, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
-                case 6: rows<6, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
-                case 5: rows<5, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
-#endif
-                case 4: rows<4, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
-                case 3: rows<3, 1>(x, panels, scales, y, K, N, p0, p1, t0); break;
-                case 2: rows<2, 2>(x, panels, scales, y, K, N, p0, p1, t0); break;
-                default: rows<1, 4>(x, panels, scales, y, K, N, p0, p1, t0); break;
+    // Row blocks of at most `most` rows, as even as possible (5 rows on AVX2: 3 + 2, not 4 + 1: a lone
+    // row would be a block of 2 FMA chains, latency-bound); PB panels at once give small blocks 6-8 chains.
+    const int64_t most = T > STREAMED_MAX_ROWS ? TB_PREFILL : TB_MAX;
+    const int64_t blocks = (T + most - 1) / most;
+    // A verification's rows in k-major order, copied once (blocks have 3+ rows once T does: as even as possible)
+    const bool streamed = T <= STREAMED_MAX_ROWS, kmajor = streamed && T >= PREFETCH_MIN_ROWS;
+    static thread_local std::vector<float> xt_buffer;  // at most 16 x K floats, kept: no allocation a call
+    if (kmajor && xt_buffer.size() < static_cast<size_t>(T * K)) xt_buffer.resize(T * K);
+    float* xt = kmajor ? xt_buffer.data() : nullptr;
+#pragma omp parallel num_threads(num_threads)
+    {
+        if (kmajor) {
+            for (int64_t i = 0, t0 = 0; i < blocks; i++) {
+                const int64_t size = (T - t0) / (blocks - i);
+#pragma omp for schedule(static)
+                for (int64_t k = 0; k < K; k++)
+                    for (int64_t t = 0; t < size; t++) xt[t0 * K + k * size + t] = x[(t0 + t) * K + k];
+                t0 += size;  // the loop's implicit barrier: xt is whole before any block reads it
             }
-            t0 += size;
+        }
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t p0 = g * GROUP, p1 = p0 + GROUP < panel_count ? p0 + GROUP : panel_count;
+            for (int64_t i = 0, t0 = 0; i < blocks; i++) {
+                const int64_t size = (T - t0) / (blocks - i);
+                if (streamed) {
+                    row_block<true>(size, x, xt, panels, scales, y, K, N, p0, p1, t0);
+                } else {
+                    row_block<false>(size, x, nullptr, panels, scales, y, K, N, p0, p1, t0);
+                }
+                t0 += size;
+            }
         }
     }
 }
