@@ -33,9 +33,9 @@ SOURCES = [Path(__file__).with_name(name) for name in ("packed_matmul.cpp", "int
 HEADERS = [Path(__file__).with_name(name) for name in ("vector_math.h", "integer_blocks.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 # Added where the CPU has AVX512-VNNI (Zen 4, Ice Lake and later): the integer kernels' byte dot products
-# take one vpdpbusd (integer_blocks.h), and 256-bit code gets 32 registers instead of 16, so the float32
-# kernel streams a panel once for up to 12 rows (packed_matmul.cpp). 256-bit vectors stay preferred: the
-# kernels are written for them.
+# take one vpdpbusd (integer_blocks.h), and the float32 kernel streams a panel once for up to 16 rows (32
+# registers; 512-bit accumulators from 8 rows, packed_matmul.cpp). 256-bit vectors stay preferred elsewhere:
+# the other kernels are written for them.
 AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256"]
 AVX512_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo's names for them
 PANEL = 16  # output columns per packed panel (two AVX2 registers)
