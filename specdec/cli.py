@@ -28,7 +28,7 @@ def _k_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be an integer, 'auto' or 'auto:N', not {text!r}") from None
 
 
-K_HELP = "draft tokens per round; 'auto' (default) chooses K <= 12 from measurements, 'auto:N' K <= N"
+K_HELP = "draft tokens per round; 'auto' (default) chooses K <= 16 from measurements, 'auto:N' K <= N"
 
 
 def build_parser() -> argparse.ArgumentParser:
