@@ -38,8 +38,8 @@ constexpr int TB_MAX = 4, TB_PREFILL = 4;
 constexpr int PREFETCH_MIN_ROWS = 3;
 constexpr int64_t PREFETCH_STEPS = 64;  // k steps ahead: 4 KB of a float32 panel
 
-// Two regimes above 2 rows. STREAMED (3-16 rows, a verification: each panel is read from memory once, for
-// one row block): the activations are read k-major (xt[k][t]: one short run a k step) instead of one stream
+// Two regimes above 2 rows. STREAMED (3-16 rows, a verification: each panel comes from memory once, for one
+// row block with AVX-512, for up to four blocks of 3-4 rows with AVX2): the activations are read k-major (xt[k][t]: one short run a k step) instead of one stream
 // per row, and weights are prefetched into L2 only. 9 rows of 8960 inputs are 315 KB that every panel
 // re-reads; nine interleaved streams, and weights pulled into L1 ahead of use, evicted them and left the
 // FMAs waiting (9 rows: 1.09x from k-major, 1.12x more from the L2 hint; benchmarks.md section 22).
