@@ -242,10 +242,11 @@ static void matmul(const float* x, const Panels& panels, const float* scales, fl
     const int64_t groups = (panel_count + GROUP - 1) / GROUP;
     // Row blocks of at most `most` rows, as even as possible (5 rows on AVX2: 3 + 2, not 4 + 1: a lone
     // row would be a block of 2 FMA chains, latency-bound); PB panels at once give small blocks 6-8 chains.
-    const int64_t most = T > STREAMED_MAX_ROWS ? TB_PREFILL : TB_MAX;
+    const bool streamed = T <= STREAMED_MAX_ROWS;
+    const int64_t most = streamed ? TB_MAX : TB_PREFILL;
     const int64_t blocks = (T + most - 1) / most;
     // A verification's rows in k-major order, copied once (blocks have 3+ rows once T does: as even as possible)
-    const bool streamed = T <= STREAMED_MAX_ROWS, kmajor = streamed && T >= PREFETCH_MIN_ROWS;
+    const bool kmajor = streamed && T >= PREFETCH_MIN_ROWS;
     static thread_local std::vector<float> xt_buffer;  // at most 16 x K floats, kept: no allocation a call
     if (kmajor && xt_buffer.size() < static_cast<size_t>(T * K)) xt_buffer.resize(T * K);
     float* xt = kmajor ? xt_buffer.data() : nullptr;
