@@ -12,34 +12,20 @@ so plain decoding and speculative decoding share this one loop.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import torch
 
 from specdec.commit import Committer, CommitOutcome, StopCriteria
-from specdec.drafters.base import Draft, Drafter, VerifyResult
+from specdec.drafters.base import Drafter
 from specdec.errors import ContextLengthError
 from specdec.models.base import CausalLM, positions_after, tree_attention_mask
+from specdec.rounds import Draft, GenerationResult, SideInputs, StreamChunk, VerifyResult
 from specdec.sampling import SamplingParams, processed_probs, tree_processed_probs
 from specdec.speculation_length import FixedK, SpeculationLength
 from specdec.stats import GenerationStats, RoundStats
 from specdec.tree import TokenTree
 from specdec.verify import verify_chain_greedy, verify_chain_sampling, verify_tree_greedy, verify_tree_sampling
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" or "length"
-    stats: GenerationStats
-
-
-@dataclass
-class StreamChunk:
-    text: str  # new text (may be empty while a multi-byte character or stop string is pending)
-    token_ids: list[int]  # tokens committed this round
 
 
 class SpeculativeEngine:
@@ -87,7 +73,7 @@ class _Generation:
             criteria = StopCriteria(room, criteria.eos_token_ids, criteria.stop_strings)
         self.engine, self.target, self.drafter = engine, target, engine.drafter
         # Feature drafters (EAGLE, Medusa) read this hidden layer of every target forward.
-        self.feature_layer: int | None = getattr(self.drafter, "feature_layer", None)
+        self.feature_layer = None if self.drafter is None else self.drafter.feature_layer
         self.hidden_layers = () if self.feature_layer is None else (self.feature_layer,)
         self.params = params
         self.prompt_ids = prompt_ids
@@ -96,7 +82,7 @@ class _Generation:
         self.generator = torch.Generator(device=target.device)
         self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
         # Drafters with side inputs (lookahead) need that many more slots in each verify forward.
-        self.side_capacity = getattr(self.drafter, "side_capacity", 0)
+        self.side_capacity = 0 if self.drafter is None else self.drafter.side_capacity
         capacity = min(target.max_context,
                        len(prompt_ids) + criteria.max_new_tokens + engine.speculation.max_k + 1 + self.side_capacity)
         self.cache = target.new_cache(1, capacity)
@@ -113,7 +99,7 @@ class _Generation:
         self.seconds = time.perf_counter() - self.started
 
     def result(self) -> GenerationResult:
-        memory = self.drafter.memory_bytes() if hasattr(self.drafter, "memory_bytes") else 0
+        memory = 0 if self.drafter is None else self.drafter.memory_bytes()
         stats = GenerationStats.from_rounds(
             self.engine.drafter_name, len(self.prompt_ids), self.rounds, self.seconds, self.prefill_seconds, memory
         )
@@ -130,8 +116,7 @@ class _Generation:
             out = self.target.forward(tokens, positions_after(0, len(head), 1, tokens.device), self.cache,
                                       hidden_layers=self.hidden_layers, last_logits_only=True)
         if self.drafter is not None:
-            if hasattr(self.drafter, "take_prompt_cache"):  # self-drafts of the target's layout reuse its prefill
-                self.drafter.take_prompt_cache(self.cache)
+            self.drafter.take_prompt_cache(self.cache)  # self-drafts of the target's layout reuse its prefill
             self.drafter.begin(self.prompt_ids, self.params, self.cache.max_length)
             if self.feature_layer is not None and out is not None:
                 self.drafter.take_features(out.hidden_states[self.feature_layer][0])  # (P-1, C)
@@ -174,15 +159,15 @@ class _Generation:
             out = self.target.forward(tokens, positions, self.cache, hidden_layers=self.hidden_layers)
         else:
             tokens, positions, mask = tree.verify_inputs(self.context[-1], self.cache.length, device)
-            if draft.side_tokens:
-                tokens, positions, mask = with_side_inputs(draft, tokens, positions, mask)
+            if draft.side is not None:
+                tokens, positions, mask = with_side_inputs(draft.side, tokens, positions, mask)
             attn_mask = tree_attention_mask(self.cache.length, mask)  # (1, T+1(+S), cache + T+1(+S))
             out = self.target.forward(tokens, positions, self.cache, attn_mask, hidden_layers=self.hidden_layers)
         if self.feature_layer is not None:
             self._features = out.hidden_states[self.feature_layer][0]  # (K+1 or T+1, C)
         logits = out.logits[0]
-        if draft.side_tokens:
-            draft.side_outputs = logits[len(draft) + 1:].argmax(-1).tolist()
+        if draft.side is not None:
+            draft.side.outputs = logits[len(draft) + 1:].argmax(-1).tolist()
             logits = logits[: len(draft) + 1]
         return logits
 
@@ -199,7 +184,7 @@ class _Generation:
     def _commit(self, draft: Draft, result: VerifyResult, tree: TokenTree | None) -> CommitOutcome:
         outcome = self.committer.commit(result.tokens)
         # The cache keeps [last committed] + accepted drafts; the new last token is the next input.
-        root_slot = self.cache.length - len(draft) - len(draft.side_tokens) - 1
+        root_slot = self.cache.length - len(draft) - draft.num_side - 1
         if tree is None:
             self.cache.truncate(root_slot + 1 + result.num_accepted)
         else:  # the accepted path's slots move up behind the root
@@ -213,18 +198,18 @@ class _Generation:
         return outcome
 
 
-def with_side_inputs(draft: Draft, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+def with_side_inputs(side: SideInputs, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Append a draft's side inputs (lookahead's Jacobi branch) after root + nodes: (1, T+1+S) tokens and
-    positions, (T+1+S, T+1+S) mask in which side tokens see the root and their own side_mask only."""
+    positions, (T+1+S, T+1+S) mask in which side tokens see the root and their own side mask only."""
     device = tokens.device
-    side = len(draft.side_tokens)
+    size = len(side)
     root_position = int(positions[0, 0])
-    tokens = torch.cat([tokens, torch.tensor([draft.side_tokens], device=device)], dim=1)
-    positions = torch.cat([positions, torch.tensor([[root_position + d for d in draft.side_positions]],
+    tokens = torch.cat([tokens, torch.tensor([side.tokens], device=device)], dim=1)
+    positions = torch.cat([positions, torch.tensor([[root_position + d for d in side.positions]],
                                                    device=device)], dim=1)
-    full = torch.zeros(mask.shape[0] + side, mask.shape[0] + side, dtype=torch.bool, device=device)
+    full = torch.zeros(mask.shape[0] + size, mask.shape[0] + size, dtype=torch.bool, device=device)
     full[: mask.shape[0], : mask.shape[0]] = mask
     full[mask.shape[0]:, 0] = True  # the root
-    full[mask.shape[0]:, mask.shape[0]:] = draft.side_mask.to(device)
+    full[mask.shape[0]:, mask.shape[0]:] = side.mask.to(device)
     return tokens, positions, full

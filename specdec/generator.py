@@ -14,7 +14,8 @@ from typing import Iterator, Sequence
 
 from specdec.commit import StopCriteria
 from specdec.drafters import Drafter, make_drafter
-from specdec.engine import GenerationResult, SpeculativeEngine, StreamChunk
+from specdec.engine import SpeculativeEngine
+from specdec.rounds import GenerationResult, StreamChunk
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel, gguf_source, load_model
 from specdec.sampling import SamplingParams
@@ -63,9 +64,8 @@ def _speculation_for(drafter: Drafter | None, k: int | str) -> SpeculationLength
     if drafter is None:
         return FixedK(0)
     # Tree drafters (EAGLE, Medusa) draft a node budget, which AdaptiveK's chain model does not describe.
-    tree_budget = getattr(drafter, "default_k", None)
-    if is_auto(k) and tree_budget is not None:
-        return FixedK(tree_budget)
+    if is_auto(k) and drafter.tree_node_budget is not None:
+        return FixedK(drafter.tree_node_budget)
     return speculation_length(k)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.base import Draft, VerifyResult
+from specdec.rounds import Draft, VerifyResult
 from specdec.sampling import sample
 from specdec.tree import ROOT, TokenTree
 

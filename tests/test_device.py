@@ -151,7 +151,7 @@ def test_a_verifier_that_accepts_one_wrong_draft_is_caught(models, device, monke
     """The near-tie allowance must not hide a real bug: a greedy verifier that also keeps the first
     rejected draft token fails the equality check."""
     from specdec import engine
-    from specdec.drafters.base import VerifyResult
+    from specdec.rounds import VerifyResult
 
     def accepts_one_more(target_logits, draft):
         choice = target_logits.argmax(-1).tolist()

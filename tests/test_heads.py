@@ -36,25 +36,23 @@ def plain(target, prompt, max_new=40, **sampling):
     return SpeculativeGenerator(target, None).generate(prompt, max_new, chat=False, **sampling).token_ids
 
 
-class Recording:
-    """Wraps a feature drafter and keeps every feature row the engine hands it."""
+def recording(inner):
+    """The feature drafter `inner`, also keeping every feature row the engine hands it (in `.rows`)."""
 
-    def __init__(self, inner):
-        self.inner, self.rows = inner, []
-        self.name, self.feature_layer, self.default_k = inner.name, inner.feature_layer, inner.default_k
+    class Recording(type(inner)):
+        def take_features(self, features):
+            self.rows.append(features.clone())
+            super().take_features(features)
 
-    def take_features(self, features):
-        self.rows.append(features.clone())
-        self.inner.take_features(features)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    inner.__class__ = Recording
+    inner.rows = []
+    return inner
 
 
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_engine_hands_over_the_targets_features_of_every_committed_token(tiny, kind):
     model = tiny["target"].model
-    drafter = Recording(eagle_drafter(model) if kind == "eagle" else medusa_drafter(model))
+    drafter = recording(eagle_drafter(model) if kind == "eagle" else medusa_drafter(model))
     gen = SpeculativeGenerator(tiny["target"], drafter)
     prompt = gen.encode("hello hello the world", chat=False)
     result = gen.generate("hello hello the world", 30, chat=False)

@@ -34,19 +34,19 @@ def test_combined_forward_equals_separate_forwards(target, window, ngram):
     drafter.begin(prompt, SamplingParams(), 256)
     drafter.pool[prompt[-1]] = [tuple(prompt[1:ngram]), tuple(prompt[2:ngram + 1])]  # a 2-path tree as well
     draft = drafter.propose(prompt, 8, SamplingParams(), None)
-    assert len(draft) > 0 and len(draft.side_tokens) == window * (ngram - 1)
+    assert len(draft) > 0 and len(draft.side) == window * (ngram - 1)
     cache = model.new_cache(1, 256)
     head = torch.tensor([prompt[:-1]])
     model.forward(head, positions_after(0, head.shape[1], 1, "cpu"), cache)
     tree = TokenTree.from_draft(draft.tokens, draft.parents)
-    tokens, positions, mask = with_side_inputs(draft, *tree.verify_inputs(prompt[-1], cache.length))
+    tokens, positions, mask = with_side_inputs(draft.side, *tree.verify_inputs(prompt[-1], cache.length))
     combined = model.forward(tokens, positions, cache, tree_attention_mask(cache.length, mask)).logits[0]
     nodes = len(draft) + 1
     # every side token: the target's logits after prefix + root + the chain its mask lets it see
-    for i, token in enumerate(draft.side_tokens):
-        seen = chain_of(draft.side_mask[i], draft.side_positions)
-        assert seen[-1] == i and [draft.side_positions[j] for j in seen] == list(range(1, len(seen) + 1))
-        ids = torch.tensor([prompt + [draft.side_tokens[j] for j in seen]])
+    for i, token in enumerate(draft.side.tokens):
+        seen = chain_of(draft.side.mask[i], draft.side.positions)
+        assert seen[-1] == i and [draft.side.positions[j] for j in seen] == list(range(1, len(seen) + 1))
+        ids = torch.tensor([prompt + [draft.side.tokens[j] for j in seen]])
         alone = model.forward(ids, positions_after(0, ids.shape[1], 1, "cpu"), model.new_cache(1, 256)).logits[0, -1]
         torch.testing.assert_close(combined[nodes + i], alone, atol=2e-4, rtol=1e-4)
     # and the draft nodes are unaffected by the side tokens

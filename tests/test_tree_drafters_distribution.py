@@ -72,7 +72,7 @@ def engine_for(kind: str) -> SpeculativeEngine:
         tokens = rng.integers(0, VOCAB, 400).astype(np.int32)
         store = Datastore(tokens, divsufsort(tokens.astype(np.uint32)).astype(np.int64), {"separator": VOCAB})
         drafter = RetrievalDrafter(store, "retrieval:random", budget=5, depth=3)
-    return SpeculativeEngine(model, drafter, FixedK(drafter.default_k))
+    return SpeculativeEngine(model, drafter, FixedK(drafter.tree_node_budget))
 
 
 def count(kind: str, params: SamplingParams, seeds: range) -> np.ndarray:

@@ -8,11 +8,12 @@ from typing import Callable, Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, VerifyResult
+from specdec.drafters.base import Drafter
+from specdec.rounds import Draft, VerifyResult
 from specdec.sampling import SamplingParams, processed_probs, sample
 
 
-class RandomTreeDrafter:
+class RandomTreeDrafter(Drafter):
     """`branching[d]` children per node at depth d, drawn from a draft model's distribution: either its
     top tokens (deterministic: one-hot draft_probs) or independent samples (draft_probs = that law)."""
 
@@ -57,7 +58,7 @@ class RandomTreeDrafter:
         return self
 
 
-class OracleTreeDrafter:
+class OracleTreeDrafter(Drafter):
     """Knows the target's greedy continuation and hides it in a tree among random siblings, leaving
     it out at some depths: greedy tree verification must still reproduce plain decoding exactly."""
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from specdec.drafters.base import Draft, Drafter, VerifyResult
+from specdec.drafters.base import Drafter
+from specdec.rounds import Draft, VerifyResult
 from specdec.drafters.draft_options import DraftOptions, parse_draft_options, with_head_vocab
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel

@@ -30,7 +30,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdec.drafters.base import Draft, VerifyResult, module_bytes, tensor_bytes
+from specdec.drafters.base import Drafter, module_bytes, tensor_bytes
+from specdec.rounds import Draft, VerifyResult
 from specdec.errors import SpecdecError
 from specdec.models.base import positions_after
 from specdec.models.kv_cache import KVCache
@@ -49,7 +50,7 @@ def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
         )
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     def __init__(self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.0,
                  name: str | None = None, shares_with: nn.Module | None = None, prompt_window: int | None = None,
                  shares_prompt_cache: bool = False):

@@ -16,7 +16,8 @@ from typing import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, VerifyResult, module_bytes, tensor_bytes
+from specdec.drafters.base import Drafter, module_bytes, tensor_bytes
+from specdec.rounds import Draft, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import LoadedHead
 from specdec.heads.target_parts import DraftVocabulary, embed
@@ -45,7 +46,7 @@ def parse_tree_options(text: str, defaults: TreeShape) -> TreeShape:
     return TreeShape(values["depth"], values["topk"], values["budget"])
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     def __init__(self, head: LoadedHead, target_model, shape: TreeShape, name: str,
                  vocab: DraftVocabulary | None = None, module=None):
         self.name = name
@@ -53,7 +54,7 @@ class EagleDrafter:
         self.head = module or head.module.packed_copy()  # the module drafting runs (packed on the CPU kernel)
         self.vocab = vocab or DraftVocabulary(target_model, head.draft_vocab)
         self.feature_layer = target_model.num_layers
-        self.default_k = shape.budget
+        self.tree_node_budget = shape.budget
         self.cache = None
         self.pending: list[torch.Tensor] = []
 

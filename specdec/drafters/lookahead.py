@@ -9,7 +9,7 @@ a pool keyed by its first token; the levels shift up and the outputs become the 
 
 The verification branch is the pool's n-grams (up to G) that start with the last committed token,
 merged into a token tree and verified exactly like any tree draft (greedy and sampling). The lookahead
-branch rides along as side inputs (`Draft.side_tokens`): the target computes them in the same forward,
+branch rides along as side inputs (`Draft.side`): the target computes them in the same forward,
 they are never verified nor kept in the KV cache, so the output stays exact.
 """
 
@@ -20,19 +20,20 @@ from typing import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, VerifyResult, container_bytes
+from specdec.drafters.base import Drafter, container_bytes
+from specdec.rounds import Draft, SideInputs, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.sampling import SamplingParams
 from specdec.tree import TokenTree
 
 
-class LookaheadDrafter:
+class LookaheadDrafter(Drafter):
     def __init__(self, window: int = 4, ngram: int = 3, pool: int = 4, seed: int = 0):
         if not (1 <= window <= 16 and 2 <= ngram <= 8 and 1 <= pool <= 32):
             raise InvalidParameterError("lookahead drafter: need 1 <= W <= 16, 2 <= N <= 8, 1 <= G <= 32")
         self.window, self.ngram, self.pool_size, self.seed = window, ngram, pool, seed
         self.name = f"lookahead:W{window},N{ngram},G{pool}"
-        self.default_k = pool * (ngram - 1)  # the verification branch's node budget
+        self.tree_node_budget = pool * (ngram - 1)  # the verification branch's node budget
         self.side_capacity = window * (ngram - 1)
         self.side_mask, self.side_positions = self.lookahead_mask(window, ngram)
         self.levels: list[list[int]] = []
@@ -77,12 +78,12 @@ class LookaheadDrafter:
             paths.append(list(candidate))
             budget -= len(candidate)
         tree = TokenTree.from_paths(paths)
-        return Draft(list(tree.tokens), list(tree.parents),
-                     side_tokens=[token for level in self.levels for token in level],
-                     side_positions=list(self.side_positions), side_mask=self.side_mask)
+        side = SideInputs([token for level in self.levels for token in level], list(self.side_positions),
+                          self.side_mask)
+        return Draft(list(tree.tokens), list(tree.parents), side=side)
 
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
-        outputs = draft.side_outputs
+        outputs = None if draft.side is None else draft.side.outputs
         if outputs is None:
             return
         last_level = outputs[(self.ngram - 2) * self.window:]  # the target's next token on each diagonal

@@ -15,7 +15,8 @@ from typing import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, VerifyResult, module_bytes, tensor_bytes
+from specdec.drafters.base import Drafter, module_bytes, tensor_bytes
+from specdec.rounds import Draft, VerifyResult
 from specdec.heads.checkpoint import LoadedHead
 from specdec.heads.target_parts import DraftVocabulary
 from specdec.sampling import SamplingParams
@@ -47,13 +48,13 @@ def static_tree(accuracy: tuple[tuple[float, ...], ...], budget: int) -> tuple[t
     return tuple(paths)
 
 
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     def __init__(self, head: LoadedHead, target_model, budget: int, name: str, vocab: DraftVocabulary | None = None):
         self.name = name
         self.loaded, self.heads, self.target_model = head, head.module, target_model
         self.vocab = vocab or DraftVocabulary(target_model, head.draft_vocab)
         self.feature_layer = target_model.num_layers
-        self.default_k = budget
+        self.tree_node_budget = budget
         num_heads = head.module.shape.num_heads
         measured = head.info.get("training", {}).get("validation", {}).get("rank_accuracy")
         accuracy = measured if measured else default_accuracy(num_heads)
@@ -62,7 +63,7 @@ class MedusaDrafter:
         self.last_feature: torch.Tensor | None = None
 
     def fresh(self) -> "MedusaDrafter":
-        return MedusaDrafter(self.loaded, self.target_model, self.default_k, self.name, self.vocab)
+        return MedusaDrafter(self.loaded, self.target_model, self.tree_node_budget, self.name, self.vocab)
 
     def memory_bytes(self) -> int:
         """The heads' weights and the draft vocabulary's LM-head rows."""

@@ -17,12 +17,13 @@ from typing import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft, VerifyResult, container_bytes
+from specdec.drafters.base import Drafter, container_bytes
+from specdec.rounds import Draft, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.sampling import SamplingParams
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
             raise InvalidParameterError("ngram sizes need 1 <= min_ngram <= max_ngram")

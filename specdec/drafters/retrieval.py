@@ -15,17 +15,18 @@ from typing import Sequence
 import torch
 
 from specdec.datastore import Datastore
-from specdec.drafters.base import Draft, VerifyResult
+from specdec.drafters.base import Drafter
+from specdec.rounds import Draft, VerifyResult
 from specdec.sampling import SamplingParams
 from specdec.tree import TokenTree
 
 MAX_SUFFIX, MIN_SUFFIX = 16, 2
 
 
-class RetrievalDrafter:
+class RetrievalDrafter(Drafter):
     def __init__(self, store: Datastore, name: str, budget: int = 16, depth: int = 8, max_matches: int = 128):
         self.store, self.name = store, name
-        self.default_k, self.depth, self.max_matches = budget, depth, max_matches
+        self.tree_node_budget, self.depth, self.max_matches = budget, depth, max_matches
 
     def fresh(self) -> "RetrievalDrafter":
         return self  # no per-generation state: the datastore is read-only

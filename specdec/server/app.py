@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.engine import GenerationResult
+from specdec.rounds import GenerationResult
 from specdec.errors import SpecdecError
 from specdec.generator import SpeculativeGenerator
 from specdec.sampling import SamplingParams
