@@ -35,63 +35,84 @@ using namespace integer_blocks;
 
 enum Layout { NIBBLES = 0, SIXBITS = 1, SIGNED = 2 };
 
+constexpr int64_t bytes_per_step(int layout) { return layout == NIBBLES ? 32 : layout == SIXBITS ? 48 : 64; }
+
 // Eight int8 lanes (one per column of the block) as floats.
 inline __m256 int8_lanes(const int8_t* at) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))));
 }
 
-// Rows t0..t0+TB-1 times column block c; groups of G inputs (16 or 32), super-blocks of S.
-template <int TB, int LAYOUT, int G>
-inline void column_block(const int8_t* xq, const float* dx, const float* xsum, const uint8_t* codes,
-                         const int8_t* group_codes, const uint16_t* super, float* y, int64_t K, int64_t N, int64_t S,
-                         int64_t c, int64_t t0) {
-    constexpr int64_t bytes_per_step = LAYOUT == NIBBLES ? 32 : LAYOUT == SIXBITS ? 48 : 64;  // 8 inputs x 8 columns
-    const int64_t groups = K / G, steps = K / 8;
-    const __m256i ones = _mm256_set1_epi16(1);
-    const uint8_t* w = codes + c * steps * bytes_per_step;
-    const int8_t* gc = group_codes + c * groups * 16;
-    const uint16_t* sb = super + c * (K / S) * 16;
-    __m256 acc[TB];
-#pragma GCC unroll 8
-    for (int t = 0; t < TB; t++) acc[t] = _mm256_setzero_ps();
-    __m256 d = _mm256_setzero_ps(), dmin = d;
-    for (int64_t g = 0; g < groups; g++) {
+// One step's codes of a column block (8 inputs x 8 columns at `at`): inputs k..k+3 and k+4..k+7 of each
+// column, as unsigned bytes (SIGNED: the signed codes; the caller takes their magnitudes).
+template <int LAYOUT>
+inline void step_codes(const uint8_t* at, __m256i& first, __m256i& second) {
+    if (LAYOUT == SIGNED) {
+        Bytes::load(at, first, second);
+        return;
+    }
+    Nibbles::load(at, first, second);
+    if (LAYOUT == SIXBITS) {  // put each code's top two bits at bits 4-5 of its byte
+        const __m256i top = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 32)));
+        const __m256i mask = _mm256_set1_epi8(0x30);
+        first = _mm256_or_si256(first, _mm256_and_si256(
+            _mm256_blend_epi32(_mm256_slli_epi16(top, 4), _mm256_slli_epi16(top, 2), 0xF0), mask));
+        second = _mm256_or_si256(second, _mm256_and_si256(
+            _mm256_blend_epi32(top, _mm256_srli_epi16(top, 2), 0xF0), mask));
+    }
+}
+
+// Where column block c's codes, group codes and super-block scales start.
+template <int LAYOUT, int G>
+struct ColumnBlock {
+    const uint8_t* w;
+    const int8_t* gc;
+    const uint16_t* sb;
+    ColumnBlock(const uint8_t* codes, const int8_t* group_codes, const uint16_t* super, int64_t K, int64_t S, int64_t c)
+        : w(codes + c * (K / 8) * bytes_per_step(LAYOUT)), gc(group_codes + c * (K / G) * 16), sb(super + c * (K / S) * 16) {}
+    // This group's d * sc and dmin * mn, one lane a column (d and dmin reloaded at each super-block).
+    inline void group_scales(int64_t g, int64_t S, __m256& d, __m256& dmin, __m256& scale, __m256& minimum) const {
         const int64_t k0 = g * G;
         if (k0 % S == 0) {
             const uint16_t* at = sb + (k0 / S) * 16;
             d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
             dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 8)));
         }
-        const __m256 scale = _mm256_mul_ps(d, int8_lanes(gc + g * 16));
-        const __m256 minimum = _mm256_mul_ps(dmin, int8_lanes(gc + g * 16 + 8));
-        prefetch_ahead(w + (k0 / 8) * bytes_per_step, G / 8 * bytes_per_step);
-        __m256i sum[TB], sum_second[TB];  // the second: VNNI only (two shorter vpdpbusd chains)
-#pragma GCC unroll 8
-        for (int t = 0; t < TB; t++) sum[t] = sum_second[t] = _mm256_setzero_si256();
+        scale = _mm256_mul_ps(d, int8_lanes(gc + g * 16));
+        minimum = _mm256_mul_ps(dmin, int8_lanes(gc + g * 16 + 8));
+    }
+    inline const uint8_t* step(int64_t k) const { return w + (k / 8) * bytes_per_step(LAYOUT); }
+};
+
+// Rows t0..t0+TB-1 times column block c; groups of G inputs (16 or 32), super-blocks of S.
+template <int TB, int LAYOUT, int G>
+inline void column_block(const int8_t* xq, const float* dx, const float* xsum, const uint8_t* codes,
+                         const int8_t* group_codes, const uint16_t* super, float* y, int64_t K, int64_t N, int64_t S,
+                         int64_t c, int64_t t0) {
+    const int64_t groups = K / G;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const ColumnBlock<LAYOUT, G> block_of(codes, group_codes, super, K, S, c);
+    __m256 acc[TB];
+#pragma GCC unroll 16
+    for (int t = 0; t < TB; t++) acc[t] = _mm256_setzero_ps();
+    __m256 d = _mm256_setzero_ps(), dmin = d, scale, minimum;
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t k0 = g * G;
+        block_of.group_scales(g, S, d, dmin, scale, minimum);
+        prefetch_ahead(block_of.step(k0), G / 8 * bytes_per_step(LAYOUT));
+        __m256i sum[TB];
+#pragma GCC unroll 16
+        for (int t = 0; t < TB; t++) sum[t] = _mm256_setzero_si256();
 #pragma GCC unroll 1
         for (int step = 0; step < G / 8; step++) {
             const int64_t k = k0 + step * 8;
             __m256i first, second;
-            const uint8_t* at = w + (k / 8) * bytes_per_step;
-            if (LAYOUT == SIGNED) {
-                Bytes::load(at, first, second);
-            } else {
-                Nibbles::load(at, first, second);
-            }
-            if (LAYOUT == SIXBITS) {  // put each code's top two bits at bits 4-5 of its byte
-                const __m256i top = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 32)));
-                const __m256i mask = _mm256_set1_epi8(0x30);
-                first = _mm256_or_si256(first, _mm256_and_si256(
-                    _mm256_blend_epi32(_mm256_slli_epi16(top, 4), _mm256_slli_epi16(top, 2), 0xF0), mask));
-                second = _mm256_or_si256(second, _mm256_and_si256(
-                    _mm256_blend_epi32(top, _mm256_srli_epi16(top, 2), 0xF0), mask));
-            }
+            step_codes<LAYOUT>(block_of.step(k), first, second);
             __m256i first_abs = first, second_abs = second;
             if (LAYOUT == SIGNED) {
                 first_abs = _mm256_sign_epi8(first, first);
                 second_abs = _mm256_sign_epi8(second, second);
             }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int t = 0; t < TB; t++) {
                 const int8_t* row = xq + (t0 + t) * K + k;
                 __m256i x0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row));
@@ -101,8 +122,7 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
                     x1 = _mm256_sign_epi8(x1, second);
                 }
                 if (VNNI) {
-                    sum[t] = dot_accumulate(sum[t], first_abs, x0);
-                    sum_second[t] = dot_accumulate(sum_second[t], second_abs, x1);
+                    sum[t] = dot_accumulate(dot_accumulate(sum[t], first_abs, x0), second_abs, x1);
                     continue;
                 }
                 const __m256i p0 = _mm256_maddubs_epi16(first_abs, x0);
@@ -118,10 +138,9 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
             }
         }
         const int64_t block = k0 / BLOCK;
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int t = 0; t < TB; t++) {
-            const __m256i total = VNNI ? _mm256_add_epi32(sum[t], sum_second[t])
-                                  : LAYOUT == NIBBLES ? _mm256_madd_epi16(sum[t], ones) : sum[t];
+            const __m256i total = !VNNI && LAYOUT == NIBBLES ? _mm256_madd_epi16(sum[t], ones) : sum[t];
             const float row_scale = dx[(t0 + t) * (K / BLOCK) + block];
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(scale, _mm256_set1_ps(row_scale)), acc[t]);
             acc[t] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(xsum[(t0 + t) * groups + g]), acc[t]);
@@ -129,6 +148,83 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
     }
     store_column_block<TB>(acc, y, N, c, t0);
 }
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+// AVX-512 with VNNI: two column blocks at once in 512-bit registers (16 columns a vpdpbusd, twice the
+// products per instruction of the 256-bit form), up to 8 rows a pass: a row holds two registers (its
+// 32-bit sum and its float accumulator) of the 32. A verification's integer dot products, not the weights'
+// bytes, bound its time, so this is what keeps verifying K tokens near one step. Every output lane does
+// the same integer sums and the same float operations in the same order as column_block: bit-identical.
+constexpr bool PAIRED = true;
+constexpr int GGUF_ROWS = 8;
+
+inline __m512 join(__m256 low, __m256 high) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(low)), _mm256_castps_pd(high), 1));
+}
+inline __m512i join(__m256i low, __m256i high) { return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1); }
+
+// Rows t0..t0+TB-1 times column blocks c and c + 1 (unsigned codes: NIBBLES and SIXBITS).
+template <int TB, int LAYOUT, int G>
+inline void column_pair(const int8_t* xq, const float* dx, const float* xsum, const uint8_t* codes,
+                        const int8_t* group_codes, const uint16_t* super, float* y, int64_t K, int64_t N, int64_t S,
+                        int64_t c, int64_t t0) {
+    static_assert(LAYOUT != SIGNED, "signed codes take column_block (no 512-bit vpsignb)");
+    const int64_t groups = K / G;
+    const ColumnBlock<LAYOUT, G> left(codes, group_codes, super, K, S, c), right(codes, group_codes, super, K, S, c + 1);
+    __m512 acc[TB];
+#pragma GCC unroll 16
+    for (int t = 0; t < TB; t++) acc[t] = _mm512_setzero_ps();
+    __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, dmin[2] = {d[0], d[1]}, scale[2], minimum[2];
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t k0 = g * G;
+        left.group_scales(g, S, d[0], dmin[0], scale[0], minimum[0]);
+        right.group_scales(g, S, d[1], dmin[1], scale[1], minimum[1]);
+        const __m512 scales = join(scale[0], scale[1]), minimums = join(minimum[0], minimum[1]);
+        prefetch_ahead(left.step(k0), G / 8 * bytes_per_step(LAYOUT));
+        prefetch_ahead(right.step(k0), G / 8 * bytes_per_step(LAYOUT));
+        __m512i sum[TB];
+#pragma GCC unroll 16
+        for (int t = 0; t < TB; t++) sum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 1
+        for (int step = 0; step < G / 8; step++) {
+            const int64_t k = k0 + step * 8;
+            __m256i first_left, second_left, first_right, second_right;
+            step_codes<LAYOUT>(left.step(k), first_left, second_left);
+            step_codes<LAYOUT>(right.step(k), first_right, second_right);
+            const __m512i first = join(first_left, first_right), second = join(second_left, second_right);
+#pragma GCC unroll 16
+            for (int t = 0; t < TB; t++) {
+                const int8_t* row = xq + (t0 + t) * K + k;
+                const __m512i x0 = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(row));
+                const __m512i x1 = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(row + 4));
+                sum[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum[t], first, x0), second, x1);
+            }
+        }
+        const int64_t block = k0 / BLOCK;
+#pragma GCC unroll 16
+        for (int t = 0; t < TB; t++) {
+            const float row_scale = dx[(t0 + t) * (K / BLOCK) + block];
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_mul_ps(scales, _mm512_set1_ps(row_scale)), acc[t]);
+            acc[t] = _mm512_fmadd_ps(minimums, _mm512_set1_ps(xsum[(t0 + t) * groups + g]), acc[t]);
+        }
+    }
+    __m256 low[TB], high[TB];
+#pragma GCC unroll 16
+    for (int t = 0; t < TB; t++) {
+        low[t] = _mm512_castps512_ps256(acc[t]);
+        high[t] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
+    }
+    store_column_block<TB>(low, y, N, c, t0);
+    store_column_block<TB>(high, y, N, c + 1, t0);
+}
+#else
+constexpr bool PAIRED = false;
+constexpr int GGUF_ROWS = 4;  // AVX2: 16 registers, three a row
+
+template <int TB, int LAYOUT, int G>
+inline void column_pair(const int8_t*, const float*, const float*, const uint8_t*, const int8_t*, const uint16_t*,
+                        float*, int64_t, int64_t, int64_t, int64_t, int64_t) {}
+#endif
 
 template <int LAYOUT, int G>
 void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super, float* y,
@@ -152,11 +248,21 @@ void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, con
         }
     }
     const int64_t column_blocks = (N + 7) / 8;
+    // Units of work: pairs of column blocks where the 512-bit path serves this layout, else single blocks.
+    constexpr bool paired = PAIRED && LAYOUT != SIGNED;
+    const int64_t units = paired ? (column_blocks + 1) / 2 : column_blocks;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t c = 0; c < column_blocks; c++) {
-        for_row_blocks(T, [&](auto rows, int64_t t0) {
-            column_block<decltype(rows)::value, LAYOUT, G>(xq.data(), dx.data(), xsum.data(), codes, group_codes, super,
-                                                           y, K, N, S, c, t0);
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t c = paired ? 2 * u : u;
+        for_row_blocks<GGUF_ROWS>(T, [&](auto rows, int64_t t0) {
+            constexpr int TB = decltype(rows)::value;
+            if constexpr (paired) {
+                if (c + 1 < column_blocks) {
+                    column_pair<TB, LAYOUT, G>(xq.data(), dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0);
+                    return;
+                }
+            }
+            column_block<TB, LAYOUT, G>(xq.data(), dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0);
         });
     }
 }

@@ -125,17 +125,25 @@ inline void store_column_block(const __m256 (&acc)[TB], float* y, int64_t N, int
     }
 }
 
-// Calls rows_from(std::integral_constant<int, TB>, t0) over row blocks of at most 4 rows covering 0..T-1:
-// each block's row count is a compile-time constant, so its accumulators stay in registers.
-template <typename Block>
+// Calls rows_from(std::integral_constant<int, TB>, t0) over row blocks of at most MAX rows covering 0..T-1
+// (as even as possible: 9 rows of at most 8 are 5 + 4): each block's row count is a compile-time constant,
+// so its accumulators stay in registers, and each block is one pass over the weights.
+template <int MAX, typename Block>
+inline void rows_of(int64_t rows, int64_t t0, Block&& rows_from) {
+    if constexpr (MAX > 1) {
+        if (rows < MAX) return rows_of<MAX - 1>(rows, t0, rows_from);
+    }
+    rows_from(std::integral_constant<int, MAX>{}, t0);
+}
+
+template <int MAX = 4, typename Block>
 inline void for_row_blocks(int64_t T, Block&& rows_from) {
+    const int64_t blocks = (T + MAX - 1) / MAX;
     int64_t t0 = 0;
-    for (; t0 + 4 <= T; t0 += 4) rows_from(std::integral_constant<int, 4>{}, t0);
-    switch (T - t0) {
-        case 3: rows_from(std::integral_constant<int, 3>{}, t0); break;
-        case 2: rows_from(std::integral_constant<int, 2>{}, t0); break;
-        case 1: rows_from(std::integral_constant<int, 1>{}, t0); break;
-        default: break;
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t rows = (T - t0) / (blocks - b);
+        rows_of<MAX>(rows, t0, rows_from);
+        t0 += rows;
     }
 }
 
