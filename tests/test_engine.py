@@ -283,6 +283,38 @@ def test_ngram_drafter_proposes_the_continuation_of_the_latest_match():
     assert drafter.propose([1, 2, 3], 3, SamplingParams(), None).tokens == []
 
 
+def test_ngram_drafter_stops_before_control_tokens_and_drops_refuted_matches():
+    from specdec.rounds import VerifyResult
+
+    drafter = NgramDrafter(max_ngram=2, never_propose=frozenset({99}))
+    drafter.begin([], SamplingParams(), 0)
+    # a chat-like prompt: after "4 5" the template continued with control token 99
+    context = [4, 5, 6, 99, 7, 3, 4, 5]
+    assert drafter.propose(context, 4, SamplingParams(), None).tokens == [6]
+    context = [4, 5, 99, 7, 1, 4, 5]  # nothing before the control token: no draft from that match
+    drafter.begin([], SamplingParams(), 0)
+    assert drafter.propose(context, 4, SamplingParams(), None).tokens == []
+    # a match whose first token the target rejected is not proposed again; a shorter n-gram may be
+    drafter = NgramDrafter(max_ngram=2)
+    drafter.begin([], SamplingParams(), 0)
+    context = [8, 5, 2, 3, 1, 5, 6, 4, 5]
+    draft = drafter.propose(context, 2, SamplingParams(), None)
+    assert draft.tokens == [6, 4]  # "5" most recently continued with 6 ("4 5" has no earlier match)
+    drafter.on_verified(context + [9], draft, VerifyResult(2, [], [9]))
+    assert drafter.propose(context + [9, 4, 5], 2, SamplingParams(), None).tokens == [9, 4]  # newer occurrence
+    drafter.begin([], SamplingParams(), 0)
+    drafter.propose(context, 2, SamplingParams(), None)
+    drafter.on_verified(context, draft, VerifyResult(2, [], [9]))
+    assert drafter.propose(context, 2, SamplingParams(), None).tokens == []  # refuted, nothing shorter left
+
+
+def test_loaded_models_name_their_control_tokens(models):
+    target = models["target"]
+    im_start = target.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert im_start in target.control_token_ids()
+    assert not target.control_token_ids() & set(target.eos_token_ids)
+
+
 @pytest.mark.parametrize("weights,kernels", [("float32", False), ("float32", True), ("int8", True), ("int4", True),
                                              ("int7", True)])
 def test_head_prefix_copy_computes_the_first_logits_exactly(models, weights, kernels):

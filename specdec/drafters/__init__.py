@@ -27,7 +27,7 @@ def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Dra
 
         if arg and not arg.isdigit():
             raise InvalidParameterError(f"ngram drafter: {arg!r} is not a maximum n-gram size")
-        return NgramDrafter(max_ngram=int(arg) if arg else 4)
+        return NgramDrafter(max_ngram=int(arg) if arg else 4, never_propose=target.control_token_ids())
     if kind == "draft" and arg:
         from specdec.drafters.draft_model import DraftModelDrafter, check_same_tokenizer
         from specdec.models.loading import load_model

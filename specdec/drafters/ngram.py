@@ -9,6 +9,12 @@ The index maps every n-gram to the position after its latest occurrence and is
 updated incrementally with committed tokens only, so a round costs a few dict
 look-ups. Proposals are deterministic (draft_probs None = one-hot), which the
 verifier handles exactly under sampling too.
+
+Two things keep lookup from proposing what the target will not say: a proposal
+stops before a control token (a chat prompt's suffix matched in the template
+continues with <|im_start|>, which an answer never contains), and a match whose
+first token was rejected is not proposed again until the index moves on to a
+newer occurrence of its n-gram (a shorter n-gram may still match).
 """
 
 from __future__ import annotations
@@ -24,16 +30,17 @@ from specdec.sampling import SamplingParams
 
 
 class NgramDrafter(Drafter):
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, never_propose: frozenset[int] = frozenset()):
         if not 1 <= min_ngram <= max_ngram:
             raise InvalidParameterError("ngram sizes need 1 <= min_ngram <= max_ngram")
         self.name = "ngram"
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.never_propose = never_propose
         self.sizes = list(range(max_ngram, min_ngram - 1, -1))  # longest first
         self.begin([], SamplingParams(), 0)
 
     def fresh(self) -> "NgramDrafter":
-        return NgramDrafter(self.max_ngram, self.min_ngram)
+        return NgramDrafter(self.max_ngram, self.min_ngram, self.never_propose)
 
     def memory_bytes(self) -> int:
         return container_bytes(self.index)
@@ -41,6 +48,8 @@ class NgramDrafter(Drafter):
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int = 0) -> None:
         self.index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
         self.indexed = 0  # context positions whose n-grams (ending there) are indexed
+        self.refuted: set[int] = set()  # continuation starts whose first token the target rejected
+        self.proposed_start: int | None = None
 
     def _catch_up(self, context: Sequence[int]) -> None:
         # Index n-grams ending before the last token: only those have a known continuation.
@@ -53,13 +62,24 @@ class NgramDrafter(Drafter):
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
         self._catch_up(context)
+        self.proposed_start = None
         for n in self.sizes:
             if len(context) <= n:
                 continue
             start = self.index[n].get(tuple(context[-n:]))
-            if start is not None:
-                return Draft.chain(context[start:start + max_tokens])
+            if start is None or start in self.refuted:
+                continue
+            tokens = context[start:start + max_tokens]
+            for i, token in enumerate(tokens):
+                if token in self.never_propose:
+                    tokens = tokens[:i]
+                    break
+            if tokens:
+                self.proposed_start = start
+                return Draft.chain(tokens)
         return Draft.empty()
 
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
-        pass  # the index holds committed tokens only; new ones are indexed at the next propose
+        # The index holds committed tokens only; new ones are indexed at the next propose.
+        if self.proposed_start is not None and result.num_accepted == 0:
+            self.refuted.add(self.proposed_start)

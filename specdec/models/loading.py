@@ -39,6 +39,12 @@ class LoadedModel:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
+    def control_token_ids(self) -> frozenset[int]:
+        """The tokenizer's special tokens other than end-of-sequence (chat-template and file markers such
+        as <|im_start|>): text the model practically never generates inside an answer."""
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+        return frozenset(i for i, token in added.items() if token.special) - frozenset(self.eos_token_ids)
+
 
 def resolve_model_dir(spec: str, pull_missing: bool = True) -> tuple[str, Path]:
     """(display name, Hugging Face directory) for a zoo name, a model directory or a .gguf file."""
