@@ -9,7 +9,7 @@ from specdec.drafters import make_drafter
 from specdec.drafters.draft_model import DraftModelDrafter, check_same_tokenizer
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpeculativeEngine
-from specdec.errors import SpecdecError
+from specdec.errors import InvalidParameterError, SpecdecError
 from specdec.generator import SpeculativeGenerator, speculation_length
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
@@ -281,6 +281,35 @@ def test_ngram_drafter_proposes_the_continuation_of_the_latest_match():
     context = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7]
     assert drafter.propose(context, 3, SamplingParams(), None).tokens == [9, 2, 5]
     assert drafter.propose([1, 2, 3], 3, SamplingParams(), None).tokens == []
+
+
+@pytest.mark.parametrize("k", [3, "auto"])
+def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
+    target = models["target"]
+    spec = f"ngram+draft:{target.path}@weights=float32"
+    proposed = {"ngram": 0, f"draft:{target.path}@weights=float32": 0}
+    for prompt in PROMPTS:
+        drafter = make_drafter(spec, target, "cpu", "float32")
+
+        def counting(source, propose):
+            def wrapped(*args):
+                draft = propose(*args)
+                proposed[source.name] += bool(len(draft))
+                return draft
+            return wrapped
+        for source in drafter.sources:
+            source.propose = counting(source, source.propose)
+        result = SpeculativeGenerator(target, drafter, k).generate(prompt, 40, chat=False)
+        assert result.token_ids == plain_ids(target, prompt, 40), f"{spec} K={k} prompt={prompt!r}"
+        assert drafter.name == spec
+    assert all(proposed.values()), proposed
+
+
+def test_combined_drafter_refuses_tree_drafters_and_none(models):
+    with pytest.raises(InvalidParameterError, match="chain drafters"):
+        make_drafter("ngram+lookahead", models["target"], "cpu", "float32")
+    with pytest.raises(InvalidParameterError, match="cannot be combined"):
+        make_drafter("ngram+none", models["target"], "cpu", "float32")
 
 
 def test_ngram_drafter_stops_before_control_tokens_and_drops_refuted_matches():

@@ -14,6 +14,7 @@ import torch
 from mock_models import MockLM, MockTokenizer, mock_loaded
 from specdec import verify
 from specdec.commit import StopCriteria
+from specdec.drafters.combined import CombinedDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpeculativeEngine
@@ -67,7 +68,10 @@ def sample_outcomes(kind: str, k, params: SamplingParams, n: int) -> np.ndarray:
 
 def engine_for(drafter_kind: str, k) -> tuple[SpeculativeEngine, MockLM]:
     target = MockLM(salt=1)
-    if drafter_kind.startswith("draft"):
+    if drafter_kind == "ngram+draft":  # lookup where the prompt repeats, the sampling draft model elsewhere
+        drafter = CombinedDrafter([NgramDrafter(max_ngram=2),
+                                   DraftModelDrafter(mock_loaded(MockLM(salt=2, sharpness=1.0), "mock-draft"), VOCAB)])
+    elif drafter_kind.startswith("draft"):
         min_confidence = 0.45 if drafter_kind == "draft-early-exit" else 0.0
         drafter = DraftModelDrafter(mock_loaded(MockLM(salt=2, sharpness=1.0), "mock-draft"), VOCAB, min_confidence)
     else:
@@ -81,6 +85,7 @@ CONFIGS = [
     ("draft", 3, SamplingParams(temperature=1.0), 200_000),
     ("draft", "auto", SamplingParams(temperature=1.0), 200_000),
     ("ngram", 2, SamplingParams(temperature=1.0), 50_000),
+    ("ngram+draft", 2, SamplingParams(temperature=1.0), 50_000),
     ("draft-early-exit", 3, SamplingParams(temperature=1.0), 50_000),
     ("draft", 2, SamplingParams(temperature=0.7, top_k=3, repetition_penalty=1.3), 50_000),
 ]

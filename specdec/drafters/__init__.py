@@ -8,14 +8,22 @@ from specdec.drafters.draft_options import DraftOptions, parse_draft_options, wi
 from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel
 
-DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL[@confidence=C,vocab=N,context=N] | "
-                 "quant:int8|int4[:GROUP][@confidence=C,vocab=N,context=N] | "
+DRAFTER_SPECS = ("none | ngram | ngram:MAX_N | draft:MODEL[@confidence=C,vocab=N,context=N,weights=FORMAT] | "
+                 "quant:int8|int4[:GROUP]|int7[:GROUP]|gguf[@confidence=C,vocab=N,context=N] | "
                  "layerskip[:SUBSET] | eagle[:HEAD_DIR][@depth=D,topk=W,budget=N] | medusa[:HEAD_DIR][@budget=N] | "
-                 "retrieval:DATASTORE_DIR[@budget=N] | lookahead[:W,N,G]")
+                 "retrieval:DATASTORE_DIR[@budget=N] | lookahead[:W,N,G] | "
+                 "SPEC+SPEC (chain drafters, the first that proposes drafts: ngram+draft:MODEL)")
 
 
 def make_drafter(spec: str, target: LoadedModel, device: str, dtype: str) -> Drafter | None:
     """Build the drafter named by `spec` for `target`; None means plain decoding."""
+    if "+" in spec:
+        from specdec.drafters.combined import CombinedDrafter
+
+        sources = [make_drafter(part, target, device, dtype) for part in spec.split("+")]
+        if any(source is None for source in sources):
+            raise InvalidParameterError(f"drafter {spec!r}: 'none' cannot be combined")
+        return CombinedDrafter(sources)
     kind, colon, arg = spec.partition(":")
     if "@" in kind:  # options with no argument before them: eagle@depth=4 (the shipped head)
         kind, _, options = kind.partition("@")
