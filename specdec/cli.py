@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "blocks, as llama.cpp runs them); CPU kernels")
     gen.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
     gen.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats)")
+    gen.add_argument("--compare", action="store_true",
+                     help="then decode the same prompt without speculation and print both speeds, the speedup "
+                          "and whether the outputs are identical")
 
     pull = commands.add_parser("pull", help="download, verify and convert a zoo model")
     pull.add_argument("name")
@@ -180,9 +183,13 @@ def cmd_generate(args) -> int:
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed,
         chat=args.chat, on_chunk=stream,
     )
+    comparison = compare_with_plain(generator, prompt, args, result) if args.compare else None
     if args.json:
-        print(json.dumps({"text": result.text, "token_ids": result.token_ids,
-                          "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}))
+        out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+               "stats": result.stats.to_dict()}
+        if comparison is not None:
+            out["compare"] = comparison
+        print(json.dumps(out))
     else:
         s = result.stats
         print()
@@ -190,7 +197,34 @@ def cmd_generate(args) -> int:
               f"tau {s.tau:.2f}, acceptance {s.acceptance_rate:.0%}, {s.draft_ms_per_round:.1f} + "
               f"{s.verify_ms_per_round:.1f} ms per round (draft + verify), drafter memory "
               f"{s.drafter_memory_bytes / 1e6:.1f} MB]", file=sys.stderr)
+        if comparison is not None:
+            print(comparison_line(comparison), file=sys.stderr)
     return 0
+
+
+def compare_with_plain(generator, prompt: str, args, speculative) -> dict:
+    """Decode the prompt again without a drafter, same settings: speeds, speedup and identity of the outputs."""
+    from specdec.generator import SpeculativeGenerator
+
+    plain = SpeculativeGenerator(generator.target, None).generate(
+        prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        min_p=args.min_p, repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed, chat=args.chat,
+    )
+    speed, plain_speed = speculative.stats.tokens_per_second, plain.stats.tokens_per_second
+    greedy = args.temperature == 0
+    return {"plain_tokens_per_second": plain_speed, "speculative_tokens_per_second": speed,
+            "speedup": speed / max(plain_speed, 1e-9),
+            # sampled outputs are equal in distribution, not token for token (the random numbers fall per round)
+            "identical": speculative.token_ids == plain.token_ids if greedy else None}
+
+
+def comparison_line(comparison: dict) -> str:
+    identical = comparison["identical"]
+    verdict = ("output identical to plain decoding" if identical
+               else "OUTPUT DIFFERS from plain decoding" if identical is False
+               else "sampled: outputs agree in distribution, not token for token")
+    return (f"[speculative {comparison['speculative_tokens_per_second']:.1f} tok/s vs plain "
+            f"{comparison['plain_tokens_per_second']:.1f} tok/s: {comparison['speedup']:.2f}x; {verdict}]")
 
 
 def cmd_serve(args) -> int:
@@ -238,11 +272,13 @@ def cmd_models(args) -> int:
 
 
 def split_drafter_specs(text: str) -> list[str]:
-    """'ngram,eagle@depth=4,topk=4,draft:M' -> ['ngram', 'eagle@depth=4,topk=4', 'draft:M']: a tree drafter's
-    options (key=value after '@') contain commas too."""
+    """'ngram,eagle@depth=4,topk=4,draft:M,lookahead:4,3,4' -> ['ngram', 'eagle@depth=4,topk=4', 'draft:M',
+    'lookahead:4,3,4']: a drafter's options (key=value after '@') and lookahead's W,N,G contain commas too;
+    no drafter spec is a bare number or a bare key=value."""
     specs: list[str] = []
     for item in filter(None, text.split(",")):
-        if specs and "@" in specs[-1] and "=" in item and ":" not in item and "@" not in item:
+        option = "@" in specs[-1] and "=" in item and ":" not in item and "@" not in item if specs else False
+        if specs and (option or item.isdigit()):
             specs[-1] += "," + item
         else:
             specs.append(item)

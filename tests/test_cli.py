@@ -31,6 +31,18 @@ def test_generate_streams_to_stdout(tiny_dirs, capsys):
     assert "tok/s" in captured.err and "drafter ngram" in captured.err
 
 
+def test_generate_compare_runs_plain_decoding_too(tiny_dirs, capsys):
+    args = ["generate", "hello hello hello", "--target", str(tiny_dirs["qwen2"]), "--drafter", "ngram", "--k", "3",
+            "--max-new-tokens", "12", "--no-chat", "--compare"]
+    assert main([*args, "--json"]) == 0
+    compare = json.loads(capsys.readouterr().out)["compare"]
+    assert compare["identical"] is True and compare["plain_tokens_per_second"] > 0
+    assert compare["speedup"] == pytest.approx(compare["speculative_tokens_per_second"]
+                                               / compare["plain_tokens_per_second"])
+    assert main(args) == 0
+    assert "output identical to plain decoding" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

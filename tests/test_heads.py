@@ -252,6 +252,8 @@ def test_bench_drafter_list_keeps_tree_options_together():
 
     assert split_drafter_specs("ngram,eagle@depth=4,topk=4,draft:m@0.4,medusa:d@budget=8,eagle") == [
         "ngram", "eagle@depth=4,topk=4", "draft:m@0.4", "medusa:d@budget=8", "eagle"]
+    assert split_drafter_specs("lookahead:4,3,4,ngram+draft:m@weights=int4,lookahead") == [
+        "lookahead:4,3,4", "ngram+draft:m@weights=int4", "lookahead"]
 
 
 def test_tree_options_without_a_head_directory_reach_the_shipped_head(tiny):
