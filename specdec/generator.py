@@ -60,7 +60,8 @@ def speculation_length(k: int | str) -> SpeculationLength:
     return FixedK(value)
 
 
-def _speculation_for(drafter: Drafter | None, k: int | str) -> SpeculationLength:
+def speculation_for(drafter: Drafter | None, k: int | str) -> SpeculationLength:
+    """How many tokens `drafter` drafts a round for K = `k`: chain drafters follow `speculation_length`."""
     if drafter is None:
         return FixedK(0)
     # Tree drafters (EAGLE, Medusa) draft a node budget, which AdaptiveK's chain model does not describe.
@@ -87,7 +88,7 @@ class SpeculativeGenerator:
     def __init__(self, target: LoadedModel, drafter: Drafter | None = None, k: int | str = 4):
         self.target = target
         self.drafter = drafter
-        self.engine = SpeculativeEngine(target.model, drafter, _speculation_for(drafter, k))
+        self.engine = SpeculativeEngine(target.model, drafter, speculation_for(drafter, k))
 
     @classmethod
     def from_pretrained(
@@ -107,6 +108,15 @@ class SpeculativeGenerator:
         if drafter == "default":
             drafter = default_drafter(loaded)
         return cls(loaded, make_drafter(drafter, loaded, device, dtype), k)
+
+    def request_engine(self, speculative: bool = True, k: int | str | None = None) -> SpeculativeEngine:
+        """An engine for one generation that runs interleaved with others (the server): its own drafter state
+        (`Drafter.fresh()`) over the shared weights, and K as this generator's unless `k` is given, which is
+        read as the constructor reads it (a tree drafter's node budget for 'auto')."""
+        if not speculative or self.drafter is None:
+            return SpeculativeEngine(self.target.model, None, FixedK(0))
+        speculation = self.engine.speculation if k is None else speculation_for(self.drafter, k)
+        return SpeculativeEngine(self.target.model, self.drafter.fresh(), speculation)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids of a prompt; chat messages (or text, when chat is on) go through the chat template."""

@@ -25,11 +25,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specdec.commit import StopCriteria
-from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
-from specdec.generator import Prompt, SpeculativeGenerator, speculation_length
+from specdec.generator import Prompt, SpeculativeGenerator
 from specdec.sampling import SamplingParams
-from specdec.speculation_length import FixedK
 
 
 class QueueFullError(SpecdecError):
@@ -129,7 +127,7 @@ class Scheduler:
             job.emit("cancelled", None)
             return
         try:
-            generation = self._engine_for(job).start(*self._encode(job), self.generator.target.tokenizer, job.seed)
+            generation = self.generator.request_engine(job.speculative, job.k).start(*self._encode(job), self.generator.target.tokenizer, job.seed)
         except SpecdecError as exc:
             job.emit("error", exc)
             return
@@ -148,12 +146,6 @@ class Scheduler:
         criteria = StopCriteria(job.max_new_tokens, frozenset(self.generator.target.eos_token_ids), job.stop)
         return ids, job.params, criteria
 
-    def _engine_for(self, job: Job) -> SpeculativeEngine:
-        base = self.generator
-        if not job.speculative or base.drafter is None:
-            return SpeculativeEngine(base.target.model, None, FixedK(0))
-        speculation = base.engine.speculation if job.k is None else speculation_length(job.k)
-        return SpeculativeEngine(base.target.model, base.drafter.fresh(), speculation)
 
     def _step(self, entry) -> None:
         job, generation, chunks = entry
