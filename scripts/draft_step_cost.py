@@ -1,5 +1,5 @@
 """One draft step of self-drafts against one step of their target, interleaved in one process (300-token
-context, medians): the draft cost ratio c of each, and where a draft's bytes are (docs/benchmarks.md section 20).
+context, medians): the draft cost ratio c of each, and where a draft's bytes are (docs/notes/benchmarks-diary-2026.md section 20).
 
     python scripts/draft_step_cost.py qwen2.5-coder-1.5b-instruct 20 quant:int4 [quant:gguf ...]
 """

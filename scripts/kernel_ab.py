@@ -1,7 +1,7 @@
 """Interleaved A/B of two builds of the CPU kernels: the sources in specdec/kernels against a variant copy
 of them in another directory (edit the copy, keep the file names). Both builds multiply the same matrices
 the same number of times, alternating, in one process, and must agree bit for bit: on this shared machine
-only such ratios mean anything (docs/benchmarks.md sections 20-21).
+only such ratios mean anything (docs/notes/benchmarks-diary-2026.md sections 20-21).
 
     cp -r specdec/kernels /tmp/variant   # then edit /tmp/variant/*.cpp
     python scripts/kernel_ab.py /tmp/variant --format int4 --rows 1

@@ -1,4 +1,4 @@
-"""The AVX2 build of the CPU kernels against the AVX-512 build, interleaved in one process (docs/benchmarks.md
+"""The AVX2 build of the CPU kernels against the AVX-512 build, interleaved in one process (docs/notes/benchmarks-diary-2026.md
 section 19). Needs a CPU with AVX512-VNNI.
 
     python scripts/kernel_builds_ab.py integer   # int4/int7 and GGUF blocks, 8960 x 1536, one thread

@@ -1,4 +1,4 @@
-"""Time one prefill: `load_model(MODEL)`, one forward over TOKENS random tokens, median of 3 (docs/benchmarks.md
+"""Time one prefill: `load_model(MODEL)`, one forward over TOKENS random tokens, median of 3 (docs/notes/benchmarks-diary-2026.md
 section 19).
 
     python scripts/prefill_time.py qwen2.5-coder-1.5b-instruct 1024

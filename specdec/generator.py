@@ -26,17 +26,15 @@ Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "co
 
 # The best drafter we have for each model; others get n-gram drafting.
 DEFAULT_DRAFTERS = {DEFAULT_MODEL: "ngram"}
-# Models whose float32 form on the CPU kernel is best served by its own quantized copy (benchmarks.md
-# sections 13, 15 and 20; on smollm2 a self-draft only ties n-gram). The zoo's 1.5B is a GGUF file
-# dequantized, so the file's own blocks (quant:gguf) draft for it: 99% of their tokens accepted against 93%
-# for a 4-bit re-quantization, at the same cost a step; interleaved over the 7 tasks 1.93x vs 1.80x (section
-# 20). Needs ~1.1 GB more memory, and ~25 s to repack the blocks at the first use (then the packed cache).
+# Models whose float32 form on the CPU kernel is best served by its own quantized copy (on smollm2 a
+# self-draft only ties n-gram). The zoo's 1.5B is a GGUF file dequantized, so the file's own blocks
+# (quant:gguf) draft for it: nearly every token accepted, more than a 4-bit re-quantization gets, at the
+# same cost a step. Needs ~1.1 GB more memory, and ~25 s to repack the blocks at the first use (then the
+# packed cache).
 SELF_DRAFT_DEFAULTS = {"qwen2.5-coder-1.5b-instruct": "quant:gguf"}
 # The longest draft `--k auto` considers (`auto:N` sets another). AdaptiveK picks K <= this from measured
-# costs; on code the int4 self-draft is accepted ~94% a token, and capping at 12 instead of 8 took the float32
-# 1.5B from 2.54x to 2.73x and 2.56x (interleaved, docs/benchmarks.md section 20). Since a verification of up
-# to 16 rows streams the weights once (AVX-512 builds), 16 instead of 12 took quant:gguf from 2.56x to 2.73x
-# and from 2.49x to 2.58x (two interleaved runs, section 22); elsewhere the measured costs keep K short.
+# costs. A self-draft accepted nearly every token on code gains from long drafts, and a verification of up
+# to 16 rows streams the weights once on AVX-512 builds; elsewhere the measured costs keep K short.
 MAX_AUTO_K = 16
 
 
@@ -74,7 +72,7 @@ def default_drafter(target: LoadedModel) -> str:
     """The drafter spec `drafter="default"` means for this target as loaded: a self-draft where one pays
     (a float32 target on the CPU kernel, SELF_DRAFT_DEFAULTS), else the per-model table, else n-gram.
     In bfloat16 on a CPU, torch's int4 self-draft won decode-only on code but lost to n-gram over seven
-    tasks with prefill counted (0.94x against 1.18x on the 135M, benchmarks.md section 21): n-gram there."""
+    tasks with prefill counted: n-gram there."""
     if target.name in SELF_DRAFT_DEFAULTS and getattr(target.model, "weight_format", None) == "float32" \
             and getattr(target.model, "layers_are_packed", lambda: False)():
         spec = SELF_DRAFT_DEFAULTS[target.name]

@@ -91,7 +91,7 @@ class AdaptiveK:
             # Keep measuring one longer K now and then, or a low start could never grow; but not for a
             # drafter whose draft token costs a whole plain step: no K pays then, even with every draft
             # accepted, and each probe also pays the draft's catch-up on the tokens it skipped (torch's int4
-            # operators drafting for a float32 CPU target read 0.5x with probes, benchmarks.md section 21).
+            # operators drafting for a float32 CPU target ran at half of plain decoding with probes).
             if self.k < self.max_k and len(self.history) % 16 == 15 and not self.drafting_cannot_pay():
                 self.k += 1
         self.history.append(self.k)

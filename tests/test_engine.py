@@ -428,6 +428,6 @@ def test_default_drafter_is_a_self_draft_only_where_it_pays(models, monkeypatch)
     assert generator.default_drafter(target) == expected
     monkeypatch.delitem(generator.SELF_DRAFT_DEFAULTS, target.name)
     assert generator.default_drafter(target) == "ngram"
-    # bfloat16 on a CPU: torch's int4 self-draft lost to n-gram over seven tasks (benchmarks.md 21)
+    # bfloat16 on a CPU: torch's int4 self-draft lost to n-gram over seven tasks (the benchmark diary, section 21)
     monkeypatch.setitem(generator.SELF_DRAFT_DEFAULTS, target.name, "quant:int4")
     assert generator.default_drafter(load_model(str(target.path), dtype="bfloat16")) == "ngram"

@@ -1,5 +1,5 @@
 """The llama.cpp peer of `specdec bench`: reading its programs' timings, and one clear error without them.
-(Running llama.cpp itself needs a build, which CI does not have: docs/benchmarks.md section 11.)"""
+(Running llama.cpp itself needs a build, which CI does not have: docs/notes/benchmarks-diary-2026.md section 11.)"""
 
 import subprocess
 import sys

@@ -6,7 +6,8 @@ same prompt tokens, the same thread count.
 
 Checked with llama.cpp 0c1e570 (October 2026, the source llama-cpp-python 0.3.36 vendors), built with
 `cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build --target llama-completion
-llama-speculative-simple` (docs/benchmarks.md, section 11).
+llama-speculative-simple` (docs/performance.md). On CPUs with AMX, build with `-DGGML_NATIVE=OFF` and the
+AVX-512 options (`-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON ...`): its AMX path crashed in a VM here.
 
 The programs come from $SPECDEC_LLAMA_CPP (a llama.cpp build's bin/ folder) or PATH. Speed is what the
 program reports for prompt processing + generation (model loading excluded, as our own load is), over the

@@ -12,8 +12,7 @@ from specdec.heads.checkpoint import load_head
 
 SHIPPED_HEADS = Path(__file__).resolve().parent.parent / "heads" / "shipped"
 # The EAGLE tree a CPU target gets by default: on a CPU a forward's cost grows with its rows, and of the
-# shapes measured on smollm2 only this small one broke even (benchmarks.md section 15: 1.00x, against
-# 0.57x for the GPU default of 24 nodes).
+# shapes measured on smollm2 only this small one broke even (the GPU default of 24 nodes lost clearly).
 CPU_TREE = TreeShape(depth=3, top_k=2, budget=4)
 
 

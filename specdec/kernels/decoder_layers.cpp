@@ -2,7 +2,7 @@
 //
 // Why: at decode sizes the Python around the kernels cost as much as a small model's arithmetic: ~11
 // kernel calls a layer, each with its ctypes conversion, output allocation and tensor views, came to
-// 0.3 ms a layer on a 2 GHz core (8.6 ms of a 135M model's 34 ms step; docs/benchmarks.md, section 18).
+// tenths of a millisecond a layer on a 2 GHz core, a quarter of a 135M model's step.
 // Here the layers' steps are the very kernels models/llama.py used to call one by one, in the same order
 // on the same inputs, so every value is bit-identical to that path (and rows stay identical to their
 // one-token steps): only the dispatch moved.

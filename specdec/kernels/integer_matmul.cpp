@@ -4,7 +4,7 @@
 //
 // Why integer arithmetic: widening low-bit weights to float costs as many instructions as the FMAs
 // themselves, so a weight-only int8/int4 matmul with float activations is bound by arithmetic on AVX2
-// and a forward over 8 tokens costs 5-6x a forward over 1 (docs/benchmarks.md, 5a). One vpmaddubsw does
+// and a forward over 8 tokens costs several forwards over 1. One vpmaddubsw does
 // 32 multiply-adds; the weights are read once per call whatever the row count.
 //
 // Weights: W[n][k] = scale[n][k / G] * (q[n][k] - Z), one float16 scale per output column and group of G
@@ -39,8 +39,8 @@ inline void column_blocks(const int8_t* xq, const float* dx, const int32_t* offs
                           const uint16_t* scales, float* y, int64_t K, int64_t N, int64_t G, const int64_t* cs,
                           int64_t t0) {
     const int64_t blocks = K / BLOCK, per_group = G / BLOCK;
-    // vpdpbusd for the 7-bit codes only (1.2x at 8 rows): the 4-bit codes' 16-bit sums need no vpmaddwd per
-    // step, and measured 10% faster than vpdpbusd at 1-2 rows, equal at 8 (docs/benchmarks.md section 19)
+    // vpdpbusd for the 7-bit codes only: the 4-bit codes' 16-bit sums need no vpmaddwd per step, and
+    // measured faster than vpdpbusd at 1-2 rows, equal at 8
     constexpr bool vnni = VNNI && Weights::widen_each;
     const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t* w[PB];
@@ -123,9 +123,9 @@ void matmul(const float* x, const uint8_t* wq, const uint16_t* scales, float* y,
     const int64_t column_block_count = (N + 7) / 8;
     if (T == 1) {
         // One row (a decode step, a draft step): each thread walks two column blocks half a matrix apart, two
-        // weight streams in flight instead of one. The memory system keeps more lines coming: 1.1-1.25x on
-        // the 1.5B's matrices streaming from memory, 4-bit and 7-bit (docs/benchmarks.md section 21). Adjacent
-        // blocks (one stream, the same independent chains) measured 0.8-0.94x: it is the streams, not the chains.
+        // weight streams in flight instead of one. The memory system keeps more lines coming (measured on
+        // the 1.5B's matrices streaming from memory, 4-bit and 7-bit). Adjacent blocks (one stream, the same
+        // independent chains) measured slower: it is the streams, not the chains.
         constexpr int STREAMS = 2;
         const int64_t half = (column_block_count + 1) / 2;
 #pragma omp parallel for schedule(static) num_threads(num_threads)

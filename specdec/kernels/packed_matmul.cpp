@@ -42,7 +42,7 @@ constexpr int64_t PREFETCH_STEPS = 64;  // k steps ahead: 4 KB of a float32 pane
 // row block with AVX-512, for up to four blocks of 3-4 rows with AVX2): the activations are read k-major (xt[k][t]: one short run a k step) instead of one stream
 // per row, and weights are prefetched into L2 only. 9 rows of 8960 inputs are 315 KB that every panel
 // re-reads; nine interleaved streams, and weights pulled into L1 ahead of use, evicted them and left the
-// FMAs waiting (9 rows: 1.09x from k-major, 1.12x more from the L2 hint; benchmarks.md section 22).
+// FMAs waiting (both changes measured faster at 9 rows).
 // Prefill (17+ rows) reuses each cached panel for many row blocks, bound by FMAs: row-major, L1 prefetch
 // (the L2 hint cost it 8%).
 constexpr int STREAMED_MAX_ROWS = 16;
@@ -159,8 +159,8 @@ static inline void block(const float* x, const float* xt, const Panels& panels, 
 #if defined(__AVX512VL__)
 // 8-16 rows of a verification in one pass over each panel: one 512-bit accumulator a row (16 columns, one
 // FMA and a broadcast a row per k step; 8+ rows are enough independent chains for both FMA pipes), the same
-// single FMA chain per output as block's two 256-bit halves (bit-identical), k-major activations. Against
-// 256-bit blocks: 1.04-1.15x at 8-12 rows, 1.33-1.35x at 13-16 (one pass instead of two; section 22).
+// single FMA chain per output as block's two 256-bit halves (bit-identical), k-major activations; 13-16
+// rows take one pass instead of two 256-bit passes.
 template <int TB, typename Panels>
 static inline void block_wide(const float* xt, const Panels& panels, const float* scales, float* y, int64_t K,
                               int64_t N, int64_t p, int64_t t0) {

@@ -2,7 +2,7 @@
 
 Why: on a GPU a decode step of these models is bound by the host, not the device: ~1,200 kernel launches
 (norms, rope, casts and adds around the matmuls) at 6-8 us of host time each, while the GPU itself works
-~3 ms of a 1.5B model's 16-20 ms step (docs/benchmarks.md section 10, one H200). A captured graph launches
+a fraction of a 1.5B model's step (measured on an H200). A captured graph launches
 all of a forward's kernels at once.
 
 A graph fixes shapes and addresses, so a graphed forward differs from the eager one in three ways:
