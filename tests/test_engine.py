@@ -305,6 +305,37 @@ def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
     assert all(proposed.values()), proposed
 
 
+def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
+    from specdec.drafters.base import Drafter
+    from specdec.drafters.combined import RETRY_EVERY, CombinedDrafter
+    from specdec.rounds import Draft
+
+    class Fixed(Drafter):
+        def __init__(self, name, tokens):
+            self.name, self.tokens = name, tokens
+
+        def begin(self, prompt_ids, params, max_length):
+            pass
+
+        def propose(self, context, max_tokens, params, generator):
+            return Draft.chain(self.tokens[:max_tokens])
+
+        def on_verified(self, context, draft, result):
+            pass
+
+        def fresh(self):
+            return self
+
+    drafter = CombinedDrafter([Fixed("lookup", [70, 50]), Fixed("model", [1, 2])])
+    drafter.begin([50, 60], SamplingParams(), 64)
+    assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]  # unmeasured: cheapest first
+    drafter.rates = [10.0, 40.0]  # tokens/s of the rounds each source drafted
+    chosen = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens[0] for _ in range(2 * RETRY_EVERY)]
+    assert chosen.count(70) == 2 and chosen.count(1) == 2 * RETRY_EVERY - 2  # retried every RETRY_EVERY rounds
+    drafter.rates = [50.0, 40.0]
+    assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]
+
+
 def test_combined_drafter_refuses_tree_drafters_and_none(models):
     with pytest.raises(InvalidParameterError, match="chain drafters"):
         make_drafter("ngram+lookahead", models["target"], "cpu", "float32")

@@ -1,8 +1,12 @@
-"""Several chain drafters, cheapest first: each round takes the first one that proposes anything.
+"""Several chain drafters, cheapest first: each round takes the first one that proposes anything and pays.
 
 `ngram+draft:MODEL` drafts for free wherever the text repeats the prompt or itself (code edits, quoted
-passages) and asks the model only where lookup has nothing. Exactness needs nothing new: whichever
-source proposed, its draft is verified by the same rule.
+passages) and asks the model where lookup has nothing. A cheap source's proposal is not always the better
+one (a one-token match is often wrong where the model would have drafted well), so the drafter measures,
+for each source, the tokens committed per second of the rounds it drafted (draft + verify), and passes
+over a source whose rate is below a later source's; every few rounds it tries it anyway, so a source
+that starts paying (the answer begins to quote the prompt) is taken again. Exactness needs nothing new:
+whichever source proposed, its draft is verified by the same rule.
 
 The sources that did not propose this round keep lagging state (a draft model's cache holds committed
 tokens only and catches up at its next proposal), which the drafter contract allows; only the source
@@ -11,6 +15,7 @@ that proposed is told the round's result.
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
@@ -19,6 +24,10 @@ from specdec.drafters.base import Drafter
 from specdec.errors import InvalidParameterError
 from specdec.rounds import Draft, VerifyResult
 from specdec.sampling import SamplingParams
+
+
+RATE_DECAY = 0.8  # weight of the past in each source's rate
+RETRY_EVERY = 8  # a source passed over is tried again after this many of its proposals were passed over
 
 
 class CombinedDrafter(Drafter):
@@ -31,7 +40,13 @@ class CombinedDrafter(Drafter):
                                             "only chain drafters (ngram, draft:, quant:, layerskip) combine with '+'")
         self.sources = list(sources)
         self.name = "+".join(source.name for source in self.sources)
-        self.proposer: Drafter | None = None
+        self.proposer: int | None = None
+        self.started = 0.0
+        self.begin_rates()
+
+    def begin_rates(self) -> None:
+        self.rates: list[float | None] = [None] * len(self.sources)  # committed tokens per second, per source
+        self.passed = [0] * len(self.sources)
 
     def fresh(self) -> "CombinedDrafter":
         return CombinedDrafter([source.fresh() for source in self.sources])
@@ -46,17 +61,34 @@ class CombinedDrafter(Drafter):
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         for source in self.sources:
             source.begin(prompt_ids, params, max_length)
+        self.begin_rates()
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
         self.proposer = None
-        for source in self.sources:
+        self.started = time.perf_counter()
+        for index, source in enumerate(self.sources):
+            if index + 1 < len(self.sources) and self._outpaced(index):
+                continue
             draft = source.propose(context, max_tokens, params, generator)
             if len(draft):
-                self.proposer = source
+                self.proposer = index
                 return draft
         return Draft.empty()
 
+    def _outpaced(self, index: int) -> bool:
+        """Whether a later source has measured a higher rate than this one (then skip it, but not forever)."""
+        later = [rate for rate in self.rates[index + 1:] if rate is not None]
+        own = self.rates[index]
+        if own is None or not later or own >= max(later):
+            return False
+        self.passed[index] += 1
+        return self.passed[index] % RETRY_EVERY != 0
+
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
-        if self.proposer is not None:
-            self.proposer.on_verified(context, draft, result)
+        if self.proposer is None:
+            return
+        self.sources[self.proposer].on_verified(context, draft, result)
+        rate = len(result.tokens) / max(time.perf_counter() - self.started, 1e-9)
+        old = self.rates[self.proposer]
+        self.rates[self.proposer] = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
