@@ -28,6 +28,10 @@ def _k_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be an integer, 'auto' or 'auto:N', not {text!r}") from None
 
 
+WEIGHTS_HELP = ("auto (default: a model from a GGUF file runs on the file's own quantized blocks, as llama.cpp "
+                "runs them, where the CPU kernel serves it; else float32), float32, int8 (weight-only), int4[:GROUP] "
+                "or int7[:GROUP] (low-bit groups x int8 activations), gguf; the low-bit formats run on CPU kernels. "
+                "Speculation is exact to the model as loaded")
 K_HELP = "draft tokens per round; 'auto' (default) chooses K <= 16 from measurements, 'auto:N' K <= N"
 
 
@@ -58,9 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="cpu", help="cpu or cuda")
     gen.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     gen.add_argument("--backend", default="auto", help="auto, native or transformers")
-    gen.add_argument("--weights", default="float32", help="float32 (default), int8 (weight-only), int4[:GROUP] or "
-                     "int7[:GROUP] (low-bit groups x int8 activations), gguf (a GGUF model's own quantized "
-                     "blocks, as llama.cpp runs them); CPU kernels")
+    gen.add_argument("--weights", default="auto", help=WEIGHTS_HELP)
     gen.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
     gen.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats)")
     gen.add_argument("--compare", action="store_true",
@@ -87,10 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", default="cpu", help="cpu or cuda")
     serve.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     serve.add_argument("--backend", default="auto", help="auto, native or transformers")
-    serve.add_argument("--weights", default="float32", help="float32 (default), int8 (weight-only), int4[:GROUP] or "
-                     "int7[:GROUP] (low-bit groups x int8 activations), gguf (a GGUF model's own quantized "
-                     "blocks, as llama.cpp runs them); CPU kernels")
-
+    serve.add_argument("--weights", default="auto", help=WEIGHTS_HELP)
     serve.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
 
     bench = commands.add_parser("bench", help="benchmark drafters against plain decoding and transformers")
@@ -109,8 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default="cpu")
     bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                        help="activations and float weights, ours and the transformers peers' (bfloat16 on GPUs)")
-    bench.add_argument("--weights", default="float32", help="the target's weights: float32, int8, int4[:GROUP], int7[:GROUP] or gguf "
-                       "(transformers peers always run float32)")
+    bench.add_argument("--weights", default="auto", help=WEIGHTS_HELP + " (transformers peers always run float32)")
     bench.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
     bench.add_argument("--json", dest="json_out", default=None, help="write all results to this JSON file")
     bench.add_argument("--out", default=None, help="directory for report.md, results.json and PNG charts")

@@ -20,18 +20,21 @@ from specdec.errors import InvalidParameterError
 from specdec.models.loading import LoadedModel, gguf_source, load_model
 from specdec.sampling import SamplingParams
 from specdec.speculation_length import AdaptiveK, FixedK, SpeculationLength
+from specdec import zoo
 from specdec.zoo import DEFAULT_MODEL
 
 Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "content": ...}]
 
-# The best drafter we have for each model; others get n-gram drafting.
-DEFAULT_DRAFTERS = {DEFAULT_MODEL: "ngram"}
-# Models whose float32 form on the CPU kernel is best served by its own quantized copy (on smollm2 a
-# self-draft only ties n-gram). The zoo's 1.5B is a GGUF file dequantized, so the file's own blocks
-# (quant:gguf) draft for it: nearly every token accepted, more than a 4-bit re-quantization gets, at the
-# same cost a step. Needs ~1.1 GB more memory, and ~25 s to repack the blocks at the first use (then the
-# packed cache).
-SELF_DRAFT_DEFAULTS = {"qwen2.5-coder-1.5b-instruct": "quant:gguf"}
+# The best drafter measured for each model in the weight format it runs in; others get n-gram drafting.
+# float32 on the CPU kernel: its own quantized copy. The zoo's 1.5B is a GGUF file dequantized, so the file's
+# own blocks (quant:gguf) draft for it: nearly every token accepted, more than a 4-bit re-quantization gets,
+# at the same cost a step (~1.1 GB more memory, ~25 s to repack the blocks at the first use, then a cache).
+# On its GGUF blocks the 1.5B is served best by its 0.5B sibling re-quantized to 4 bits (taken where that
+# model is pulled: a default never downloads a second model). On smollm2 a self-draft only ties n-gram.
+DEFAULT_DRAFTERS: dict[tuple[str, str], str] = {
+    ("qwen2.5-coder-1.5b-instruct", "float32"): "quant:gguf",
+    ("qwen2.5-coder-1.5b-instruct", "gguf"): "draft:qwen2.5-coder-0.5b-instruct@weights=int4",
+}
 # The longest draft `--k auto` considers (`auto:N` sets another). AdaptiveK picks K <= this from measured
 # costs. A self-draft accepted nearly every token on code gains from long drafts, and a verification of up
 # to 16 rows streams the weights once on AVX-512 builds; elsewhere the measured costs keep K short.
@@ -69,17 +72,18 @@ def speculation_for(drafter: Drafter | None, k: int | str) -> SpeculationLength:
 
 
 def default_drafter(target: LoadedModel) -> str:
-    """The drafter spec `drafter="default"` means for this target as loaded: a self-draft where one pays
-    (a float32 target on the CPU kernel, SELF_DRAFT_DEFAULTS), else the per-model table, else n-gram.
-    In bfloat16 on a CPU, torch's int4 self-draft won decode-only on code but lost to n-gram over seven
-    tasks with prefill counted: n-gram there."""
-    if target.name in SELF_DRAFT_DEFAULTS and getattr(target.model, "weight_format", None) == "float32" \
-            and getattr(target.model, "layers_are_packed", lambda: False)():
-        spec = SELF_DRAFT_DEFAULTS[target.name]
-        if spec == "quant:gguf" and gguf_source(target.path) is None:
-            return "quant:int4"  # its float32 weights did not come from a GGUF file at hand: a 4-bit copy
-        return spec
-    return DEFAULT_DRAFTERS.get(target.name, "ngram")
+    """The drafter spec `drafter="default"` means for this target as loaded (DEFAULT_DRAFTERS), else n-gram.
+    A float32 self-draft needs the target's layers on the CPU kernel: in bfloat16 on a CPU, torch's int4
+    self-draft won decode-only on code but lost to n-gram over seven tasks with prefill counted."""
+    weights = getattr(target.model, "weight_format", None)
+    spec = DEFAULT_DRAFTERS.get((target.name, weights))
+    if spec is None or (weights == "float32" and not target.model.layers_are_packed()):
+        return "ngram"
+    if spec == "quant:gguf" and gguf_source(target.path) is None:
+        return "quant:int4"  # its float32 weights did not come from a GGUF file at hand: a 4-bit copy
+    if spec.startswith("draft:") and not zoo.is_pulled(spec[len("draft:"):].partition("@")[0]):
+        return "ngram"
+    return spec
 
 
 class SpeculativeGenerator:
@@ -97,7 +101,7 @@ class SpeculativeGenerator:
         device: str = "cpu",
         dtype: str = "float32",
         backend: str = "auto",
-        weights: str = "float32",
+        weights: str = "auto",
         cuda_graphs: bool = True,
     ) -> "SpeculativeGenerator":
         speculation_length(k)  # validate before loading anything

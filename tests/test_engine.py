@@ -448,17 +448,25 @@ def test_default_drafter_is_a_self_draft_only_where_it_pays(models, monkeypatch)
     from specdec import generator
 
     target = models["target"]
-    monkeypatch.setitem(generator.SELF_DRAFT_DEFAULTS, target.name, "quant:int4")
+    float32 = (target.name, "float32")
+    monkeypatch.setitem(generator.DEFAULT_DRAFTERS, float32, "quant:int4")
     expected = "quant:int4" if packed_kernel() is not None else "ngram"
     assert generator.default_drafter(target) == expected
     assert generator.default_drafter(load_model(str(target.path), kernels=False)) == "ngram"
     if packed_kernel() is not None:
         assert generator.default_drafter(load_model(str(target.path), weights="int4")) == "ngram"
     # the blocks of a GGUF file (quant:gguf) only where the float32 weights came from one: else a 4-bit copy
-    monkeypatch.setitem(generator.SELF_DRAFT_DEFAULTS, target.name, "quant:gguf")
+    monkeypatch.setitem(generator.DEFAULT_DRAFTERS, float32, "quant:gguf")
     assert generator.default_drafter(target) == expected
-    monkeypatch.delitem(generator.SELF_DRAFT_DEFAULTS, target.name)
+    monkeypatch.delitem(generator.DEFAULT_DRAFTERS, float32)
     assert generator.default_drafter(target) == "ngram"
     # bfloat16 on a CPU: torch's int4 self-draft lost to n-gram over seven tasks (the benchmark diary, section 21)
-    monkeypatch.setitem(generator.SELF_DRAFT_DEFAULTS, target.name, "quant:int4")
+    monkeypatch.setitem(generator.DEFAULT_DRAFTERS, float32, "quant:int4")
     assert generator.default_drafter(load_model(str(target.path), dtype="bfloat16")) == "ngram"
+    # a draft model is the default only where it is pulled: a default never downloads a second model
+    monkeypatch.setitem(generator.DEFAULT_DRAFTERS, float32, "draft:qwen2.5-coder-0.5b-instruct@weights=int4")
+    monkeypatch.setattr(generator.zoo, "is_pulled", lambda name: False)
+    assert generator.default_drafter(target) == "ngram"
+    monkeypatch.setattr(generator.zoo, "is_pulled", lambda name: name == "qwen2.5-coder-0.5b-instruct")
+    assert generator.default_drafter(target) == ("draft:qwen2.5-coder-0.5b-instruct@weights=int4"
+                                                 if packed_kernel() is not None else "ngram")

@@ -159,6 +159,9 @@ def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
     dequantized = load_model(str(path))  # the file's values converted to float32
     blocks = load_model(str(path), weights="gguf")
     assert blocks.model.weight_format == "gguf"
+    # weights="auto" (the CLI's and the API's default): a model from a GGUF file runs on its own blocks
+    assert load_model(str(path), weights="auto").model.weight_format == "gguf"
+    assert load_model(str(path), weights="auto", kernels=False).model.weight_format == "float32"
     assert isinstance(blocks.model.lm_head, GgufLinear)
     # the float32 checkpoint is the file dequantized: embeddings and LM head rows (EAGLE's draft vocabulary
     # reads them) come out of the blocks as exactly those values
@@ -185,7 +188,7 @@ def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
         from specdec import generator
 
         with pytest.MonkeyPatch.context() as patch:
-            patch.setitem(generator.SELF_DRAFT_DEFAULTS, dequantized.name, "quant:gguf")
+            patch.setitem(generator.DEFAULT_DRAFTERS, (dequantized.name, "float32"), "quant:gguf")
             assert generator.default_drafter(dequantized) == "quant:gguf"
 
 
@@ -202,3 +205,10 @@ def test_gguf_weights_need_a_gguf_source(tmp_path):
                         weights="gguf")
     with pytest.raises(InvalidParameterError, match="made from a float32 target"):
         make_drafter("quant:int4", target, "cpu", "float32")
+
+
+def test_auto_weights_load_a_checkpoint_that_is_no_gguf_as_float32(tmp_path):
+    path = save_tiny_model(tmp_path / "hf", "llama", seed=1)
+    assert load_model(str(path), weights="auto").model.weight_format == "float32"
+    with pytest.raises(InvalidParameterError, match="unknown device"):
+        load_model(str(path), weights="auto", device="tpu")

@@ -31,7 +31,7 @@ class BenchConfig:
     peers: list[str] = field(default_factory=list)  # "plain", "assisted:MODEL", "lookup"
     device: str = "cpu"
     roofline_buffer_mb: int = 1024  # buffer for the bandwidth measurement; 0 skips the roofline
-    weights: str = "float32"  # the target's weight format (ours; transformers peers run `dtype` weights)
+    weights: str = "auto"  # the target's weight format (ours; transformers peers run `dtype` weights)
     dtype: str = "float32"  # activations and float weights, ours and the transformers peers' (bfloat16 on GPUs)
     cuda_graphs: bool = True  # ours on a GPU: replay decode and verify forwards as CUDA graphs
 
@@ -141,6 +141,8 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
 def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = True) -> BenchResults:
     target = load_model(config.target, device=config.device, dtype=config.dtype, weights=config.weights,
                         cuda_graphs=config.cuda_graphs)
+    if config.weights == "auto":  # report what it resolved to
+        config = BenchConfig(**{**asdict(config), "weights": getattr(target.model, "weight_format", "float32")})
     roofline = measure_roofline(target.model, config.roofline_buffer_mb, config.device) \
         if config.roofline_buffer_mb else None
     methods = build_methods(config, target)

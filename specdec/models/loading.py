@@ -15,7 +15,8 @@ from typing import Callable
 
 import torch
 
-from specdec.errors import CorruptModelError, InvalidParameterError, UnknownModelError, UnsupportedModelError
+from specdec.errors import (CorruptModelError, InvalidParameterError, SpecdecError, UnknownModelError,
+                            UnsupportedModelError)
 from specdec.models.base import CausalLM
 from specdec.models.config import NATIVE_MODEL_TYPES, ModelConfig
 from specdec.models.packed_cache import discard_packed, load_packed, packed_cache_path, save_packed
@@ -93,7 +94,9 @@ def load_model(
 
     weights="int8" (weight-only, per output channel) or "int4[:G]" (grouped 4-bit, see packed_linear)
     quantizes the linear layers at load: that quantized model is then the target, whose plain output
-    speculation reproduces exactly."""
+    speculation reproduces exactly. weights="auto" (what the CLI and the API default to): see auto_weights."""
+    if weights == "auto":
+        weights = auto_weights(spec, device, dtype, backend, kernels)
     try:
         parse_weight_format(weights)
     except ValueError as error:
@@ -135,6 +138,22 @@ def load_model(
     tokenizer = load_tokenizer(model_dir)
     eos = eos_token_ids(model_dir, hf_config, tokenizer)
     return LoadedModel(name, model_dir, model, tokenizer, eos, backend)
+
+
+def auto_weights(spec: str, device: str, dtype: str, backend: str, kernels: bool) -> str:
+    """What weights="auto" loads: a model that came from a GGUF file runs on that file's own quantized blocks
+    where the CPU kernel serves it (the fastest exact mode on a CPU: the very values llama.cpp multiplies,
+    a quarter of float32's bytes); anything else as float32."""
+    check_device(device)
+    if backend == "transformers" or not kernels or dtype not in DTYPES \
+            or not uses_packed_kernel(device, DTYPES[dtype]):
+        return "float32"
+    try:
+        _, model_dir = resolve_model_dir(spec)
+    except SpecdecError:
+        return "float32"  # load_model reports the bad spec itself
+    native = read_config(model_dir).get("model_type") in NATIVE_MODEL_TYPES
+    return "gguf" if native and gguf_source(model_dir) is not None else "float32"
 
 
 def uses_packed_kernel(device: str, dtype: torch.dtype) -> bool:
