@@ -169,8 +169,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_generate(args) -> int:
     from specdec.generator import SpeculativeGenerator
+    from specdec.sampling import SamplingParams, check_seed
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    # every option a user can get wrong is checked before the model loads (seconds to minutes)
+    SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                   repetition_penalty=args.repetition_penalty)
+    check_seed(args.seed)
+    try:
+        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    except UnicodeDecodeError:
+        raise InvalidParameterError("standard input is not UTF-8 text") from None
     generator = SpeculativeGenerator.from_pretrained(
         args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
         weights=args.weights, cuda_graphs=args.cuda_graphs,

@@ -21,7 +21,7 @@ from specdec.drafters.base import Drafter
 from specdec.errors import ContextLengthError
 from specdec.models.base import CausalLM, positions_after, tree_attention_mask
 from specdec.rounds import Draft, GenerationResult, SideInputs, StreamChunk, VerifyResult
-from specdec.sampling import SamplingParams, processed_probs, tree_processed_probs
+from specdec.sampling import SamplingParams, check_seed, processed_probs, tree_processed_probs
 from specdec.speculation_length import FixedK, SpeculationLength
 from specdec.stats import GenerationStats, RoundStats
 from specdec.tree import TokenTree
@@ -63,6 +63,7 @@ class _Generation:
                  criteria: StopCriteria, tokenizer, seed: int | None):
         if not prompt_ids:
             raise ContextLengthError("the prompt is empty: at least one token is needed")
+        check_seed(seed)
         target = engine.target
         if len(prompt_ids) >= target.max_context:
             raise ContextLengthError(

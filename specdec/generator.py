@@ -123,6 +123,7 @@ class SpeculativeGenerator:
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids of a prompt; chat messages (or text, when chat is on) go through the chat template."""
         tokenizer = self.target.tokenizer
+        _check_text(prompt)
         if chat is None:
             chat = not isinstance(prompt, str) or self.target.has_chat_template
         if chat:
@@ -164,6 +165,19 @@ class SpeculativeGenerator:
                                               top_k=top_k, top_p=top_p, min_p=min_p,
                                               repetition_penalty=repetition_penalty)
         return self.engine.stream(ids, params, criteria, self.target.tokenizer, seed)
+
+
+def _check_text(prompt: Prompt) -> None:
+    """Text a tokenizer can take: UTF-8-encodable (a lone surrogate, e.g. from JSON's "\ud800" or from
+    undecodable bytes on a command line, is not)."""
+    texts = [prompt] if isinstance(prompt, str) else [m.get("content") for m in prompt if isinstance(m, dict)]
+    for text in texts:
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidParameterError("the prompt is not valid Unicode text (it holds a lone surrogate "
+                                            "or bytes that are not UTF-8)") from None
 
 
 def _check_messages(messages: list) -> None:

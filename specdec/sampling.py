@@ -42,6 +42,15 @@ class SamplingParams:
         return self.temperature == 0
 
 
+SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed takes
+
+
+def check_seed(seed: int | None) -> None:
+    """A seed torch's generator can take (None: a random one), else InvalidParameterError."""
+    if seed is not None and not (isinstance(seed, int) and SEED_RANGE[0] <= seed < SEED_RANGE[1]):
+        raise InvalidParameterError(f"seed must be an integer in [-2^63, 2^64), not {seed!r}")
+
+
 def repetition_penalized(
     logits: torch.Tensor,  # (T, V): one row per position of a drafted chain
     history: torch.Tensor,  # (N,) token ids already in the context

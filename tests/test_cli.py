@@ -50,6 +50,10 @@ def test_generate_compare_runs_plain_decoding_too(tiny_dirs, capsys):
         (["generate", "hi", "--temperature", "-1"], "temperature"),
         (["generate", "hi", "--top-p", "0"], "top_p"),
         (["generate", "hi", "--top-p", "nan"], "top_p"),
+        # checked before the model loads: the bad model name is never reached
+        (["generate", "hi", "--min-p", "2", "--target", "no-such-model"], "min_p"),
+        (["generate", "hi", "--temperature", "1", "--seed", "999999999999999999999999999999"], "seed"),
+        (["generate", "bad \udcff bytes", "--no-chat"], "not valid Unicode"),
         (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens"),
         (["generate", "hi", "--k", "0"], "k must be"),
         (["generate", "hi", "--k", "auto:0"], "auto:N"),
@@ -75,6 +79,13 @@ def test_bad_input_one_line_error(tiny_dirs, args, message):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specdec: error:") and message in lines[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_stdin_that_is_not_utf8_gets_one_line(tiny_dirs):
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONIOENCODING": "utf-8:strict"}
+    result = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "-", "--target", str(tiny_dirs["llama"])],
+                            input=b"caf\xe9 \xff", capture_output=True, env=env)
+    assert result.returncode == 2 and b"not UTF-8" in result.stderr and b"Traceback" not in result.stderr
 
 
 def test_prompt_longer_than_context(tmp_path):

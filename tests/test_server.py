@@ -226,6 +226,14 @@ BAD_REQUESTS = {
     "speculative k a word": ("/v1/completions", {"prompt": "a", "speculative": {"k": "many"}}),
     "speculative k a number in a string": ("/v1/completions", {"prompt": "a", "speculative": {"k": "5"}}),
     "speculative unknown field": ("/v1/completions", {"prompt": "a", "speculative": {"depth": 3}}),
+    # issue 25: each of these used to get a 500
+    "seed of 2^64": ("/v1/completions", {"prompt": "a", "seed": 2**64}),
+    "seed far below -2^63": ("/v1/completions", {"prompt": "a", "seed": -(2**70)}),
+    "lone surrogate in the prompt": ("/v1/completions", '{"prompt": "abc \\ud800", "max_tokens": 4}'),
+    "lone surrogate in a message": ("/v1/chat/completions",
+                                    '{"messages": [{"role": "user", "content": "abc \\udfff"}], "max_tokens": 4}'),
+    "JSON nested 200,000 deep": ("/v1/completions", "[" * 200_000 + "]" * 200_000),
+    "one empty prompt in a list": ("/v1/completions", {"prompt": [""]}),
 }
 
 

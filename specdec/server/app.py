@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.rounds import GenerationResult
-from specdec.errors import SpecdecError
+from specdec.errors import ContextLengthError, SpecdecError
 from specdec.generator import SpeculativeGenerator
 from specdec.sampling import SamplingParams
 from specdec.server.metrics import ServerMetrics
@@ -108,7 +108,7 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
             return error(400, str(exc), "invalid_request_error", endpoint)
         first_kind, first = await next_event(job, request)  # waits in the queue until admitted
         if first_kind == "error":
-            code = "context_length_exceeded" if "context" in str(first) else None
+            code = "context_length_exceeded" if isinstance(first, ContextLengthError) else None
             return error(400, str(first), "invalid_request_error", endpoint, code=code)
         if first_kind != "started":
             return error(500 if first_kind == "failed" else 503, f"generation {first_kind}: {first}",

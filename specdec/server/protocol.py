@@ -101,6 +101,17 @@ class _Common(BaseModel):
     stream_options: dict | None = None
     speculative: SpeculativeOptions | None = None
 
+    @field_validator("seed")
+    @classmethod
+    def _seed_range(cls, seed):
+        from specdec.sampling import check_seed
+
+        try:
+            check_seed(seed)
+        except InvalidParameterError as error:
+            raise ValueError(str(error)) from None
+        return seed
+
     @field_validator("max_tokens")
     @classmethod
     def _positive(cls, value):
@@ -159,7 +170,7 @@ class CompletionRequest(_Common):
             if isinstance(prompt[0], str):
                 if len(prompt) != 1:
                     raise ValueError("one prompt per request (n and batched prompts are not supported)")
-                return prompt[0]
+                prompt = prompt[0]
         if prompt == "":
             raise ValueError("must not be empty")
         return prompt
@@ -175,6 +186,8 @@ def parse_request(body: bytes, kind: type[_Common]) -> _Common:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("the body's JSON is nested too deeply") from None
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
     try:

@@ -127,7 +127,8 @@ class Scheduler:
             job.emit("cancelled", None)
             return
         try:
-            generation = self.generator.request_engine(job.speculative, job.k).start(*self._encode(job), self.generator.target.tokenizer, job.seed)
+            engine = self.generator.request_engine(job.speculative, job.k)
+            generation = engine.start(*self._encode(job), self.generator.target.tokenizer, job.seed)
         except SpecdecError as exc:
             job.emit("error", exc)
             return
