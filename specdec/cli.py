@@ -36,7 +36,7 @@ K_HELP = "draft tokens per round; 'auto' (default) chooses K <= 16 from measurem
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specdec.drafters import DRAFTER_SPECS
+    from specdec.drafters import specs_help
     from specdec.zoo import DEFAULT_MODEL
 
     parser = argparse.ArgumentParser(prog="specdec", description="Exact speculative decoding for LLMs.")
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="generate text from a prompt")
     gen.add_argument("prompt", help="the prompt (use - to read it from standard input)")
     gen.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
-    gen.add_argument("--drafter", default="default", help=f"{DRAFTER_SPECS}; default: the best for the target")
+    gen.add_argument("--drafter", default="default", help=f"{specs_help()}; default: the best for the target")
     gen.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
     gen.add_argument("--max-new-tokens", type=int, default=256)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
     serve.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
-    serve.add_argument("--drafter", default="default", help=f"{DRAFTER_SPECS}; default: the best for the target")
+    serve.add_argument("--drafter", default="default", help=f"{specs_help()}; default: the best for the target")
     serve.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="benchmark drafters against plain decoding and transformers")
     bench.add_argument("--target", default=DEFAULT_MODEL)
-    bench.add_argument("--drafters", default="ngram", help="comma-separated drafter specs")
+    bench.add_argument("--drafters", default="default", help="comma-separated drafter specs ('default': what "
+                       "generate would run for this target)")
     bench.add_argument("--tasks", default="code,mt_bench", help="comma-separated: mt_bench, translation, "
                        "summarization, qa, math_reasoning, rag, code")
     bench.add_argument("--limit", type=int, default=5, help="prompts per task")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specdec.commit import StopCriteria
-from specdec.drafters import make_drafter
+from specdec.drafters import REGISTRY, make_drafter
 from specdec.drafters.draft_model import DraftModelDrafter, check_same_tokenizer
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpeculativeEngine
@@ -470,3 +470,33 @@ def test_default_drafter_is_a_self_draft_only_where_it_pays(models, monkeypatch)
     monkeypatch.setattr(generator.zoo, "is_pulled", lambda name: name == "qwen2.5-coder-0.5b-instruct")
     assert generator.default_drafter(target) == ("draft:qwen2.5-coder-0.5b-instruct@weights=int4"
                                                  if packed_kernel() is not None else "ngram")
+
+
+@pytest.mark.parametrize("kind", list(REGISTRY))
+def test_every_registered_drafter_equals_plain_greedy(models, kind):
+    """Enumerated from the registry: a new drafter with a test_spec is checked here without a test edit."""
+    entry = REGISTRY[kind]
+    if entry.test_spec is None:
+        pytest.skip(f"{kind} needs files a test makes in its own module (tests of {kind})")
+    if kind == "quant" and packed_kernel() is None:
+        pytest.skip("quantized self-drafts need the CPU kernel")
+    target = models["target"]
+    spec = entry.test_spec.format(target=target.path)
+    for k in (3, "auto"):
+        for prompt in PROMPTS:
+            drafter = make_drafter(spec, target, "cpu", "float32")
+            result = SpeculativeGenerator(target, drafter, k).generate(prompt, 30, chat=False)
+            assert result.token_ids == plain_ids(target, prompt, 30), f"{spec} K={k} prompt={prompt!r}"
+
+
+def test_help_and_docs_name_every_registered_drafter():
+    from pathlib import Path
+
+    from specdec.cli import build_parser
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "drafters.md").read_text()
+    generate = build_parser()._subparsers._group_actions[0].choices["generate"]
+    help_text = "".join(generate.format_help().split())  # argparse wraps lines inside a spec
+    for kind in REGISTRY.values():
+        assert f"`{kind.name}" in docs, f"docs/drafters.md has no row for {kind.name}"
+        assert "".join(kind.syntax.split()) in help_text, kind.syntax

@@ -12,7 +12,7 @@ from specdec.bench.peers import TransformersPeer
 from specdec.bench.roofline import Roofline, measure_roofline
 from specdec.bench.tasks import BenchPrompt
 from specdec.drafters import make_drafter
-from specdec.generator import SpeculativeGenerator
+from specdec.generator import SpeculativeGenerator, default_drafter
 from specdec.models.loading import LoadedModel, load_model, resolve_model_dir
 
 PLAIN = "plain"
@@ -120,8 +120,12 @@ class Method:
 def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
     methods = [Method(PLAIN, SpeculativeGenerator(target, None))]
     for spec in config.drafters:
+        name = spec
+        if spec == "default":  # what generate and serve would run for this target
+            spec = default_drafter(target)
+            name = f"default ({spec})"
         drafter = make_drafter(spec, target, config.device, config.dtype)
-        methods.append(Method(spec, SpeculativeGenerator(target, drafter, config.k)))
+        methods.append(Method(name, SpeculativeGenerator(target, drafter, config.k)))
     for peer in config.peers:
         mode, _, model = peer.partition(":")
         if mode in ("llamacpp", "llamacpp-draft"):

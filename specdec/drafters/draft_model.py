@@ -151,3 +151,22 @@ class DraftModelDrafter(Drafter):
         # The cache holds the context up to base_length, then the draft tokens fed so far;
         # keep those that were accepted.
         self.cache.truncate(min(self.cache.length, self.base_length + result.num_accepted))
+
+
+def build(arg: str, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
+    """`draft:MODEL[@options]`: options after '@' as drafters.draft_options reads them."""
+    from specdec.drafters.draft_options import parse_draft_options, with_head_vocab
+    from specdec.models.loading import load_model
+
+    model, _, options = arg.rpartition("@") if "@" in arg else (arg, "", "")
+    draft_options = parse_draft_options(options)
+    # a draft model runs in the target's weight format unless weights=FORMAT says otherwise: who quantized
+    # the target for speed wants a draft that is as fast (an int4 target gets an int4 draft)
+    weights = draft_options.weights or getattr(target.model, "weight_format", "float32")
+    # and on a GPU it replays CUDA graphs when the target does
+    graphs = getattr(target.model, "graphs", None) is not None
+    draft = load_model(model, device=device, dtype=dtype, weights=weights, cuda_graphs=graphs)
+    check_same_tokenizer(target, draft)
+    draft = with_head_vocab(draft, draft_options.head_vocab)
+    return DraftModelDrafter(draft, target.model.vocab_size, draft_options.min_confidence, name=f"draft:{arg}",
+                             prompt_window=draft_options.context)

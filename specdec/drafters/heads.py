@@ -37,3 +37,13 @@ def head_drafter(kind: str, arg: str, target):
     if (budget.depth, budget.top_k) != (TreeShape().depth, TreeShape().top_k):
         raise InvalidParameterError("medusa drafter: only budget=N applies (the tree follows the heads' accuracy)")
     return MedusaDrafter(head, target.model, budget.budget, name=f"medusa:{path.name}")
+
+
+def build_eagle(arg: str, target, device: str, dtype: str) -> EagleDrafter:
+    """`eagle[:HEAD_DIR][@depth=D,topk=W,budget=N]`."""
+    return head_drafter("eagle", arg, target)
+
+
+def build_medusa(arg: str, target, device: str, dtype: str) -> MedusaDrafter:
+    """`medusa[:HEAD_DIR][@budget=N]`."""
+    return head_drafter("medusa", arg, target)

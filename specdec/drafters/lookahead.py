@@ -104,3 +104,12 @@ class LookaheadDrafter(Drafter):
             if gram[1:] not in bucket:
                 bucket.insert(0, gram[1:])
                 del bucket[self.pool_size:]
+
+
+def build(arg: str, target, device: str, dtype: str) -> LookaheadDrafter:
+    """`lookahead[:W,N,G]`."""
+    try:
+        window, ngram, pool = (int(v) for v in arg.split(",")) if arg else (4, 3, 4)
+    except ValueError:
+        raise InvalidParameterError(f"lookahead drafter: {arg!r} is not W,N,G (e.g. 4,3,4)") from None
+    return LookaheadDrafter(window, ngram, pool)

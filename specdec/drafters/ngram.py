@@ -83,3 +83,10 @@ class NgramDrafter(Drafter):
         # The index holds committed tokens only; new ones are indexed at the next propose.
         if self.proposed_start is not None and result.num_accepted == 0:
             self.refuted.add(self.proposed_start)
+
+
+def build(arg: str, target, device: str, dtype: str) -> NgramDrafter:
+    """`ngram[:MAX_N]`."""
+    if arg and not arg.isdigit():
+        raise InvalidParameterError(f"ngram drafter: {arg!r} is not a maximum n-gram size")
+    return NgramDrafter(max_ngram=int(arg) if arg else 4, never_propose=target.control_token_ids())

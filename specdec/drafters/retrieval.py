@@ -55,3 +55,13 @@ class RetrievalDrafter(Drafter):
 
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
         pass
+
+
+def build(arg: str, target, device: str, dtype: str) -> RetrievalDrafter:
+    """`retrieval:DATASTORE_DIR[@budget=N,depth=D]`."""
+    from specdec.drafters.eagle import TreeShape, parse_tree_options
+
+    location, _, options = arg.partition("@")
+    shape = parse_tree_options(options, TreeShape(depth=8, budget=16))
+    store = Datastore.open(location, target.tokenizer)
+    return RetrievalDrafter(store, f"retrieval:{location.rstrip('/').rsplit('/', 1)[-1]}", shape.budget, shape.depth)

@@ -138,3 +138,13 @@ def layer_skip_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     draft = dataclasses.replace(target, name=f"{target.name}-layers{len(layers)}",
                                 model=model.layer_subset_copy(layers))
     return DraftModelDrafter(draft, model.vocab_size, name=f"layerskip:{spec}", shares_with=model)
+
+
+def build_quantized(arg: str, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
+    """`quant:FORMAT[@options]`."""
+    return quantized_self_draft(target, arg)
+
+
+def build_layer_skip(arg: str, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
+    """`layerskip[:SUBSET]`."""
+    return layer_skip_draft(target, arg)
