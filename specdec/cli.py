@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_generate(args) -> int:
     from specdec.generator import SpeculativeGenerator
+    from specdec.hints import speculation_hint, take_unshown
     from specdec.sampling import SamplingParams, check_seed
 
     # every option a user can get wrong is checked before the model loads (seconds to minutes)
@@ -206,6 +207,9 @@ def cmd_generate(args) -> int:
               f"{s.drafter_memory_bytes / 1e6:.1f} MB]", file=sys.stderr)
         if comparison is not None:
             print(comparison_line(comparison), file=sys.stderr)
+        hint = speculation_hint(s)
+        if hint is not None and take_unshown(hint[0]):
+            print(f"specdec: hint: {hint[1]}", file=sys.stderr)
     return 0
 
 

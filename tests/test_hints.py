@@ -1,0 +1,26 @@
+"""Advice after a generation whose speculation did not pay: said in plain words, once per kind."""
+
+from specdec.hints import speculation_hint, take_unshown
+from specdec.stats import GenerationStats, RoundStats
+
+
+def stats(drafter: str, rounds: list[RoundStats]) -> GenerationStats:
+    return GenerationStats.from_rounds(drafter, 10, rounds, 1.0, 0.1, 0)
+
+
+def test_hints_name_what_to_do_and_stay_quiet_when_drafting_pays():
+    missed = [RoundStats(4, 4, 0, 1, 0.001, 0.01, 0.001) for _ in range(40)]  # 40 tokens, nothing accepted
+    key, advice = speculation_hint(stats("ngram", missed))
+    assert key == "ngram-low" and "--drafter" in advice
+    assert speculation_hint(stats("draft:m", missed))[0] == "low-acceptance"
+    plain_steps = [RoundStats(0, 0, 0, 1, 0.0, 0.01, 0.001) for _ in range(40)]
+    assert speculation_hint(stats("ngram", plain_steps))[0] == "switched-off"
+    paying = [RoundStats(4, 4, 3, 4, 0.001, 0.01, 0.001) for _ in range(10)]
+    assert speculation_hint(stats("ngram", paying)) is None
+    assert speculation_hint(stats("ngram", missed[:5])) is None  # too short to judge
+
+
+def test_a_hint_is_shown_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    assert take_unshown("ngram-low") and not take_unshown("ngram-low")
+    assert take_unshown("switched-off")
