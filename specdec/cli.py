@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-active", type=int, default=4, help="generations interleaved round by round")
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get HTTP 503")
     serve.add_argument("--default-max-tokens", type=int, default=512, help="when a request sets no max_tokens")
+    serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' on the /v1 routes (default: $SPECDEC_API_KEY; "
+                            "/health and /metrics stay open)")
+    serve.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger request bodies get HTTP 413")
+    serve.add_argument("--allowed-origins", default="",
+                       help="comma-separated browser origins allowed by CORS (default: none)")
     serve.add_argument("--shutdown-grace", type=float, default=30.0,
                        help="seconds in-flight requests get to finish on SIGTERM before they are cancelled")
     serve.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -242,18 +248,27 @@ def cmd_serve(args) -> int:
     from specdec.errors import InvalidParameterError
     from specdec.generator import SpeculativeGenerator, speculation_length
     from specdec.server.app import ServerSettings, create_app
+    from specdec.server.guard import LOOPBACK_HOSTS, is_loopback
     from specdec.server.run import bind_socket, make_server, serve_forever
 
     speculation_length(args.k)
-    if args.max_active < 1 or args.max_queue < 0 or args.default_max_tokens < 1:
-        raise InvalidParameterError("--max-active and --default-max-tokens must be >= 1, --max-queue >= 0")
+    if args.max_active < 1 or args.max_queue < 0 or args.default_max_tokens < 1 or args.max_request_bytes < 1:
+        raise InvalidParameterError("--max-active, --default-max-tokens and --max-request-bytes must be >= 1, "
+                                    "--max-queue >= 0")
     sock = bind_socket(args.host, args.port)
+    loopback = is_loopback(args.host)
+    if not loopback and not args.api_key:
+        print(f"specdec: warning: serving on {args.host}, reachable from other machines, without an API key "
+              "(--api-key or SPECDEC_API_KEY)", file=sys.stderr)
     generator = SpeculativeGenerator.from_pretrained(
         args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
         weights=args.weights, cuda_graphs=args.cuda_graphs,
     )
     settings = ServerSettings(args.model_name or generator.target.name, args.max_active, args.max_queue,
-                              args.default_max_tokens)
+                              args.default_max_tokens, api_key=args.api_key or None,
+                              max_request_bytes=args.max_request_bytes,
+                              allowed_hosts=LOOPBACK_HOSTS if loopback else None,
+                              allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o))
     server = make_server(create_app(generator, settings), args.shutdown_grace)
     host, port = sock.getsockname()[:2]
     print(f"specdec: serving {settings.model_name!r} (drafter {generator.engine.drafter_name}) "

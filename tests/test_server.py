@@ -287,8 +287,12 @@ def test_disconnect_mid_stream_cancels_and_frees_the_slot(tiny_generator):
         response = connection.getresponse()
         assert response.status == 200
         assert response.read(6) == b"data: "  # generation is under way
-        busy, text = running.request("POST", "/v1/completions", json.dumps({"prompt": "a", "max_tokens": 2}))
-        assert busy == 503 and json.loads(text)["error"]["type"] == "server_busy"
+        connection2 = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
+        connection2.request("POST", "/v1/completions", body=json.dumps({"prompt": "a", "max_tokens": 2}),
+                            headers={"Content-Type": "application/json"})
+        busy = connection2.getresponse()
+        assert busy.status == 503 and json.loads(busy.read())["error"]["type"] == "server_busy"
+        assert busy.getheader("Retry-After")
         connection.close()  # the client goes away mid-stream
         deadline = time.monotonic() + 10
         while running.metrics()["specdec_active_generations"] > 0:
@@ -371,3 +375,66 @@ def test_draft_model_drafter_keeps_one_cache_per_interleaved_request(tiny_dirs, 
         assert sum(r.model_extra["specdec"]["drafted"] for r in replies) > 0
     finally:
         running.stop()
+
+
+def raw_request(port: int, method: str, path: str, body: bytes | str = b"", headers: dict | None = None):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request(method, path, body=body, headers=headers or {})
+    response = connection.getresponse()
+    return response.status, dict(response.getheaders()), response.read().decode()
+
+
+def test_api_key_hosts_content_type_size_and_cors(tiny_generator):
+    """Issue 25 items 4, 8, 10, 11: what a hostile client or a web page the user visits can no longer do."""
+    running = RunningServer(tiny_generator, api_key="s3cret", max_request_bytes=2000,
+                            allowed_hosts=("localhost", "127.0.0.1", "::1"), allowed_origins=("http://app.example",))
+    body = json.dumps({"prompt": "a", "max_tokens": 2})
+    good = {"Content-Type": "application/json", "Authorization": "Bearer s3cret"}
+    try:
+        for headers in ({"Content-Type": "application/json"}, {**good, "Authorization": "Bearer wrong"},
+                        {**good, "Authorization": "s3cret"}):
+            status, reply_headers, text = raw_request(running.port, "POST", "/v1/completions", body, headers)
+            assert status == 401 and json.loads(text)["error"]["code"] == "invalid_api_key", headers
+        assert raw_request(running.port, "POST", "/v1/completions", body, good)[0] == 200
+        assert raw_request(running.port, "GET", "/health")[0] == 200  # probes need no key
+        # a cross-origin form POST (no preflight in a browser) is refused whatever it carries
+        for media_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+            status, _, text = raw_request(running.port, "POST", "/v1/completions", body,
+                                          {**good, "Content-Type": media_type})
+            assert status == 415, media_type
+        # DNS rebinding: a page's own host name resolving to 127.0.0.1
+        assert raw_request(running.port, "GET", "/v1/models", headers={**good, "Host": "evil.example"})[0] == 400
+        assert raw_request(running.port, "GET", "/v1/models", headers={**good, "Host": "localhost:8000"})[0] == 200
+        # 413 before the body is parsed, with or without Content-Length
+        status, _, _ = raw_request(running.port, "POST", "/v1/completions", json.dumps({"prompt": "x" * 5000}), good)
+        assert status == 413
+        connection = http.client.HTTPConnection("127.0.0.1", running.port, timeout=60)
+        connection.putrequest("POST", "/v1/completions")
+        for name, value in {**good, "Transfer-Encoding": "chunked"}.items():
+            connection.putheader(name, value)
+        connection.endheaders()
+        chunk = json.dumps({"prompt": "x" * 5000}).encode()
+        connection.send(b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))
+        assert connection.getresponse().status == 413
+        # CORS: an allowed origin's preflight is answered, another's is not
+        preflight = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization,content-type"}
+        status, headers, _ = raw_request(running.port, "OPTIONS", "/v1/completions", headers=preflight)
+        assert status == 200 and headers.get("access-control-allow-origin") == "http://app.example"
+        status, headers, _ = raw_request(running.port, "OPTIONS", "/v1/completions",
+                                         headers={**preflight, "Origin": "http://evil.example"})
+        assert "access-control-allow-origin" not in {k.lower() for k in headers}
+        # 405 names the allowed methods
+        status, headers, _ = raw_request(running.port, "GET", "/v1/completions", headers=good)
+        assert status == 405 and "POST" in {k.lower(): v for k, v in headers.items()}["allow"]
+    finally:
+        running.stop()
+
+
+def test_metrics_label_sets_stay_bounded(server):
+    for index in range(40):
+        server.request("GET", f"/random/path/{index}")
+    status, text = server.request("GET", "/metrics")
+    endpoints = {s.labels["endpoint"] for f in text_string_to_metric_families(text) for s in f.samples
+                 if "endpoint" in s.labels}
+    assert not any(e.startswith("/random") for e in endpoints) and "other" in endpoints

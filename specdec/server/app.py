@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -18,6 +19,7 @@ from specdec.rounds import GenerationResult
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.generator import SpeculativeGenerator
 from specdec.sampling import SamplingParams
+from specdec.server.guard import GuardSettings, RequestGuard
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import (
     BadRequest,
@@ -35,12 +37,25 @@ from specdec.server.scheduler import Job, QueueFullError, Scheduler
 DISCONNECT_POLL_SECONDS = 0.25
 
 
+KNOWN_ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
+RETRY_AFTER_SECONDS = "5"  # what a 503 (queue full, shutting down) suggests to a client
+
+
 @dataclass
 class ServerSettings:
     model_name: str  # the id clients send as `model`
     max_active: int = 4  # generations interleaved round by round
     max_queue: int = 64  # requests waiting beyond those; more get HTTP 503
     default_max_tokens: int = 512
+    api_key: str | None = None  # required as 'Authorization: Bearer KEY' on /v1 routes when set
+    max_request_bytes: int = 1 << 20  # larger bodies get 413 before they are read
+    allowed_hosts: tuple[str, ...] | None = None  # Host names served (None: any); loopback binds set these
+    allowed_origins: tuple[str, ...] = ()  # browser origins allowed by CORS (none by default)
+
+
+def endpoint_label(path: str) -> str:
+    """A bounded label for metrics: unknown paths fold into one."""
+    return path if path in KNOWN_ENDPOINTS else "other"
 
 
 def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> FastAPI:
@@ -57,15 +72,25 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
 
     app = FastAPI(title="specdec", lifespan=lifespan)
     app.state.scheduler, app.state.metrics, app.state.settings = scheduler, metrics, settings
+    guard = GuardSettings(settings.api_key, settings.max_request_bytes, settings.allowed_hosts)
+    app.add_middleware(RequestGuard, settings=guard,
+                       on_refused=lambda path, status: metrics.requests.labels(endpoint_label(path), str(status)).inc())
+    if settings.allowed_origins:  # outermost: a browser's preflight is answered before the guard
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
 
     def error(status: int, message: str, kind: str, endpoint: str, param: str | None = None,
-              code: str | None = None) -> JSONResponse:
-        metrics.requests.labels(endpoint, str(status)).inc()
-        return JSONResponse(error_body(message, kind, param, code), status_code=status)
+              code: str | None = None, headers: dict | None = None) -> JSONResponse:
+        metrics.requests.labels(endpoint_label(endpoint), str(status)).inc()
+        if status == 503:
+            headers = {**(headers or {}), "Retry-After": RETRY_AFTER_SECONDS}
+        return JSONResponse(error_body(message, kind, param, code), status_code=status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return error(exc.status_code, str(exc.detail), "invalid_request_error", request.url.path)
+        # exc.headers carries Allow on a 405
+        return error(exc.status_code, str(exc.detail), "invalid_request_error", request.url.path,
+                     headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
@@ -97,7 +122,11 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
     async def complete(request: Request, endpoint: str, kind: type) -> Response:
         arrived = time.perf_counter()
         try:
-            body = parse_request(await request.body(), kind)
+            raw = await request.body()
+            if len(raw) > settings.max_request_bytes:  # a body sent without Content-Length
+                return error(413, f"the body is larger than {settings.max_request_bytes} bytes",
+                             "invalid_request_error", endpoint)
+            body = parse_request(raw, kind)
             job = make_job(body, chat=kind is ChatCompletionRequest)
             scheduler.submit(job)
         except BadRequest as exc:

@@ -1,0 +1,87 @@
+"""What every request passes before an endpoint sees it: the Host allow-list, the API key, the body's
+size and content type. Each refusal is an OpenAI-style JSON error with a 4xx status.
+
+Why each: a server on loopback can still be reached by any web page the user visits, through the
+browser. A page can POST a "simple" cross-origin request (text/plain or form-encoded) without a CORS
+preflight, so JSON endpoints refuse any other content type; DNS rebinding makes a page's own host name
+resolve to 127.0.0.1, so on loopback only loopback host names are served. An API key (`--api-key`,
+`SPECDEC_API_KEY`) guards the /v1 routes as OpenAI's, vLLM's and llama.cpp's servers do; /health and
+/metrics stay open for probes and scrapers.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from specdec.server.protocol import error_body
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+JSON_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    api_key: str | None = None
+    max_request_bytes: int = 1 << 20
+    allowed_hosts: tuple[str, ...] | None = None  # host names served (None: any)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def host_name(header: str) -> str:
+    """'example.org:8000' -> 'example.org'; '[::1]:8000' -> '::1'."""
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+class RequestGuard:
+    """ASGI middleware: refuses a request with 400 (host), 401 (key), 413 (size) or 415 (content type)."""
+
+    def __init__(self, app: ASGIApp, settings: GuardSettings, on_refused=None):
+        self.app, self.settings = app, settings
+        self.on_refused = on_refused or (lambda path, status: None)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        refusal = self.refusal(scope)
+        if refusal is None:
+            return await self.app(scope, receive, send)
+        status, message, code, headers = refusal
+        self.on_refused(scope["path"], status)
+        body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                *headers]})
+        await send({"type": "http.response.body", "body": body})
+
+    def refusal(self, scope: Scope) -> tuple[int, str, str, list] | None:
+        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+        path, settings = scope["path"], self.settings
+        if settings.allowed_hosts is not None and host_name(headers.get("host", "")) not in settings.allowed_hosts:
+            return 400, "this server does not answer for that Host header", "host_not_allowed", []
+        if settings.api_key is not None and path.startswith("/v1/"):
+            scheme, _, given = headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), settings.api_key.encode()):
+                return (401, "missing or incorrect API key (send it as 'Authorization: Bearer KEY')",
+                        "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+        if scope["method"] == "POST" and path in JSON_ENDPOINTS:
+            length = headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > settings.max_request_bytes:
+                return 413, f"the body is larger than {settings.max_request_bytes} bytes", "request_too_large", []
+            media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
+            if media_type != "application/json":
+                return 415, "the body must be JSON sent as 'Content-Type: application/json'", "unsupported_media_type", []
+        return None
+
