@@ -35,8 +35,29 @@ WEIGHTS_HELP = ("auto (default: a model from a GGUF file runs on the file's own 
 K_HELP = "draft tokens per round; 'auto' (default) chooses K <= 16 from measurements, 'auto:N' K <= N"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The target and how it runs: one set of flags for generate, serve and bench."""
+    from specdec.zoo import DEFAULT_MODEL
+
+    group = parser.add_argument_group("model")
+    group.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
+    group.add_argument("--device", default="cpu", help="cpu or cuda")
+    group.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    group.add_argument("--backend", default="auto", help="auto, native or transformers")
+    group.add_argument("--weights", default="auto", help=WEIGHTS_HELP)
+    group.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
+
+
+def add_speculation_options(parser: argparse.ArgumentParser) -> None:
+    """The drafter and K, for generate and serve (bench takes a list of drafters)."""
     from specdec.drafters import specs_help
+
+    group = parser.add_argument_group("speculation")
+    group.add_argument("--drafter", default="default", help=f"{specs_help()}; default: the best for the target")
+    group.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
+
+
+def build_parser() -> argparse.ArgumentParser:
     from specdec.zoo import DEFAULT_MODEL
 
     parser = argparse.ArgumentParser(prog="specdec", description="Exact speculative decoding for LLMs.")
@@ -44,9 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = commands.add_parser("generate", help="generate text from a prompt")
     gen.add_argument("prompt", help="the prompt (use - to read it from standard input)")
-    gen.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
-    gen.add_argument("--drafter", default="default", help=f"{specs_help()}; default: the best for the target")
-    gen.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
+    add_model_options(gen)
+    add_speculation_options(gen)
     gen.add_argument("--max-new-tokens", type=int, default=256)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0)
@@ -59,11 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the chat template (default when the model has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="use the prompt as raw text")
-    gen.add_argument("--device", default="cpu", help="cpu or cuda")
-    gen.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
-    gen.add_argument("--backend", default="auto", help="auto, native or transformers")
-    gen.add_argument("--weights", default="auto", help=WEIGHTS_HELP)
-    gen.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
     gen.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats)")
     gen.add_argument("--compare", action="store_true",
                      help="then decode the same prompt without speculation and print both speeds, the speedup "
@@ -75,9 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("models", help="list zoo models, pulled or not")
 
     serve = commands.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
-    serve.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
-    serve.add_argument("--drafter", default="default", help=f"{specs_help()}; default: the best for the target")
-    serve.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
+    add_model_options(serve)
+    add_speculation_options(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name)")
@@ -92,14 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated browser origins allowed by CORS (default: none)")
     serve.add_argument("--shutdown-grace", type=float, default=30.0,
                        help="seconds in-flight requests get to finish on SIGTERM before they are cancelled")
-    serve.add_argument("--device", default="cpu", help="cpu or cuda")
-    serve.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
-    serve.add_argument("--backend", default="auto", help="auto, native or transformers")
-    serve.add_argument("--weights", default="auto", help=WEIGHTS_HELP)
-    serve.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
 
     bench = commands.add_parser("bench", help="benchmark drafters against plain decoding and transformers")
-    bench.add_argument("--target", default=DEFAULT_MODEL)
+    add_model_options(bench)  # the transformers peers run the same dtype, always with float32 weights
+    bench.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
     bench.add_argument("--drafters", default="default", help="comma-separated drafter specs ('default': what "
                        "generate would run for this target)")
     bench.add_argument("--tasks", default="code,mt_bench", help="comma-separated: mt_bench, translation, "
@@ -108,15 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
     bench.add_argument("--peers", default="", help="comma-separated peers: transformers' plain, lookup, assisted:MODEL; "
                        "llama.cpp's llamacpp, llamacpp-draft:MODEL (programs from $SPECDEC_LLAMA_CPP or PATH)")
     bench.add_argument("--spec-bench", default=None, help="path to Spec-Bench question.jsonl")
-    bench.add_argument("--device", default="cpu")
-    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                       help="activations and float weights, ours and the transformers peers' (bfloat16 on GPUs)")
-    bench.add_argument("--weights", default="auto", help=WEIGHTS_HELP + " (transformers peers always run float32)")
-    bench.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
     bench.add_argument("--json", dest="json_out", default=None, help="write all results to this JSON file")
     bench.add_argument("--out", default=None, help="directory for report.md, results.json and PNG charts")
     bench.add_argument("--roofline-mb", type=int, default=1024,
@@ -325,7 +329,7 @@ def cmd_bench(args) -> int:
     SamplingParams(temperature=args.temperature)
     config = BenchConfig(args.target, split_drafter_specs(args.drafters), split(args.tasks), args.limit, args.max_new_tokens,
                          args.temperature, args.seed, str(args.k), split(args.peers), args.device,
-                         args.roofline_mb, args.weights, args.dtype, args.cuda_graphs)
+                         args.roofline_mb, args.weights, args.dtype, args.cuda_graphs, args.backend)
     prompts = load_prompts(config.tasks, config.limit, Path(args.spec_bench) if args.spec_bench else None)
     results = run_bench(config, prompts)
     print(markdown(results))

@@ -34,6 +34,7 @@ class BenchConfig:
     weights: str = "auto"  # the target's weight format (ours; transformers peers run `dtype` weights)
     dtype: str = "float32"  # activations and float weights, ours and the transformers peers' (bfloat16 on GPUs)
     cuda_graphs: bool = True  # ours on a GPU: replay decode and verify forwards as CUDA graphs
+    backend: str = "auto"  # ours: auto, native or transformers
 
 
 @dataclass
@@ -144,7 +145,7 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
 
 def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = True) -> BenchResults:
     target = load_model(config.target, device=config.device, dtype=config.dtype, weights=config.weights,
-                        cuda_graphs=config.cuda_graphs)
+                        cuda_graphs=config.cuda_graphs, backend=config.backend)
     if config.weights == "auto":  # report what it resolved to
         config = BenchConfig(**{**asdict(config), "weights": getattr(target.model, "weight_format", "float32")})
     roofline = measure_roofline(target.model, config.roofline_buffer_mb, config.device) \
