@@ -438,3 +438,41 @@ def test_metrics_label_sets_stay_bounded(server):
     endpoints = {s.labels["endpoint"] for f in text_string_to_metric_families(text) for s in f.samples
                  if "endpoint" in s.labels}
     assert not any(e.startswith("/random") for e in endpoints) and "other" in endpoints
+
+
+def test_openapi_document_describes_bodies_and_errors(server):
+    status, text = server.request("GET", "/openapi.json")
+    document = json.loads(text)
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        post = document["paths"][path]["post"]
+        schema = post["requestBody"]["content"]["application/json"]["schema"]
+        assert {"messages"} <= set(schema["required"]) if "chat" in path else {"prompt"} <= set(schema["required"])
+        assert {"400", "401", "413", "415", "503"} <= set(post["responses"])
+        assert "$ref" not in json.dumps(schema)  # self-contained: generic tools can drive the API
+    metrics_content = document["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert "application/json" not in metrics_content and any(k.startswith("text/plain") for k in metrics_content)
+
+
+def test_a_client_gone_before_its_reply_is_counted_as_499_not_503(tiny_generator):
+    running = slow_server(tiny_generator, max_active=1, max_queue=4)
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
+        connection.request("POST", "/v1/completions", body=json.dumps({"prompt": "abc", "max_tokens": 400}),
+                           headers={"Content-Type": "application/json"})
+        deadline = time.monotonic() + 10
+        while running.metrics()["specdec_active_generations"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        connection.close()
+        deadline = time.monotonic() + 10
+        while True:
+            status, text = running.request("GET", "/metrics")
+            statuses = {s.labels.get("status") for f in text_string_to_metric_families(text) for s in f.samples
+                        if s.labels.get("endpoint") == "/v1/completions"}
+            if "499" in statuses:
+                break
+            assert time.monotonic() < deadline, statuses
+            time.sleep(0.05)
+        assert "503" not in statuses
+    finally:
+        running.stop()

@@ -53,6 +53,33 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed by CORS (none by default)
 
 
+ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "object", "properties": {
+    "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
+    "code": {"type": ["string", "null"]}}, "required": ["message", "type"]}}, "required": ["error"]}
+ERROR_RESPONSES = {
+    status: {"description": what, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
+    for status, what in [(400, "invalid request (one line in error.message)"), (401, "missing or wrong API key"),
+                         (413, "body too large"), (415, "body not sent as application/json"),
+                         (503, "queue full or shutting down (Retry-After)")]
+}
+
+
+def openapi_body(kind: type) -> dict:
+    """The OpenAPI requestBody of a completion endpoint, from its pydantic model."""
+    schema = kind.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node):  # the document root has no $defs: put each referenced definition in place
+        if isinstance(node, dict):
+            reference = node.get("$ref", "")
+            if reference.startswith("#/$defs/"):
+                return inline(definitions[reference.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items()}
+        return [inline(item) for item in node] if isinstance(node, list) else node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
+
+
 def endpoint_label(path: str) -> str:
     """A bounded label for metrics: unknown paths fold into one."""
     return path if path in KNOWN_ENDPOINTS else "other"
@@ -107,15 +134,18 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
             {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "specdec"}
         ]}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"content": {metrics.content_type: {}}, "description": "Prometheus text format"}})
     async def prometheus():
         return Response(metrics.render(), media_type=metrics.content_type)
 
-    @app.post("/v1/chat/completions")
+    # The bodies are parsed by parse_request (one-line 400s), so their schemas are declared for the OpenAPI
+    # document here rather than taken from the signature.
+    @app.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest), responses=ERROR_RESPONSES)
     async def chat_completions(request: Request):
         return await complete(request, "/v1/chat/completions", ChatCompletionRequest)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest), responses=ERROR_RESPONSES)
     async def completions(request: Request):
         return await complete(request, "/v1/completions", CompletionRequest)
 
@@ -143,17 +173,20 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
             return error(500 if first_kind == "failed" else 503, f"generation {first_kind}: {first}",
                          "server_error", endpoint)
         prompt_tokens = first
-        metrics.requests.labels(endpoint, "200").inc()
         reply = Reply(kind is ChatCompletionRequest, settings.model_name, body.include_usage)
-        if body.stream:
+        if body.stream:  # the status goes out now; a non-streamed reply's status is known at its end
+            metrics.requests.labels(endpoint, "200").inc()
             return StreamingResponse(stream_events(job, reply, prompt_tokens, arrived),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         result = await finish(job, request)
         if result is None:
+            if await request.is_disconnected():  # nobody reads this reply: count it as nginx does, not as a 503
+                return error(499, "the client closed the request", "invalid_request_error", endpoint)
             return error(503, "generation cancelled: the server is shutting down", "server_error", endpoint)
         if isinstance(result, Exception):
             return error(500, f"generation failed: {result}", "server_error", endpoint)
+        metrics.requests.labels(endpoint, "200").inc()
         return JSONResponse(reply.whole(result, prompt_tokens))
 
     def make_job(body, chat: bool) -> Job:
@@ -178,15 +211,23 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
         )
 
     async def next_event(job: Job, request: Request) -> tuple[str, object]:
-        """The job's next event; a client that disconnects meanwhile cancels the job (within a round)."""
+        """The job's next event; a client that disconnects meanwhile cancels the job (within a round). The
+        connection is checked every DISCONNECT_POLL_SECONDS even while events flow (a non-streamed reply's
+        rounds would otherwise hide a client that left)."""
         try:
             while True:
+                event = None
                 try:
-                    return await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_SECONDS)
+                    event = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_SECONDS)
                 except asyncio.TimeoutError:
+                    pass
+                if event is None or time.monotonic() - job.connection_checked > DISCONNECT_POLL_SECONDS:
+                    job.connection_checked = time.monotonic()
                     if await request.is_disconnected():
                         job.cancel()
                         return "cancelled", "the client disconnected"
+                if event is not None:
+                    return event
         except BaseException:
             job.cancel()
             raise

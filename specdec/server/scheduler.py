@@ -47,6 +47,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     loop: asyncio.AbstractEventLoop | None = None
     cancelled: bool = False
+    connection_checked: float = 0.0  # when the server last asked whether the client is still there
 
     def cancel(self) -> None:
         self.cancelled = True  # read by the worker before each round
