@@ -25,12 +25,12 @@ MESSAGES = [{"role": "user", "content": "hello there"}]
 
 
 class RunningServer:
-    def __init__(self, generator: SpeculativeGenerator, **settings):
+    def __init__(self, generator: SpeculativeGenerator, grace: float = 10.0, **settings):
         self.generator = generator
         self.app = create_app(generator, ServerSettings("tiny", **settings))
         sock = bind_socket("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
-        self.server = make_server(self.app, shutdown_grace=10.0, log_level="warning")
+        self.server = make_server(self.app, shutdown_grace=grace, log_level="warning")
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -86,9 +86,9 @@ def server(tiny_generator):
     running.stop()
 
 
-def slow_server(generator: SpeculativeGenerator, pause: float = 0.02, **settings) -> RunningServer:
+def slow_server(generator: SpeculativeGenerator, pause: float = 0.02, grace: float = 10.0, **settings) -> RunningServer:
     target = dataclasses.replace(generator.target, model=SlowModel(generator.target.model, pause))
-    return RunningServer(SpeculativeGenerator(target, generator.drafter, 4), **settings)
+    return RunningServer(SpeculativeGenerator(target, generator.drafter, 4), grace, **settings)
 
 
 def test_chat_greedy_matches_the_library_and_reports_exact_usage(server, tiny_generator):
@@ -476,3 +476,27 @@ def test_a_client_gone_before_its_reply_is_counted_as_499_not_503(tiny_generator
         assert "503" not in statuses
     finally:
         running.stop()
+
+
+def test_when_the_grace_period_runs_out_replies_end_as_documented(tiny_generator):
+    """Issue 25 item 5: a stream still running gets an in-band error and [DONE], a queued request a JSON 503
+    (they used to be cut mid-chunk and get a plain-text 500)."""
+    running = slow_server(tiny_generator, pause=0.02, grace=0.5, max_active=1, max_queue=4)
+    stream = http.client.HTTPConnection("127.0.0.1", running.port, timeout=60)
+    stream.request("POST", "/v1/completions", body=json.dumps({"prompt": "abc", "max_tokens": 2000, "stream": True}),
+                   headers={"Content-Type": "application/json"})
+    response = stream.getresponse()
+    assert response.status == 200 and response.read(6) == b"data: "
+    with ThreadPoolExecutor(1) as pool:
+        queued = pool.submit(raw_request, running.port, "POST", "/v1/completions",
+                             json.dumps({"prompt": "a", "max_tokens": 5}), {"Content-Type": "application/json"})
+        deadline = time.monotonic() + 10
+        while running.metrics()["specdec_queue_length"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        running.stop()
+        status, headers, text = queued.result(timeout=30)
+    assert status == 503 and json.loads(text)["error"]["type"] == "server_error"
+    rest = response.read().decode()
+    events = [line.removeprefix("data: ") for line in rest.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and "error" in json.loads(events[-2])

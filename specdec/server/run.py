@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import threading
@@ -24,11 +25,37 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+# After the grace period the server cancels the generations still running itself and gives their replies
+# this long to go out (an in-band error and [DONE] for a stream, a 503 for a queued or non-streamed
+# request) before uvicorn's own timeout would cut the connections mid-chunk.
+CLOSING_SECONDS = 5.0
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, whose shutdown ends the generations still running when the grace period is over
+    (app.state.scheduler.cancel_all), so that each reply ends as documented instead of being cut."""
+
+    def __init__(self, config: uvicorn.Config, grace: float):
+        super().__init__(config)
+        self.grace = grace
+
+    async def shutdown(self, sockets=None) -> None:
+        scheduler = getattr(self.config.app.state, "scheduler", None)
+        timer = None
+        if scheduler is not None:
+            timer = asyncio.get_running_loop().call_later(self.grace, scheduler.cancel_all)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+
 def make_server(app: FastAPI, shutdown_grace: float = 30.0, log_level: str = "info") -> uvicorn.Server:
-    # timeout_graceful_shutdown: on SIGTERM/SIGINT, in-flight requests get this long to finish; then the
-    # app's lifespan shutdown cancels the rest (their clients get an in-band error and [DONE]).
-    return uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=shutdown_grace,
-                                         access_log=log_level == "debug"))
+    # on SIGTERM/SIGINT in-flight requests get shutdown_grace seconds to finish (GracefulServer)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=shutdown_grace + CLOSING_SECONDS,
+                            access_log=log_level == "debug")
+    return GracefulServer(config, shutdown_grace)
 
 
 def serve_forever(server: uvicorn.Server, sock: socket.socket) -> None:

@@ -87,15 +87,20 @@ class Scheduler:
             self.waiting.append(job)
             self.wake.notify()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Cancel what is still queued or running and wait for the worker to exit."""
+    def cancel_all(self) -> None:
+        """Cancel what is queued or running; each job gets its "cancelled" event. Does not wait."""
         with self.wake:
-            self.stopping = True
             for job in self.waiting:
                 job.cancel()
             for job, _, _ in self.active:
                 job.cancel()
             self.wake.notify()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel what is still queued or running and wait for the worker to exit."""
+        with self.wake:
+            self.stopping = True
+        self.cancel_all()
         if self.thread.is_alive():
             self.thread.join(timeout)
 
