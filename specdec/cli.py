@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="require 'Authorization: Bearer KEY' on the /v1 routes (default: $SPECDEC_API_KEY; "
                             "/health and /metrics stay open)")
     serve.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger request bodies get HTTP 413")
+    serve.add_argument("--max-prompt-tokens", type=int, default=None,
+                       help="longer prompts get HTTP 400 (default: up to the model's context)")
     serve.add_argument("--allowed-origins", default="",
                        help="comma-separated browser origins allowed by CORS (default: none)")
     serve.add_argument("--shutdown-grace", type=float, default=30.0,
@@ -272,7 +274,8 @@ def cmd_serve(args) -> int:
                               args.default_max_tokens, api_key=args.api_key or None,
                               max_request_bytes=args.max_request_bytes,
                               allowed_hosts=LOOPBACK_HOSTS if loopback else None,
-                              allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o))
+                              allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o),
+                              max_prompt_tokens=args.max_prompt_tokens)
     server = make_server(create_app(generator, settings), args.shutdown_grace)
     host, port = sock.getsockname()[:2]
     print(f"specdec: serving {settings.model_name!r} (drafter {generator.engine.drafter_name}) "

@@ -234,6 +234,7 @@ BAD_REQUESTS = {
                                     '{"messages": [{"role": "user", "content": "abc \\udfff"}], "max_tokens": 4}'),
     "JSON nested 200,000 deep": ("/v1/completions", "[" * 200_000 + "]" * 200_000),
     "one empty prompt in a list": ("/v1/completions", {"prompt": [""]}),
+    "stop string of 300 characters": ("/v1/completions", {"prompt": "a", "stop": ["x" * 300]}),
 }
 
 
@@ -500,3 +501,22 @@ def test_when_the_grace_period_runs_out_replies_end_as_documented(tiny_generator
     rest = response.read().decode()
     events = [line.removeprefix("data: ") for line in rest.split("\n\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and "error" in json.loads(events[-2])
+
+
+def test_prompts_are_tokenized_off_the_worker_and_capped(tiny_generator):
+    """Issue 25 item 4: a huge prompt is tokenized on the request's side (a running stream keeps going) and
+    --max-prompt-tokens refuses it with a 400 before it reaches the worker."""
+    running = slow_server(tiny_generator, pause=0.01, max_active=2, max_prompt_tokens=50, max_request_bytes=4 << 20)
+    try:
+        stream = running.client.completions.create(model="tiny", prompt="abc", max_tokens=300, stream=True)
+        next(iter(stream))
+        started = time.monotonic()
+        status, _, text = raw_request(running.port, "POST", "/v1/completions",
+                                      json.dumps({"prompt": "word " * 200_000, "max_tokens": 2}),
+                                      {"Content-Type": "application/json"})
+        assert status == 400 and json.loads(text)["error"]["code"] == "context_length_exceeded"
+        assert running.app.state.scheduler.active_count == 1  # the stream still runs
+        assert time.monotonic() - started < 60
+        stream.close()
+    finally:
+        running.stop()

@@ -11,6 +11,7 @@ from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
+from starlette.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -51,6 +52,7 @@ class ServerSettings:
     max_request_bytes: int = 1 << 20  # larger bodies get 413 before they are read
     allowed_hosts: tuple[str, ...] | None = None  # Host names served (None: any); loopback binds set these
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed by CORS (none by default)
+    max_prompt_tokens: int | None = None  # longer prompts get 400 (None: up to the model's context)
 
 
 ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "object", "properties": {
@@ -158,6 +160,11 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
                              "invalid_request_error", endpoint)
             body = parse_request(raw, kind)
             job = make_job(body, chat=kind is ChatCompletionRequest)
+            job.prompt = await run_in_threadpool(scheduler.prompt_ids, job)  # tokenized off the worker
+            if settings.max_prompt_tokens is not None and len(job.prompt) > settings.max_prompt_tokens:
+                return error(400, f"the prompt is {len(job.prompt)} tokens; this server takes at most "
+                             f"{settings.max_prompt_tokens}", "invalid_request_error", endpoint,
+                             code="context_length_exceeded")
             scheduler.submit(job)
         except BadRequest as exc:
             return error(400, str(exc), "invalid_request_error", endpoint, exc.param)

@@ -37,6 +37,9 @@ NEUTRAL_ONLY: dict[str, tuple] = {
 }
 
 
+MAX_STOP_CHARS = 256  # each stop string is searched for after every round: keep that cheap
+
+
 class BadRequest(InvalidParameterError):
     """A request the server refuses with HTTP 400; `param` names the offending field."""
 
@@ -127,6 +130,8 @@ class _Common(BaseModel):
             raise ValueError("at most 4 stop sequences")
         if any(s == "" for s in stops):
             raise ValueError("stop sequences must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop sequences must be at most {MAX_STOP_CHARS} characters")
         return stops
 
     @model_validator(mode="after")

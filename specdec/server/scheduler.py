@@ -145,13 +145,18 @@ class Scheduler:
         with self.wake:
             self.active.append((job, generation, generation.chunks()))
 
-    def _encode(self, job: Job) -> tuple[list[int], SamplingParams, StopCriteria]:
+    def prompt_ids(self, job: Job) -> list[int]:
+        """The job's prompt as checked token ids. Thread-safe: the server calls it off the worker thread,
+        so tokenizing a large prompt never stalls the generations running."""
         ids = self.generator.encode(job.prompt, job.chat) if not _is_token_ids(job.prompt) else list(job.prompt)
         vocab = self.generator.target.model.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise SpecdecError(f"prompt token ids must be in [0, {vocab})")
+        return ids
+
+    def _encode(self, job: Job) -> tuple[list[int], SamplingParams, StopCriteria]:
         criteria = StopCriteria(job.max_new_tokens, frozenset(self.generator.target.eos_token_ids), job.stop)
-        return ids, job.params, criteria
+        return self.prompt_ids(job), job.params, criteria
 
 
     def _step(self, entry) -> None:
