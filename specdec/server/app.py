@@ -160,7 +160,7 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
                              "invalid_request_error", endpoint)
             body = parse_request(raw, kind)
             job = make_job(body, chat=kind is ChatCompletionRequest)
-            job.prompt = await run_in_threadpool(scheduler.prompt_ids, job)  # tokenized off the worker
+            job.prompt, job.encoded = await run_in_threadpool(scheduler.prompt_ids, job), True  # off the worker
             if settings.max_prompt_tokens is not None and len(job.prompt) > settings.max_prompt_tokens:
                 return error(400, f"the prompt is {len(job.prompt)} tokens; this server takes at most "
                              f"{settings.max_prompt_tokens}", "invalid_request_error", endpoint,

@@ -47,6 +47,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     loop: asyncio.AbstractEventLoop | None = None
     cancelled: bool = False
+    encoded: bool = False  # prompt already holds checked token ids (Scheduler.prompt_ids)
     connection_checked: float = 0.0  # when the server last asked whether the client is still there
 
     def cancel(self) -> None:
@@ -156,7 +157,8 @@ class Scheduler:
 
     def _encode(self, job: Job) -> tuple[list[int], SamplingParams, StopCriteria]:
         criteria = StopCriteria(job.max_new_tokens, frozenset(self.generator.target.eos_token_ids), job.stop)
-        return self.prompt_ids(job), job.params, criteria
+        ids = list(job.prompt) if job.encoded else self.prompt_ids(job)
+        return ids, job.params, criteria
 
 
     def _step(self, entry) -> None:
