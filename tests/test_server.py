@@ -237,6 +237,39 @@ BAD_REQUESTS = {
     "stop string of 300 characters": ("/v1/completions", {"prompt": "a", "stop": ["x" * 300]}),
 }
 
+# Wrong types and values for every field a client sets, on both endpoints: each one a 400.
+FIELD_BAD_VALUES = {
+    "max_tokens": ["ten", [1], {"n": 1}, True, 0, -1, 2.5],
+    "temperature": ["warm", [1], True, -1, 3],
+    "top_p": ["most", {"p": 1}, 0, 1.01, -0.5],
+    "top_k": ["five", -2, 1.5, True],
+    "min_p": ["x", 1, -0.1],
+    "repetition_penalty": ["x", 0, -1],
+    "seed": ["seven", 1.5, [1]],
+    "stop": [7, True, {"s": "x"}, [1, 2], ["a", 3]],
+    "stream": ["yes", 1, [True]],
+    "speculative": ["on", 1, {"enabled": "yes"}, {"k": -3}, {"k": 1.5}],
+}
+for field, values in FIELD_BAD_VALUES.items():
+    for index, value in enumerate(values):
+        BAD_REQUESTS[f"{field} bad value {index} (completions)"] = ("/v1/completions", {"prompt": "a", field: value})
+        BAD_REQUESTS[f"{field} bad value {index} (chat)"] = ("/v1/chat/completions", {"messages": MESSAGES,
+                                                                                      field: value})
+BAD_REQUESTS.update({
+    "messages not a list": ("/v1/chat/completions", {"messages": {"role": "user", "content": "hi"}}),
+    "message without content": ("/v1/chat/completions", {"messages": [{"role": "user"}]}),
+    "message with an image part": ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}),
+    "message role unknown": ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}),
+    "prompt a number": ("/v1/completions", {"prompt": 5}),
+    "prompt a list of lists": ("/v1/completions", {"prompt": [[1, 2]]}),
+    "negative token id": ("/v1/completions", {"prompt": [1, -2]}),
+    "body a JSON list": ("/v1/completions", "[1, 2]"),
+    "body a JSON string": ("/v1/completions", '"hello"'),
+    "body empty": ("/v1/completions", ""),
+    "body truncated": ("/v1/completions", '{"prompt": "a"'),
+})
+
 
 @pytest.mark.parametrize("case", sorted(BAD_REQUESTS))
 def test_bad_input_gets_400_with_an_openai_error_body(server, case):
