@@ -26,7 +26,6 @@ class DrafterKind:
     summary: str  # what drafts, in a few words
     builder: str  # "module:function" taking (argument, target, device, dtype); imported when first used
     needs_argument: bool = False
-    chain: bool = True  # drafts chains (combinable with '+'), not trees
     # A spec the test suite runs on a tiny random target ({target}: that target's directory), or None where
     # the kind needs files a test cannot make in passing (then its own tests cover it).
     test_spec: str | None = None
@@ -48,20 +47,20 @@ KINDS = [
     DrafterKind("layerskip", "layerskip[:SUBSET]", "the target running a subset of its layers",
                 "specdec.drafters.self_draft:build_layer_skip", test_spec="layerskip:first:1"),
     DrafterKind("eagle", "eagle[:HEAD_DIR][@depth=D,topk=W,budget=N]", "an EAGLE head, dynamic trees",
-                "specdec.drafters.heads:build_eagle", chain=False),
+                "specdec.drafters.heads:build_eagle"),
     DrafterKind("medusa", "medusa[:HEAD_DIR][@budget=N]", "Medusa heads, a static tree",
-                "specdec.drafters.heads:build_medusa", chain=False),
+                "specdec.drafters.heads:build_medusa"),
     DrafterKind("retrieval", "retrieval:DATASTORE_DIR[@budget=N,depth=D]", "continuations found in a datastore",
-                "specdec.drafters.retrieval:build", needs_argument=True, chain=False),
+                "specdec.drafters.retrieval:build", needs_argument=True),
     DrafterKind("lookahead", "lookahead[:W,N,G]", "Jacobi iterations riding along in the verify forward",
-                "specdec.drafters.lookahead:build", chain=False, test_spec="lookahead:4,3,4"),
+                "specdec.drafters.lookahead:build", test_spec="lookahead:4,3,4"),
 ]
 REGISTRY: dict[str, DrafterKind] = {kind.name: kind for kind in KINDS}
 
 
 def specs_help() -> str:
     """Every spec the registry knows, for --drafter's help and error messages."""
-    return " | ".join(["none", *(kind.syntax for kind in KINDS),
+    return " | ".join(["none (plain decoding)", *(f"{kind.syntax} ({kind.summary})" for kind in KINDS),
                        "SPEC+SPEC (chain drafters, the first that proposes drafts: ngram+draft:MODEL)"])
 
 
