@@ -15,8 +15,7 @@ from typing import Callable
 
 import torch
 
-from specdec.errors import (CorruptModelError, InvalidParameterError, SpecdecError, UnknownModelError,
-                            UnsupportedModelError)
+from specdec.errors import CorruptModelError, InvalidParameterError, UnknownModelError, UnsupportedModelError
 from specdec.models.base import CausalLM
 from specdec.models.config import NATIVE_MODEL_TYPES, ModelConfig
 from specdec.models.packed_cache import discard_packed, load_packed, packed_cache_path, save_packed
@@ -95,19 +94,18 @@ def load_model(
     weights="int8" (weight-only, per output channel) or "int4[:G]" (grouped 4-bit, see packed_linear)
     quantizes the linear layers at load: that quantized model is then the target, whose plain output
     speculation reproduces exactly. weights="auto" (what the CLI and the API default to): see auto_weights."""
-    if weights == "auto":
-        weights = auto_weights(spec, device, dtype, backend, kernels)
-    try:
-        parse_weight_format(weights)
-    except ValueError as error:
-        raise InvalidParameterError(str(error)) from None
+    if weights != "auto":  # auto is resolved below, once the model's source is known
+        try:
+            parse_weight_format(weights)
+        except ValueError as error:
+            raise InvalidParameterError(str(error)) from None
     if dtype not in DTYPES:
         raise InvalidParameterError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
     if backend not in BACKENDS:
         raise InvalidParameterError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
     check_device(device)
-    if weights != "float32" and (backend == "transformers" or not kernels or dtype != "float32"
-                                 or not uses_packed_kernel(device, DTYPES[dtype])):
+    on_kernel = backend != "transformers" and kernels and uses_packed_kernel(device, DTYPES[dtype])
+    if weights not in ("float32", "auto") and not on_kernel:
         raise InvalidParameterError(
             f"--weights {weights} runs on the CPU kernel only (native backend, float32 activations, "
             "a CPU with AVX2/FMA and a C++ compiler)")
@@ -115,6 +113,8 @@ def load_model(
     hf_config = read_config(model_dir)
     if backend == "auto":
         backend = "native" if hf_config.get("model_type") in NATIVE_MODEL_TYPES else "transformers"
+    if weights == "auto":
+        weights = auto_weights(model_dir, on_kernel and backend == "native")
     if backend == "transformers" and weights != "float32":
         raise InvalidParameterError(f"--weights {weights} needs the native backend; {name} loads with transformers")
     if backend == "native":
@@ -140,20 +140,11 @@ def load_model(
     return LoadedModel(name, model_dir, model, tokenizer, eos, backend)
 
 
-def auto_weights(spec: str, device: str, dtype: str, backend: str, kernels: bool) -> str:
+def auto_weights(model_dir: Path, native_on_kernel: bool) -> str:
     """What weights="auto" loads: a model that came from a GGUF file runs on that file's own quantized blocks
-    where the CPU kernel serves it (the fastest exact mode on a CPU: the very values llama.cpp multiplies,
-    a quarter of float32's bytes); anything else as float32."""
-    check_device(device)
-    if backend == "transformers" or not kernels or dtype not in DTYPES \
-            or not uses_packed_kernel(device, DTYPES[dtype]):
-        return "float32"
-    try:
-        _, model_dir = resolve_model_dir(spec)
-    except SpecdecError:
-        return "float32"  # load_model reports the bad spec itself
-    native = read_config(model_dir).get("model_type") in NATIVE_MODEL_TYPES
-    return "gguf" if native and gguf_source(model_dir) is not None else "float32"
+    where the native runtime runs on the CPU kernel (the fastest exact mode on a CPU: the very values
+    llama.cpp multiplies, a quarter of float32's bytes); anything else as float32."""
+    return "gguf" if native_on_kernel and gguf_source(model_dir) is not None else "float32"
 
 
 def uses_packed_kernel(device: str, dtype: torch.dtype) -> bool:
