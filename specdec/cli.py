@@ -48,13 +48,19 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
 
 
+ACCEPTANCE_HELP = ("how sampled drafts are judged: match (default): with a seed, exactly the text plain sampling "
+                   "gives; rejection: accepts more of a sampling draft model's tokens, exact in distribution only")
+
+
 def add_speculation_options(parser: argparse.ArgumentParser) -> None:
     """The drafter and K, for generate and serve (bench takes a list of drafters)."""
     from specdec.drafters import specs_help
+    from specdec.verify import ACCEPTANCE_RULES
 
     group = parser.add_argument_group("speculation")
     group.add_argument("--drafter", default="default", help=f"{specs_help()}; default: the best for the target")
     group.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
+    group.add_argument("--acceptance", choices=ACCEPTANCE_RULES, default="match", help=ACCEPTANCE_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--acceptance", default="match",
+                       help="comma-separated sampling rules to run each drafter under (match, rejection)")
     bench.add_argument("--peers", default="", help="comma-separated peers: transformers' plain, lookup, assisted:MODEL; "
                        "llama.cpp's llamacpp, llamacpp-draft:MODEL (programs from $SPECDEC_LLAMA_CPP or PATH)")
     bench.add_argument("--spec-bench", default=None, help="path to Spec-Bench question.jsonl")
@@ -195,7 +203,7 @@ def cmd_generate(args) -> int:
         raise InvalidParameterError("standard input is not UTF-8 text") from None
     generator = SpeculativeGenerator.from_pretrained(
         args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
-        weights=args.weights, cuda_graphs=args.cuda_graphs,
+        weights=args.weights, cuda_graphs=args.cuda_graphs, acceptance=args.acceptance,
     )
     stream = None if args.json else (lambda chunk: print(chunk.text, end="", flush=True))
     result = generator.generate(
@@ -234,18 +242,18 @@ def compare_with_plain(generator, prompt: str, args, speculative) -> dict:
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed, chat=args.chat,
     )
     speed, plain_speed = speculative.stats.tokens_per_second, plain.stats.tokens_per_second
-    greedy = args.temperature == 0
+    # greedy and the match rule reproduce plain decoding token for token; the rejection rule only in distribution
+    token_for_token = args.temperature == 0 or generator.acceptance == "match"
     return {"plain_tokens_per_second": plain_speed, "speculative_tokens_per_second": speed,
             "speedup": speed / max(plain_speed, 1e-9),
-            # sampled outputs are equal in distribution, not token for token (the random numbers fall per round)
-            "identical": speculative.token_ids == plain.token_ids if greedy else None}
+            "identical": speculative.token_ids == plain.token_ids if token_for_token else None}
 
 
 def comparison_line(comparison: dict) -> str:
     identical = comparison["identical"]
     verdict = ("output identical to plain decoding" if identical
                else "OUTPUT DIFFERS from plain decoding" if identical is False
-               else "sampled: outputs agree in distribution, not token for token")
+               else "rejection rule: outputs agree in distribution, not token for token")
     return (f"[speculative {comparison['speculative_tokens_per_second']:.1f} tok/s vs plain "
             f"{comparison['plain_tokens_per_second']:.1f} tok/s: {comparison['speedup']:.2f}x; {verdict}]")
 
@@ -268,7 +276,7 @@ def cmd_serve(args) -> int:
               "(--api-key or SPECDEC_API_KEY)", file=sys.stderr)
     generator = SpeculativeGenerator.from_pretrained(
         args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
-        weights=args.weights, cuda_graphs=args.cuda_graphs,
+        weights=args.weights, cuda_graphs=args.cuda_graphs, acceptance=args.acceptance,
     )
     settings = ServerSettings(args.model_name or generator.target.name, args.max_active, args.max_queue,
                               args.default_max_tokens, api_key=args.api_key or None,
@@ -326,13 +334,19 @@ def cmd_bench(args) -> int:
     from specdec.bench.tasks import load_prompts
     from specdec.generator import speculation_length
     from specdec.sampling import SamplingParams
+    from specdec.verify import ACCEPTANCE_RULES
 
     split = lambda text: [item for item in text.split(",") if item]  # noqa: E731
     speculation_length(args.k)
     SamplingParams(temperature=args.temperature)
+    rules = split(args.acceptance)
+    unknown = [rule for rule in rules if rule not in ACCEPTANCE_RULES]
+    if unknown or not rules:
+        raise InvalidParameterError(f"--acceptance takes {' or '.join(ACCEPTANCE_RULES)} (comma-separated), "
+                                    f"not {args.acceptance!r}")
     config = BenchConfig(args.target, split_drafter_specs(args.drafters), split(args.tasks), args.limit, args.max_new_tokens,
                          args.temperature, args.seed, str(args.k), split(args.peers), args.device,
-                         args.roofline_mb, args.weights, args.dtype, args.cuda_graphs, args.backend)
+                         args.roofline_mb, args.weights, args.dtype, args.cuda_graphs, args.backend, rules)
     prompts = load_prompts(config.tasks, config.limit, Path(args.spec_bench) if args.spec_bench else None)
     results = run_bench(config, prompts)
     print(markdown(results))

@@ -18,21 +18,29 @@ import torch
 
 from specdec.commit import Committer, CommitOutcome, StopCriteria
 from specdec.drafters.base import Drafter
-from specdec.errors import ContextLengthError
+from specdec.errors import ContextLengthError, InvalidParameterError
 from specdec.models.base import CausalLM, positions_after, tree_attention_mask
 from specdec.rounds import Draft, GenerationResult, SideInputs, StreamChunk, VerifyResult
+from specdec.randomness import PositionalNoise, Purpose, random_seed
 from specdec.sampling import SamplingParams, check_seed, processed_probs, tree_processed_probs
 from specdec.speculation_length import FixedK, SpeculationLength
 from specdec.stats import GenerationStats, RoundStats
 from specdec.tree import TokenTree
-from specdec.verify import verify_chain_greedy, verify_chain_sampling, verify_tree_greedy, verify_tree_sampling
+from specdec.verify import (ACCEPTANCE_RULES, verify_chain_greedy, verify_chain_match, verify_chain_rejection,
+                            verify_tree_greedy, verify_tree_match, verify_tree_rejection)
 
 
 class SpeculativeEngine:
-    def __init__(self, target: CausalLM, drafter: Drafter | None = None, speculation: SpeculationLength | None = None):
+    def __init__(self, target: CausalLM, drafter: Drafter | None = None, speculation: SpeculationLength | None = None,
+                 acceptance: str = "match"):
+        """acceptance: the sampling rule (specdec.verify): "match" returns the text plain sampling returns for
+        the same seed; "rejection" accepts more of a sampling drafter's tokens, exact in distribution only."""
+        if acceptance not in ACCEPTANCE_RULES:
+            raise InvalidParameterError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, not {acceptance!r}")
         self.target = target
         self.drafter = drafter
         self.speculation = speculation or FixedK(0 if drafter is None else 4)
+        self.acceptance = acceptance
 
     @property
     def drafter_name(self) -> str:
@@ -57,7 +65,7 @@ class SpeculativeEngine:
 
 
 class _Generation:
-    """The state of one generation: caches, committed tokens, random state, stats."""
+    """The state of one generation: caches, committed tokens, its seed's random numbers, stats."""
 
     def __init__(self, engine: SpeculativeEngine, prompt_ids: list[int], params: SamplingParams,
                  criteria: StopCriteria, tokenizer, seed: int | None):
@@ -80,8 +88,10 @@ class _Generation:
         self.prompt_ids = prompt_ids
         self.context = list(prompt_ids)  # prompt + committed tokens
         self.committer = Committer(tokenizer, criteria)
-        self.generator = torch.Generator(device=target.device)
-        self.generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        self.noise = PositionalNoise(seed if seed is not None else random_seed())
+        # Under the match rule a sampling drafter draws with the target's own uniforms (coupled: its token
+        # agrees with the target's as often as their CDFs allow); under the rejection rule with its own.
+        self.draft_noise = self.noise.stream(Purpose.TOKEN if engine.acceptance == "match" else Purpose.DRAFT)
         # Drafters with side inputs (lookahead) need that many more slots in each verify forward.
         self.side_capacity = 0 if self.drafter is None else self.drafter.side_capacity
         capacity = min(target.max_context,
@@ -149,7 +159,7 @@ class _Generation:
         self._drafted = self.drafter is not None and k > 0
         if not self._drafted:
             return Draft.empty()
-        return self.drafter.propose(self.context, k, self.params, self.generator)
+        return self.drafter.propose(self.context, k, self.params, self.draft_noise)
 
     def _verify_forward(self, draft: Draft, tree: TokenTree | None) -> torch.Tensor:
         """One target forward over [last committed] + draft: (K+1, V) logits (a tree: one row per node)."""
@@ -176,11 +186,17 @@ class _Generation:
         if self.params.greedy and self.params.repetition_penalty == 1.0:
             return verify_chain_greedy(logits, draft) if tree is None else verify_tree_greedy(logits, tree)
         history = torch.tensor(self.context, device=logits.device)
+        first = len(self.context)  # the absolute position of the first token this round decides
+        match = self.engine.acceptance == "match"
         if tree is None:
             target_probs = processed_probs(logits, self.params, history, draft.tokens)  # (K+1, V)
-            return verify_chain_sampling(target_probs, draft, self.generator)
+            if match:
+                return verify_chain_match(target_probs, draft, self.noise, first)
+            return verify_chain_rejection(target_probs, draft, self.noise, first)
         target_probs = tree_processed_probs(logits, self.params, history, tree)  # (T+1, V)
-        return verify_tree_sampling(target_probs, tree, draft.draft_probs, self.generator)
+        if match:
+            return verify_tree_match(target_probs, tree, self.noise, first)
+        return verify_tree_rejection(target_probs, tree, draft.draft_probs, self.noise, first)
 
     def _commit(self, draft: Draft, result: VerifyResult, tree: TokenTree | None) -> CommitOutcome:
         outcome = self.committer.commit(result.tokens)

@@ -87,10 +87,15 @@ def default_drafter(target: LoadedModel) -> str:
 
 
 class SpeculativeGenerator:
-    def __init__(self, target: LoadedModel, drafter: Drafter | None = None, k: int | str = 4):
+    def __init__(self, target: LoadedModel, drafter: Drafter | None = None, k: int | str = 4,
+                 acceptance: str = "match"):
+        """acceptance: how sampled drafts are judged (specdec.verify): "match" (the default) returns, for a
+        seed, exactly the text plain sampling returns; "rejection" accepts more of a sampling draft model's
+        tokens and is exact in distribution, but its text depends on how tokens fall into rounds."""
         self.target = target
         self.drafter = drafter
-        self.engine = SpeculativeEngine(target.model, drafter, speculation_for(drafter, k))
+        self.acceptance = acceptance
+        self.engine = SpeculativeEngine(target.model, drafter, speculation_for(drafter, k), acceptance)
 
     @classmethod
     def from_pretrained(
@@ -103,22 +108,24 @@ class SpeculativeGenerator:
         backend: str = "auto",
         weights: str = "auto",
         cuda_graphs: bool = True,
+        acceptance: str = "match",
     ) -> "SpeculativeGenerator":
         speculation_length(k)  # validate before loading anything
+        SpeculativeEngine(None, None, None, acceptance)
         loaded = load_model(target, device=device, dtype=dtype, backend=backend, weights=weights,
                             cuda_graphs=cuda_graphs)
         if drafter == "default":
             drafter = default_drafter(loaded)
-        return cls(loaded, make_drafter(drafter, loaded, device, dtype), k)
+        return cls(loaded, make_drafter(drafter, loaded, device, dtype), k, acceptance)
 
     def request_engine(self, speculative: bool = True, k: int | str | None = None) -> SpeculativeEngine:
         """An engine for one generation that runs interleaved with others (the server): its own drafter state
         (`Drafter.fresh()`) over the shared weights, and K as this generator's unless `k` is given, which is
         read as the constructor reads it (a tree drafter's node budget for 'auto')."""
         if not speculative or self.drafter is None:
-            return SpeculativeEngine(self.target.model, None, FixedK(0))
+            return SpeculativeEngine(self.target.model, None, FixedK(0), self.acceptance)
         speculation = self.engine.speculation if k is None else speculation_for(self.drafter, k)
-        return SpeculativeEngine(self.target.model, self.drafter.fresh(), speculation)
+        return SpeculativeEngine(self.target.model, self.drafter.fresh(), speculation, self.acceptance)
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids of a prompt; chat messages (or text, when chat is on) go through the chat template."""

@@ -94,16 +94,23 @@ def processed_probs(
     return probs
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """(...,) one token per row of probs (..., V), by inverse CDF.
-
-    searchsorted(right=True) returns the first index whose cumulative mass
-    exceeds u * total, so a zero-probability token is never drawn. Faster than
-    torch.multinomial for the few rows a round samples.
-    """
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """(...,) the token each row of probs (..., V) puts at uniform u (...,) in [0, 1): the first index whose
+    cumulative mass exceeds u * total, so a zero-probability token is never drawn (also where rounding
+    carries u * total up to the total: the last token with mass is taken). The one sampling rule: plain
+    sampling, the match rule and the rejection rule's residual draws all go through it."""
     cdf = probs.cumsum(-1)  # (..., V)
-    u = torch.rand((*probs.shape[:-1], 1), generator=generator, device=probs.device, dtype=cdf.dtype)
-    return torch.searchsorted(cdf, u * cdf[..., -1:], right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+    scaled = uniforms.to(cdf.dtype).unsqueeze(-1) * cdf[..., -1:]  # (..., 1)
+    index = torch.searchsorted(cdf, scaled, right=True).squeeze(-1)  # (...,)
+    last_with_mass = probs.shape[-1] - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(-1)  # (...,)
+    return torch.minimum(index, last_with_mass)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """(...,) one token per row of probs (..., V) from a torch generator's uniforms (tests, tools).
+    Faster than torch.multinomial for the few rows a round samples."""
+    uniforms = torch.rand(probs.shape[:-1], generator=generator, device=probs.device)
+    return inverse_cdf(probs, uniforms)
 
 
 def tree_processed_probs(

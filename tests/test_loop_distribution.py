@@ -52,21 +52,21 @@ def count_outcomes(engine: SpeculativeEngine, params: SamplingParams, seeds: ran
 
 
 def _count_in_worker(args) -> np.ndarray:
-    kind, k, params, seeds = args
+    kind, k, params, acceptance, seeds = args
     torch.set_num_threads(1)
-    return count_outcomes(engine_for(kind, k)[0], params, seeds)
+    return count_outcomes(engine_for(kind, k, acceptance)[0], params, seeds)
 
 
-def sample_outcomes(kind: str, k, params: SamplingParams, n: int) -> np.ndarray:
+def sample_outcomes(kind: str, k, params: SamplingParams, acceptance: str, n: int) -> np.ndarray:
     """n generations with seeds 0..n-1, split over two forked worker processes (CI has 2 cores)."""
     import multiprocessing
 
-    halves = [(kind, k, params, range(0, n // 2)), (kind, k, params, range(n // 2, n))]
+    halves = [(kind, k, params, acceptance, range(0, n // 2)), (kind, k, params, acceptance, range(n // 2, n))]
     with multiprocessing.get_context("fork").Pool(2) as pool:
         return sum(pool.map(_count_in_worker, halves))
 
 
-def engine_for(drafter_kind: str, k) -> tuple[SpeculativeEngine, MockLM]:
+def engine_for(drafter_kind: str, k, acceptance: str = "rejection") -> tuple[SpeculativeEngine, MockLM]:
     target = MockLM(salt=1)
     if drafter_kind == "ngram+draft":  # lookup where the prompt repeats, the sampling draft model elsewhere
         drafter = CombinedDrafter([NgramDrafter(max_ngram=2),
@@ -74,29 +74,50 @@ def engine_for(drafter_kind: str, k) -> tuple[SpeculativeEngine, MockLM]:
     elif drafter_kind.startswith("draft"):
         min_confidence = 0.45 if drafter_kind == "draft-early-exit" else 0.0
         drafter = DraftModelDrafter(mock_loaded(MockLM(salt=2, sharpness=1.0), "mock-draft"), VOCAB, min_confidence)
-    else:
+    elif drafter_kind == "ngram":
         drafter = NgramDrafter(max_ngram=2)
-    return SpeculativeEngine(target, drafter, speculation_length(k)), target
+    else:
+        return SpeculativeEngine(target, None, acceptance=acceptance), target
+    return SpeculativeEngine(target, drafter, speculation_length(k), acceptance), target
 
 
+# The rejection rule is where a verifier can be subtly wrong (the residual, the draft's reported law), so it
+# gets the long runs; under the match rule the text is plain sampling's (tests/test_seeded_sampling.py), and
+# these runs check that plain sampling by position-keyed uniforms has the target's law.
 CONFIGS = [
-    ("draft", 1, SamplingParams(temperature=1.0), 200_000),
-    ("draft", 2, SamplingParams(temperature=1.0), 200_000),
-    ("draft", 3, SamplingParams(temperature=1.0), 200_000),
-    ("draft", "auto", SamplingParams(temperature=1.0), 200_000),
-    ("ngram", 2, SamplingParams(temperature=1.0), 50_000),
-    ("ngram+draft", 2, SamplingParams(temperature=1.0), 50_000),
-    ("draft-early-exit", 3, SamplingParams(temperature=1.0), 50_000),
-    ("draft", 2, SamplingParams(temperature=0.7, top_k=3, repetition_penalty=1.3), 50_000),
+    ("draft", 1, SamplingParams(temperature=1.0), "rejection", 200_000),
+    ("draft", 2, SamplingParams(temperature=1.0), "rejection", 200_000),
+    ("draft", "auto", SamplingParams(temperature=1.0), "rejection", 200_000),
+    ("ngram", 2, SamplingParams(temperature=1.0), "rejection", 50_000),
+    ("ngram+draft", 2, SamplingParams(temperature=1.0), "rejection", 50_000),
+    ("draft-early-exit", 3, SamplingParams(temperature=1.0), "rejection", 50_000),
+    ("draft", 2, SamplingParams(temperature=0.7, top_k=3, repetition_penalty=1.3), "rejection", 50_000),
+    ("plain", 0, SamplingParams(temperature=1.0), "match", 50_000),
+    ("draft", 3, SamplingParams(temperature=0.7, top_k=3, repetition_penalty=1.3), "match", 50_000),
 ]
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("kind,k,params,n", CONFIGS, ids=[f"{c[0]}-K{c[1]}-{c[2].temperature}" for c in CONFIGS])
-def test_loop_follows_target_distribution(kind, k, params, n):
+@pytest.mark.parametrize("kind,k,params,acceptance,n", CONFIGS,
+                         ids=[f"{c[0]}-K{c[1]}-{c[2].temperature}-{c[3]}" for c in CONFIGS])
+def test_loop_follows_target_distribution(kind, k, params, acceptance, n):
     target = engine_for(kind, k)[1]
-    assert_distribution(sample_outcomes(kind, k, params, n), exact_law(target, params), tv_bound=0.01,
-                        what=f"{kind} K={k}")
+    assert_distribution(sample_outcomes(kind, k, params, acceptance, n), exact_law(target, params), tv_bound=0.01,
+                        what=f"{kind} K={k} {acceptance}")
+
+
+@pytest.mark.statistical
+def test_a_uniform_reused_across_positions_fails_through_the_loop(monkeypatch):
+    """The match rule with one uniform for every position (a counter that ignores the position) couples
+    the tokens of a generation: the joint law is wrong although each token's own law is right."""
+    from specdec.randomness import PositionalNoise
+
+    real = PositionalNoise.uniform
+    monkeypatch.setattr(PositionalNoise, "uniform", lambda self, position, purpose, index=0: real(self, 0, purpose))
+    engine, target = engine_for("draft", 2, "match")
+    params = SamplingParams(temperature=1.0)
+    with pytest.raises(AssertionError):
+        assert_distribution(count_outcomes(engine, params, range(20_000)), exact_law(target, params))
 
 
 @pytest.mark.statistical
@@ -117,14 +138,15 @@ def test_unprocessed_draft_probs_fail_through_the_loop(monkeypatch):
     params = SamplingParams(temperature=0.5)
 
     class LyingDrafter(DraftModelDrafter):
-        def propose(self, context, max_tokens, params, generator):
-            draft = super().propose(context, max_tokens, params, generator)
+        def propose(self, context, max_tokens, params, noise):
+            draft = super().propose(context, max_tokens, params, noise)
             raw = [real(self.model.logits_after(tuple(context) + tuple(draft.tokens[:i])).unsqueeze(0),
                         SamplingParams(temperature=1.0))[0] for i in range(len(draft))]
             draft.draft_probs = torch.stack(raw)
             return draft
 
     target = MockLM(salt=1)
-    engine = SpeculativeEngine(target, LyingDrafter(mock_loaded(MockLM(salt=2), "liar"), VOCAB), speculation_length(2))
+    engine = SpeculativeEngine(target, LyingDrafter(mock_loaded(MockLM(salt=2), "liar"), VOCAB), speculation_length(2),
+                               "rejection")
     with pytest.raises(AssertionError):
         assert_distribution(count_outcomes(engine, params, range(20_000)), exact_law(target, params))

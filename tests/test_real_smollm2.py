@@ -78,3 +78,29 @@ def test_shipped_eagle_head_drafts_exactly_and_well(smollm2):
     spec = SpeculativeGenerator(smollm2, drafter).generate(text, 64)
     assert spec.token_ids == SpeculativeGenerator(smollm2, None).generate(text, 64).token_ids
     assert spec.stats.tau > MIN_SHIPPED_TAU
+
+
+SEEDED_PROMPTS = ["Write a haiku about the sea.", "Explain what a KV cache is.", "def fibonacci(n):",
+                  "List three prime numbers and say why they are prime.", "Translate 'good morning' into French."]
+
+
+def test_a_seed_gives_plain_sampling_text_with_ngram_and_the_shipped_eagle_head(smollm2):
+    """The match rule on the real model: 20 (prompt, temperature) cases, the default drafter (n-gram, K auto)
+    and the EAGLE head's trees each return the seeded plain text token for token."""
+    from specdec.drafters import make_drafter
+    from specdec.drafters.heads import SHIPPED_HEADS
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.generator import SpeculativeGenerator
+
+    eagle = make_drafter(f"eagle:{SHIPPED_HEADS / 'smollm2-135m-instruct-eagle'}", smollm2, "cpu", "float32")
+    speculative = [SpeculativeGenerator(smollm2, NgramDrafter(), "auto"), SpeculativeGenerator(smollm2, eagle)]
+    accepted = 0
+    for index, prompt in enumerate(SEEDED_PROMPTS):
+        for temperature in (0.3, 0.7, 1.0, 1.2):
+            settings = dict(temperature=temperature, seed=100 + index)
+            plain = SpeculativeGenerator(smollm2, None).generate(prompt, 24, **settings).token_ids
+            for generator in speculative:
+                result = generator.generate(prompt, 24, **settings)
+                assert result.token_ids == plain, f"{generator.engine.drafter_name} {prompt!r} T={temperature}"
+                accepted += result.stats.accepted
+    assert accepted > 0

@@ -75,7 +75,6 @@ class SlowModel:
 def tiny_generator(tiny_dirs, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECDEC_HOME", str(tmp_path_factory.mktemp("home")))
-        # Fixed K: seeded sampling is reproducible only when K does not follow timings.
         return SpeculativeGenerator.from_pretrained(str(tiny_dirs["llama"]), drafter="ngram", k=4)
 
 
@@ -128,6 +127,24 @@ def test_streamed_text_equals_non_streamed_text_for_the_same_seed(server):
     assert "".join(p.choices[0].delta.content or "" for p in chat_parts) == chat_whole.choices[0].message.content
     other_seed = server.client.completions.create(prompt="the cat sat on", **{**kwargs, "seed": 12})
     assert other_seed.choices[0].text != whole.choices[0].text  # the seed is actually used
+
+
+def test_a_seed_gives_plain_sampling_text_whatever_runs_beside_it(server, tiny_generator):
+    """Seeded requests sent together (one batch of interleaved generations) each return the text plain
+    sampling returns for that seed alone: a request's random numbers are its own and keyed by position."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    plain = SpeculativeGenerator(tiny_generator.target, None)
+    kwargs = dict(max_tokens=32, temperature=0.8, top_p=0.95)
+    expected = {seed: plain.generate("the cat sat on", 32, chat=False, seed=seed, temperature=0.8, top_p=0.95).text
+                for seed in (1, 2, 3, 4, 5, 6)}
+
+    def ask(seed):
+        return server.client.completions.create(model="tiny", prompt="the cat sat on", seed=seed, **kwargs)
+
+    with ThreadPoolExecutor(6) as pool:
+        replies = dict(zip(expected, pool.map(ask, expected)))
+    assert {seed: reply.choices[0].text for seed, reply in replies.items()} == expected
 
 
 def test_stream_format_usage_chunk_and_done(server):

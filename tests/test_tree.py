@@ -136,7 +136,9 @@ def joint_law(target: MockLM, params: SamplingParams, length: int) -> np.ndarray
 def _count(args) -> np.ndarray:
     drafter, params, seeds, length = args
     torch.set_num_threads(1)
-    engine = SpeculativeEngine(MockLM(salt=1), drafter, speculation_length(8))
+    # the rejection rule: multi-draft residuals are what can go wrong (under the match rule the text is plain
+    # sampling's, checked token for token in test_seeded_sampling)
+    engine = SpeculativeEngine(MockLM(salt=1), drafter, speculation_length(8), "rejection")
     counts = np.zeros(VOCAB**length)
     for seed in seeds:
         ids = engine.generate(PROMPT, params, StopCriteria(length), MockTokenizer(), seed=seed).token_ids

@@ -72,7 +72,9 @@ def engine_for(kind: str) -> SpeculativeEngine:
         tokens = rng.integers(0, VOCAB, 400).astype(np.int32)
         store = Datastore(tokens, divsufsort(tokens.astype(np.uint32)).astype(np.int64), {"separator": VOCAB})
         drafter = RetrievalDrafter(store, "retrieval:random", budget=5, depth=3)
-    return SpeculativeEngine(model, drafter, FixedK(drafter.tree_node_budget))
+    # the rejection rule, whose residuals a drafter's tree can trip; under the match rule the text is plain
+    # sampling's whatever the tree (test_seeded_sampling checks that token for token)
+    return SpeculativeEngine(model, drafter, FixedK(drafter.tree_node_budget), "rejection")
 
 
 def count(kind: str, params: SamplingParams, seeds: range) -> np.ndarray:

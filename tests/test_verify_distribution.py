@@ -48,6 +48,11 @@ def cases():
 CASES = cases()
 
 
+def round_uniforms(gen: torch.Generator, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """N rounds' accept (N, K) and residual (N, K+1) uniforms."""
+    return (torch.rand(N, k, generator=gen, device=device), torch.rand(N, k + 1, generator=gen, device=device))
+
+
 def run_verifier(target: torch.Tensor, draft: torch.Tensor | None, seed: int = 0, fixed_tokens=None,
                  device: str = "cpu"):
     """N independent rounds: draft tokens sampled from the draft rows, verified in one batched call."""
@@ -63,7 +68,8 @@ def run_verifier(target: torch.Tensor, draft: torch.Tensor | None, seed: int = 0
         tokens = torch.multinomial(draft, N, replacement=True, generator=gen).T.contiguous()  # (N, K)
         draft_probs = draft.expand(N, k, vocab)
         draft_rows = draft
-    num_accepted, next_token = rejection_sample(target.expand(N, k + 1, vocab), draft_probs, tokens, gen)
+    num_accepted, next_token = rejection_sample(target.expand(N, k + 1, vocab), draft_probs, tokens,
+                                                *round_uniforms(gen, k, device))
     first = torch.where(num_accepted > 0, tokens[:, 0], next_token)
     return first.cpu().numpy(), num_accepted.cpu().numpy(), draft_rows.cpu()
 
@@ -120,7 +126,8 @@ def test_unprocessed_draft_probs_are_caught():
     sampled_from = (draft_logits / 0.5).softmax(-1)
     reported = draft_logits.softmax(-1)
     tokens = torch.multinomial(sampled_from, N, replacement=True, generator=gen).T.contiguous()
-    num_accepted, next_token = rejection_sample(target.expand(N, k + 1, vocab), reported.expand(N, k, vocab), tokens, gen)
+    num_accepted, next_token = rejection_sample(target.expand(N, k + 1, vocab), reported.expand(N, k, vocab), tokens,
+                                                *round_uniforms(gen, k, "cpu"))
     first = torch.where(num_accepted > 0, tokens[:, 0], next_token).numpy()
     with pytest.raises(AssertionError):
         assert_distribution(np.bincount(first, minlength=vocab), target[0].numpy())

@@ -18,14 +18,15 @@ class RandomTreeDrafter(Drafter):
     top tokens (deterministic: one-hot draft_probs) or independent samples (draft_probs = that law)."""
 
     def __init__(self, next_logits: Callable[[tuple[int, ...]], torch.Tensor], branching: Sequence[int],
-                 sampled: bool):
+                 sampled: bool, seed: int = 0):
         self.name = "random-tree"
         self.next_logits, self.branching, self.sampled = next_logits, list(branching), sampled
+        self.generator = torch.Generator().manual_seed(seed)  # siblings are independent draws, not one per position
 
     def begin(self, prompt_ids, params, max_length):
         pass
 
-    def propose(self, context, max_tokens, params: SamplingParams, generator) -> Draft:
+    def propose(self, context, max_tokens, params: SamplingParams, noise) -> Draft:
         tokens: list[int] = []
         parents: list[int] = []
         rows: list[torch.Tensor] = []
@@ -35,7 +36,7 @@ class RandomTreeDrafter(Drafter):
             for parent, prefix in frontier:
                 probs = processed_probs(self.next_logits(prefix).unsqueeze(0), params, torch.tensor(prefix))[0]
                 if self.sampled:
-                    children = [int(sample(probs.unsqueeze(0), generator)[0]) for _ in range(width)]
+                    children = [int(sample(probs.unsqueeze(0), self.generator)[0]) for _ in range(width)]
                 else:
                     children = probs.topk(min(width, probs.shape[0])).indices.tolist()
                 for token in children:
@@ -70,7 +71,7 @@ class OracleTreeDrafter(Drafter):
     def begin(self, prompt_ids, params, max_length):
         pass
 
-    def propose(self, context, max_tokens, params, generator) -> Draft:
+    def propose(self, context, max_tokens, params, noise) -> Draft:
         truth = self.continuation[len(context) - self.prompt_length:]
         tokens: list[int] = []
         parents: list[int] = []

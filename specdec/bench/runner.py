@@ -35,6 +35,8 @@ class BenchConfig:
     dtype: str = "float32"  # activations and float weights, ours and the transformers peers' (bfloat16 on GPUs)
     cuda_graphs: bool = True  # ours on a GPU: replay decode and verify forwards as CUDA graphs
     backend: str = "auto"  # ours: auto, native or transformers
+    # sampling rules (specdec.verify) each drafter runs under; with several, methods are named "SPEC [RULE]"
+    acceptance: list[str] = field(default_factory=lambda: ["match"])
 
 
 @dataclass
@@ -51,7 +53,7 @@ class PromptRun:
     draft_seconds: float | None = None
     verify_seconds: float | None = None
     k_chosen: dict[int, int] | None = None
-    matches_plain: bool | None = None  # greedy: token-for-token equal to our plain decoding
+    matches_plain: bool | None = None  # greedy, or ours under the match rule: token for token equal to plain
     rounds: int | None = None  # target forwards after prefill (ours only; plain: one per token)
     drafted: int | None = None
     accepted: int | None = None
@@ -94,6 +96,12 @@ class Method:
     def __init__(self, name: str, generator: SpeculativeGenerator | None = None, peer=None):
         self.name, self.generator, self.peer = name, generator, peer
 
+    @property
+    def reproduces_plain(self) -> bool:
+        """Whether this method's tokens must equal plain decoding's under the bench's seed: ours under the
+        match rule (greedy decoding is the match rule's special case)."""
+        return self.generator is not None and self.generator.acceptance == "match"
+
     def run(self, target: LoadedModel, prompt: BenchPrompt, config: BenchConfig) -> tuple[PromptRun, list[int]]:
         ids = SpeculativeGenerator(target, None).encode(prompt.prompt, chat=prompt.chat)
         if self.peer is not None:
@@ -125,8 +133,10 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
         if spec == "default":  # what generate and serve would run for this target
             spec = default_drafter(target)
             name = f"default ({spec})"
-        drafter = make_drafter(spec, target, config.device, config.dtype)
-        methods.append(Method(name, SpeculativeGenerator(target, drafter, config.k)))
+        for rule in config.acceptance:
+            drafter = make_drafter(spec, target, config.device, config.dtype)
+            label = name if len(config.acceptance) == 1 else f"{name} [{rule}]"
+            methods.append(Method(label, SpeculativeGenerator(target, drafter, config.k, rule)))
     for peer in config.peers:
         mode, _, model = peer.partition(":")
         if mode in ("llamacpp", "llamacpp-draft"):
@@ -162,7 +172,7 @@ def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = 
             run, ids = method.run(target, prompt, config)
             if method.name == PLAIN:
                 plain_ids = ids
-            elif config.temperature == 0 and ids is not None:
+            elif ids is not None and (config.temperature == 0 or method.reproduces_plain):
                 run.matches_plain = ids == plain_ids
             runs.append(run)
     return BenchResults(config, machine_info(), runs, roofline, memory_info(target))

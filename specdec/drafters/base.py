@@ -19,6 +19,7 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
+from specdec.randomness import NoiseStream
 from specdec.rounds import Draft, VerifyResult
 from specdec.sampling import SamplingParams
 
@@ -52,8 +53,11 @@ class Drafter(ABC):
 
     @abstractmethod
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Draft:
-        """Up to max_tokens draft tokens that follow `context` (prompt + committed tokens)."""
+                noise: NoiseStream | None) -> Draft:
+        """Up to max_tokens draft tokens that follow `context` (prompt + committed tokens). A drafter that
+        samples draws its token at absolute position t (len(context) for the first) by inverse CDF
+        (`sampling.inverse_cdf`) with `noise.uniform(t)`, so that a seed decides its drafts whatever K is, and
+        under the match rule its draws are coupled with the target's (None: draw with a fresh seed)."""
 
     @abstractmethod
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:

@@ -18,10 +18,9 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-import torch
-
 from specdec.drafters.base import Drafter
 from specdec.errors import InvalidParameterError
+from specdec.randomness import NoiseStream
 from specdec.rounds import Draft, VerifyResult
 from specdec.sampling import SamplingParams
 
@@ -64,13 +63,13 @@ class CombinedDrafter(Drafter):
         self.begin_rates()
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Draft:
+                noise: NoiseStream | None) -> Draft:
         self.proposer = None
         self.started = time.perf_counter()
         for index, source in enumerate(self.sources):
             if index + 1 < len(self.sources) and self._outpaced(index):
                 continue
-            draft = source.propose(context, max_tokens, params, generator)
+            draft = source.propose(context, max_tokens, params, noise)
             if len(draft):
                 self.proposer = index
                 return draft

@@ -31,12 +31,13 @@ import torch
 from torch import nn
 
 from specdec.drafters.base import Drafter, module_bytes, tensor_bytes
+from specdec.randomness import NoiseStream, unseeded_stream
 from specdec.rounds import Draft, VerifyResult
 from specdec.errors import SpecdecError
 from specdec.models.base import positions_after
 from specdec.models.kv_cache import KVCache
 from specdec.models.loading import LoadedModel
-from specdec.sampling import SamplingParams, processed_probs, sample
+from specdec.sampling import SamplingParams, inverse_cdf, processed_probs
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
@@ -110,12 +111,13 @@ class DraftModelDrafter(Drafter):
         return torch.cat([logits, pad], dim=-1)
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Draft:
+                noise: NoiseStream | None) -> Draft:
         device = self.model.device
         seen = self.skipped + self.cache.length
         pending = list(context[seen:])  # committed tokens the draft has not seen (>= 1)
         self.base_length = self.cache.length + len(pending)  # cache slots once they are fed
         greedy = params.greedy and params.repetition_penalty == 1.0
+        noise = noise or unseeded_stream()
         history = torch.tensor(context, device=device) if not greedy else None
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
@@ -134,7 +136,9 @@ class DraftModelDrafter(Drafter):
             else:
                 seen = torch.cat([history, torch.tensor(tokens, dtype=torch.int64, device=device)])
                 probs = processed_probs(logits.unsqueeze(0), params, seen)  # (1, V)
-                token = int(sample(probs, generator)[0])
+                # the token at absolute position len(context) + len(tokens), drawn with that position's uniform
+                uniform = torch.tensor([noise.uniform(len(context) + len(tokens))], device=device)
+                token = int(inverse_cdf(probs, uniform)[0])
                 confidence = float(probs.max()) if self.min_confidence else 1.0
             if tokens and confidence < self.min_confidence:
                 break  # early exit: this token is unlikely to be accepted

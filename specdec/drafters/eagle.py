@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 
 from specdec.drafters.base import Drafter, module_bytes, tensor_bytes
+from specdec.randomness import NoiseStream
 from specdec.rounds import Draft, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import LoadedHead
@@ -94,7 +95,7 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Draft:
+                noise: NoiseStream | None) -> Draft:
         last = self._catch_up(context)
         if last is None:
             return Draft.empty()

@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 
 from specdec.drafters.base import Drafter, container_bytes
+from specdec.randomness import NoiseStream
 from specdec.rounds import Draft, SideInputs, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.sampling import SamplingParams
@@ -69,7 +70,7 @@ class LookaheadDrafter(Drafter):
         self.pool = {}
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Draft:
+                noise: NoiseStream | None) -> Draft:
         candidates = self.pool.get(context[-1], [])
         paths, budget = [], max_tokens
         for candidate in candidates:

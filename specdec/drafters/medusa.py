@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 
 from specdec.drafters.base import Drafter, module_bytes, tensor_bytes
+from specdec.randomness import NoiseStream
 from specdec.rounds import Draft, VerifyResult
 from specdec.heads.checkpoint import LoadedHead
 from specdec.heads.target_parts import DraftVocabulary
@@ -78,7 +79,7 @@ class MedusaDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Draft:
+                noise: NoiseStream | None) -> Draft:
         if self.last_feature is None:
             return Draft.empty()
         paths = static_tree(self.accuracy, max_tokens)

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-
 from specdec.drafters.base import Drafter, container_bytes
+from specdec.randomness import NoiseStream
 from specdec.rounds import Draft, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.sampling import SamplingParams
@@ -60,7 +59,7 @@ class NgramDrafter(Drafter):
         self.indexed = max(self.indexed, len(context))
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Draft:
+                noise: NoiseStream | None) -> Draft:
         self._catch_up(context)
         self.proposed_start = None
         for n in self.sizes:

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-
 from specdec.datastore import Datastore
 from specdec.drafters.base import Drafter
+from specdec.randomness import NoiseStream
 from specdec.rounds import Draft, VerifyResult
 from specdec.sampling import SamplingParams
 from specdec.tree import TokenTree
@@ -39,7 +38,7 @@ class RetrievalDrafter(Drafter):
         pass
 
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Draft:
+                noise: NoiseStream | None) -> Draft:
         found = self.store.continuations(list(context), MAX_SUFFIX, MIN_SUFFIX, self.max_matches, self.depth)
         counts: dict[tuple[int, ...], int] = {}
         for continuation in found:
