@@ -78,7 +78,7 @@ def markdown(results: BenchResults) -> str:
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "speculative details (overall)", "",
               "| method | tau | acceptance | acceptance per position | draft time | verify time | "
-              "ms per round (draft + verify) | drafter memory | greedy = plain |",
+              "ms per round (draft + verify) | drafter memory | output = plain (greedy, match rule) |",
               "|---|---|---|---|---|---|---|---|---|"]
     for method, by_task in summary.items():
         o = by_task["overall"]
