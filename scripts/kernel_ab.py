@@ -28,10 +28,7 @@ SHAPES = [(8960, 1536), (1536, 8960), (2048, 1536)]
 def build_both(variant: Path):
     """(committed build, variant build) with this CPU's flags."""
     flags = tuple(kernels.FLAGS + (kernels.AVX512_FLAGS if kernels.cpu_has_avx512_vnni() else []))
-    committed = kernels.build_kernel.__wrapped__(flags)
-    kernels.SOURCES = [variant / path.name for path in kernels.SOURCES]
-    kernels.HEADERS = [variant / path.name for path in kernels.HEADERS]
-    return committed, kernels.build_kernel.__wrapped__(flags)
+    return kernels.build_kernel(flags), kernels.build_kernel(flags, variant)
 
 
 def random_matrix_calls(weights: str, rows: int, threads: int, cache: bool) -> list:

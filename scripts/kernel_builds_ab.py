@@ -35,8 +35,8 @@ def compare(name: str, make_call, rows_list, macs_per_row: int) -> None:
         best = {}
         for _ in range(3):  # interleaved rounds; the best median of each build
             for build, library in BUILDS.items():
-                kernels.packed_kernel = lambda library=library: library
-                best[build] = min(best.get(build, 1e9), median_seconds(call, 9))
+                with kernels.using_kernel(library):
+                    best[build] = min(best.get(build, 1e9), median_seconds(call, 9))
         print(f"{name:8s} rows {rows:3d}: avx2 {best['avx2'] * 1e3:6.2f} ms, avx512 {best['avx512'] * 1e3:6.2f} ms "
               f"({best['avx2'] / best['avx512']:.2f}x), {macs_per_row * rows / best['avx512'] / 1e9:.0f} G multiply-adds/s",
               flush=True)

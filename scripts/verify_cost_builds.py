@@ -11,7 +11,6 @@ import torch
 
 from specdec import kernels
 from specdec.kernels import AVX512_FLAGS, FLAGS, build_kernel
-from specdec.models import layer_plan
 from specdec.models.base import positions_after
 from specdec.models.loading import load_model
 
@@ -29,12 +28,12 @@ def main() -> None:
     times: dict[tuple[str, int], list[float]] = {(build, size): [] for build in builds for size in SIZES}
     for _ in range(rounds):
         for build, library in builds.items():
-            kernels.packed_kernel = layer_plan.packed_kernel = lambda library=library: library
-            for size in SIZES:
-                start = time.perf_counter()
-                model.forward(tokens[:, CONTEXT:CONTEXT + size], positions_after(CONTEXT, size, 1, "cpu"), cache)
-                times[(build, size)].append(time.perf_counter() - start)
-                cache.truncate(CONTEXT)
+            with kernels.using_kernel(library):
+                for size in SIZES:
+                    start = time.perf_counter()
+                    model.forward(tokens[:, CONTEXT:CONTEXT + size], positions_after(CONTEXT, size, 1, "cpu"), cache)
+                    times[(build, size)].append(time.perf_counter() - start)
+                    cache.truncate(CONTEXT)
     median = {key: sorted(values)[len(values) // 2] * 1e3 for key, values in times.items()}
     for build in builds:
         print(f"{name} {build}: " + " | ".join(f"T={size} {median[(build, size)]:.0f} ms "

@@ -43,36 +43,61 @@ def test_row_results_do_not_depend_on_batch_size():
 
 @pytest.mark.parametrize("rows", [1, 3, 5, 8, 9, 12, 13, 17, 70])
 @pytest.mark.parametrize("int8", [False, True])
-def test_avx512_build_is_bit_identical_to_the_avx2_build(monkeypatch, rows, int8):
+def test_avx512_build_is_bit_identical_to_the_avx2_build(rows, int8):
     """Blocks of up to 12 rows (AVX-512's registers) keep each output's one FMA chain: not one bit differs."""
     gen = torch.Generator().manual_seed(rows)
     packed, x = pack_weight(torch.randn(100, 320, generator=gen)), torch.randn(rows, 320, generator=gen)
     results = []
     for library in both_builds():
-        monkeypatch.setattr(kernels, "packed_kernel", lambda library=library: library)
-        if int8:
-            quantized, scales = quantize_packed_int8(packed)
-            results.append(packed_matmul_int8(x, quantized, scales, 100))
-        else:
-            results.append(packed_matmul(x, packed, 100))
+        with kernels.using_kernel(library):
+            if int8:
+                quantized, scales = quantize_packed_int8(packed)
+                results.append(packed_matmul_int8(x, quantized, scales, 100))
+            else:
+                results.append(packed_matmul(x, packed, 100))
     assert torch.equal(results[0], results[1])
 
 
-def test_a_compiler_without_the_avx512_flags_keeps_the_avx2_build(monkeypatch, capsys):
-    monkeypatch.setattr(kernels, "cpu_has_avx512_vnni", lambda: True)
-    monkeypatch.setattr(kernels, "AVX512_FLAGS", ["-mno-such-option"])
-    library = kernels.packed_kernel.__wrapped__()  # uncached: decide again
+def test_a_compiler_without_the_avx512_flags_keeps_the_avx2_build(capsys):
+    library = kernels.choose_kernel([tuple(kernels.FLAGS + ["-mno-such-option"]), tuple(kernels.FLAGS)])
     assert library is kernels.build_kernel(tuple(kernels.FLAGS))
     assert "warning" not in capsys.readouterr().err
     with pytest.raises(kernels.KernelBuildError, match="no-such-option"):
         kernels.build_kernel(tuple(kernels.FLAGS + ["-mno-such-option"]))
 
 
-def test_a_kernel_that_cannot_be_built_leaves_torch_with_a_one_line_warning(monkeypatch, capsys):
-    monkeypatch.setattr(kernels, "FLAGS", kernels.FLAGS + ["-mno-such-option"])
-    assert kernels.packed_kernel.__wrapped__() is None
+def test_a_kernel_that_cannot_be_built_leaves_torch_with_a_one_line_warning(capsys):
+    assert kernels.choose_kernel([tuple(kernels.FLAGS + ["-mno-such-option"])]) is None
     warning = capsys.readouterr().err
     assert warning.startswith("specdec: warning: could not build the CPU kernel") and "no-such-option" in warning
+
+
+def test_using_kernel_selects_a_build_inside_the_block_only():
+    default = kernels.packed_kernel()
+    other = kernels.build_kernel(tuple(kernels.FLAGS))
+    with kernels.using_kernel(other):
+        assert kernels.packed_kernel() is other
+        with kernels.using_kernel(None):
+            assert kernels.packed_kernel() is None
+        assert kernels.packed_kernel() is other
+    assert kernels.packed_kernel() is default
+
+
+def test_a_source_directory_is_built_from_its_own_files(tmp_path):
+    """build_kernel(flags, directory) reads that directory's sources (a variant to compare); the build is keyed
+    by their content, so an unchanged copy reuses the committed sources' library file."""
+    import shutil
+    from pathlib import Path
+
+    for name in kernels.SOURCE_NAMES + kernels.HEADER_NAMES:
+        shutil.copy(kernels.KERNEL_DIR / name, tmp_path / name)
+    flags = tuple(kernels.FLAGS)
+    copy = kernels.build_kernel(flags, tmp_path)
+    committed = kernels.build_kernel(flags)
+    assert copy is not committed and Path(copy._name).name == Path(committed._name).name
+    (tmp_path / "layer_ops.cpp").unlink()
+    with pytest.raises(FileNotFoundError):
+        kernels.build_kernel.__wrapped__(flags, tmp_path)
 
 
 def test_prefill_rows_round_as_decode_rows():

@@ -27,7 +27,7 @@ inline void prefetch_ahead(const uint8_t* at, int64_t size) {
 
 constexpr int BLOCK = 32;  // inputs per activation block (and the smallest weight group)
 
-// Where the CPU has AVX512-VNNI (with VL: 256-bit forms), the kernels are built with it (kernels/__init__.py)
+// Where the CPU has AVX512-VNNI (with VL: 256-bit forms), the kernels are built with it (kernels/build.py)
 // and a block's integer sum can take one vpdpbusd per 32 products instead of vpmaddubsw, vpmaddwd and vpaddd
 // (each kernel says where it does).
 // Same exact 32-bit sums either way (no product pair here can saturate vpmaddubsw's 16 bits), so both builds

@@ -22,7 +22,7 @@
 #include <vector>
 
 // Rows a block takes at once: 2 accumulators a row + 2 weights + the broadcasts must stay in registers. AVX2
-// has 16: 4 rows (5+ spill). With AVX-512 (the AVX-512 build, kernels/__init__.py) a verification of up to 16
+// has 16: 4 rows (5+ spill). With AVX-512 (the AVX-512 build, kernels/build.py) a verification of up to 16
 // rows streams each panel once: 8-16 rows take one 512-bit accumulator a row (block_wide), 3-7 rows
 // 256-bit blocks in its 32 registers. The FMAs then overlap the weight stream instead of running a second
 // pass from L2 after it.

@@ -1,0 +1,161 @@
+"""Building the CPU kernels and choosing the build the ops call.
+
+The sources in this directory are compiled with the system C++ compiler into $SPECDEC_HOME/kernels the first
+time they are needed (a few seconds, then cached by a hash of sources and flags) and loaded through ctypes:
+no torch headers, no build step at install. Where there is no compiler, no AVX2/FMA/F16C, or
+SPECDEC_NO_KERNELS=1, `packed_kernel()` returns None and models keep stock torch layers.
+
+Which build the ops call is `packed_kernel()`: this CPU's best build by default, or, inside
+`with using_kernel(library):`, another one (an A/B of two builds, a variant of the sources built with
+`build_kernel(flags, source_dir)`), so tools and tests never patch module globals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from specdec.paths import specdec_home
+
+KERNEL_DIR = Path(__file__).parent
+SOURCE_NAMES = ("packed_matmul.cpp", "integer_matmul.cpp", "gguf_matmul.cpp", "attention.cpp", "layer_ops.cpp",
+                "decoder_layers.cpp")
+HEADER_NAMES = ("vector_math.h", "integer_blocks.h")  # included by the sources: part of the build's key
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+# Added where the CPU has AVX512-VNNI (Zen 4, Ice Lake and later): the integer kernels' byte dot products
+# take one vpdpbusd (integer_blocks.h), and the float32 kernel streams a panel once for up to 16 rows (32
+# registers; 512-bit accumulators from 8 rows, packed_matmul.cpp). 256-bit vectors stay preferred elsewhere:
+# the other kernels are written for them.
+AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256"]
+AVX512_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo's names for them
+
+
+def cpu_flags() -> set[str]:
+    """The x86 feature flags /proc/cpuinfo lists (empty elsewhere)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return set()
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return set()
+    return set(line.split(":", 1)[1].split())
+
+
+def cpu_has_avx2_fma_f16c() -> bool:
+    return {"avx2", "fma", "f16c"} <= cpu_flags()
+
+
+def cpu_has_avx512_vnni() -> bool:
+    """AVX-512 with VNNI and 256-bit forms (VL); SPECDEC_NO_AVX512=1 builds the AVX2 kernels anyway."""
+    return not os.environ.get("SPECDEC_NO_AVX512") and AVX512_CPU_FLAGS <= cpu_flags()
+
+
+def default_builds() -> list[tuple[str, ...]]:
+    """The flags to try on this CPU, best first (none where the kernels cannot run or are switched off)."""
+    if os.environ.get("SPECDEC_NO_KERNELS") or not cpu_has_avx2_fma_f16c():
+        return []
+    return ([tuple(FLAGS + AVX512_FLAGS)] if cpu_has_avx512_vnni() else []) + [tuple(FLAGS)]
+
+
+def choose_kernel(builds: Sequence[tuple[str, ...]]) -> ctypes.CDLL | None:
+    """The first of these builds that compiles (a compiler too old for the AVX-512 flags leaves the AVX2
+    build); None without a compiler, or with a one-line warning when none compiles."""
+    failure = None
+    for flags in builds:
+        try:
+            return build_kernel(tuple(flags))
+        except KernelBuildError as error:
+            failure = error
+        except FileNotFoundError:  # no compiler
+            return None
+    if failure is not None:
+        print(f"specdec: warning: could not build the CPU kernel, using torch matmul ({failure})", file=sys.stderr)
+    return None
+
+
+@functools.cache
+def default_kernel() -> ctypes.CDLL | None:
+    """This CPU's best build, built once."""
+    return choose_kernel(default_builds())
+
+
+_DEFAULT = object()
+_selected: list = [_DEFAULT]  # a stack: using_kernel() pushes, leaving pops
+
+
+def packed_kernel() -> ctypes.CDLL | None:
+    """The kernel library the ops call: the innermost `using_kernel` selection, else `default_kernel()`."""
+    selected = _selected[-1]
+    return default_kernel() if selected is _DEFAULT else selected
+
+
+@contextlib.contextmanager
+def using_kernel(library: ctypes.CDLL | None) -> Iterator[ctypes.CDLL | None]:
+    """Run the ops on `library` (a `build_kernel` result; None: torch fallbacks where models check) inside
+    the block. Layers that chose their path at load time keep it: load models inside the block to compare
+    torch against the kernels."""
+    _selected.append(library)
+    try:
+        yield library
+    finally:
+        _selected.pop()
+
+
+class KernelBuildError(RuntimeError):
+    """The compiler refused the kernels with these flags (its first lines of complaint)."""
+
+
+@functools.cache
+def build_kernel(flags: tuple[str, ...], source_dir: Path = KERNEL_DIR) -> ctypes.CDLL:
+    """The kernel library built with these flags from the sources in `source_dir` (this package's, or a
+    variant copy with the same file names), once per flags and sources. Raises FileNotFoundError without a
+    C++ compiler, KernelBuildError when the build fails (not cached: tried again if asked)."""
+    sources = [source_dir / name for name in SOURCE_NAMES]
+    headers = [source_dir / name for name in HEADER_NAMES]
+    compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if compiler is None:
+        raise FileNotFoundError("no C++ compiler (g++ or c++) on the PATH")
+    source = b"".join(path.read_bytes() for path in sources + headers)
+    key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
+    library = specdec_home() / "kernels" / f"packed_matmul-{key}.so"
+    if not library.exists():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        partial = library.with_suffix(f".{os.getpid()}.partial")
+        result = subprocess.run([compiler, *flags, "-o", str(partial), *map(str, sources)], capture_output=True, text=True)
+        if result.returncode != 0:
+            partial.unlink(missing_ok=True)
+            raise KernelBuildError(result.stderr.strip()[:200])
+        partial.rename(library)
+    lib = ctypes.CDLL(str(library))
+    lib.packed_matmul_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.packed_matmul_f32.restype = None
+    lib.packed_matmul_q8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.packed_matmul_q8.restype = None
+    lib.attention_rows.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7
+                                   + [ctypes.c_float, ctypes.c_int])
+    lib.attention_rows.restype = None
+    lib.add_rms_norm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+    lib.add_rms_norm.restype = None
+    lib.rope_qkv_to_cache.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6
+    lib.rope_qkv_to_cache.restype = None
+    lib.silu_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    lib.silu_mul.restype = None
+    for kernel in (lib.int4_matmul, lib.int7_matmul):
+        kernel.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+        kernel.restype = None
+    lib.gguf_matmul.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int32]
+                                + [ctypes.c_int64] * 2 + [ctypes.c_int])
+    lib.gguf_matmul.restype = None
+    lib.decoder_layers.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2
+                                   + [ctypes.c_void_p] + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int])
+    lib.decoder_layers.restype = None
+    return lib

@@ -1,0 +1,116 @@
+"""The kernels' operations on torch tensors: each passes pointers to the selected build
+(`build.packed_kernel()`). Callers check that a build exists (models fall back to torch where none does)."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.kernels.build import packed_kernel
+from specdec.kernels.layouts import GGUF_LAYOUTS, PANEL, grouped_bits
+
+
+# Up to here a forward's rows attend row by row (llama.ROW_BY_ROW_MAX) and its layers run in one C call
+# (models/layer_plan.py): decoding and verification, trees of 24+ nodes included. Int8 panels take their kernel
+# up to here too; above, they are dequantized for the call (prefill is compute-bound, widening int8 is not free).
+SMALL_ROWS = 64
+
+
+def packed_matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """(T, K) float32 contiguous @ packed (P, K, 16) -> (T, out_features), any T.
+
+    The kernel's rows round the same at any T (plain and speculative decoding agree bit for bit), and it
+    serves prefill too: the panels are the layout a GEMM packs its right-hand side into, and it measured
+    faster at prefill sizes than torch's batched matmul over the panels or its GEMM over an unpacked matrix.
+    """
+    rows, cols = x.shape
+    lib = packed_kernel()
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    lib.packed_matmul_f32(x.data_ptr(), packed.data_ptr(), y.data_ptr(), rows, cols, out_features,
+                          torch.get_num_threads())
+    return y
+
+
+def packed_matmul_int8(x: torch.Tensor, quantized: torch.Tensor, scales: torch.Tensor,
+                       out_features: int) -> torch.Tensor:
+    """(T, K) float32 contiguous @ int8 panels (P, K, 16) with per-column scales -> (T, out_features).
+
+    Up to SMALL_ROWS rows the int8 kernel (batch-invariant), more rows (prefill, a draft model catching up)
+    float32 panels dequantized for this call (compute-bound there, the copy is cheap)."""
+    rows, cols = x.shape
+    if rows > SMALL_ROWS:  # float32 panels for this call, then the float32 kernel
+        return packed_matmul(x, quantized.to(torch.float32).mul_(scales.view(-1, 1, PANEL)), out_features)
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    packed_kernel().packed_matmul_q8(x.data_ptr(), quantized.data_ptr(), scales.data_ptr(), y.data_ptr(), rows,
+                                     cols, out_features, torch.get_num_threads())
+    return y
+
+
+def integer_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out_features: int) -> torch.Tensor:
+    """(T, K) float32 contiguous @ 4-bit or 7-bit grouped codes -> (T, out_features), any T
+    (integer_matmul.cpp: activations quantized to int8 per block of 32, integer dot products)."""
+    rows, cols = x.shape
+    group_size = cols // scales.shape[1]
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    kernel = packed_kernel().int4_matmul if grouped_bits(packed, cols) == 4 else packed_kernel().int7_matmul
+    kernel(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, cols, out_features, group_size,
+           torch.get_num_threads())
+    return y
+
+
+def gguf_matmul(x: torch.Tensor, codes: torch.Tensor, group_codes: torch.Tensor, super_scales: torch.Tensor,
+                out_features: int, layout: str, group: int, super_group: int) -> torch.Tensor:
+    """(T, K) float32 contiguous @ a matrix in llama.cpp's block form (models/gguf_blocks.py) -> (T, N),
+    any T (gguf_matmul.cpp: activations quantized to int8 per block of 32, integer dot products)."""
+    rows, cols = x.shape
+    y = torch.empty(rows, out_features, dtype=torch.float32)
+    packed_kernel().gguf_matmul(x.data_ptr(), codes.data_ptr(), group_codes.data_ptr(), super_scales.data_ptr(),
+                                y.data_ptr(), rows, cols, out_features, GGUF_LAYOUTS[layout], group, super_group,
+                                torch.get_num_threads())
+    return y
+
+
+def attention_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
+                   prefix: int) -> torch.Tensor:
+    """q (1, H, T, D), the cache's keys/values views (1, Hkv, prefix + W, D), visible (T, W) uint8: which of
+    the keys after the shared `prefix` each row sees -> (1, T, H * D): each row's attention as its own
+    one-token step computes it (attention.cpp)."""
+    _, heads, rows, dim = q.shape
+    q = q.contiguous()
+    out = torch.empty(1, rows, heads * dim, dtype=torch.float32)
+    packed_kernel().attention_rows(q.data_ptr(), keys.data_ptr(), values.data_ptr(), visible.data_ptr(),
+                                   out.data_ptr(), rows, heads, keys.shape[1], dim, prefix, visible.shape[1],
+                                   keys.stride(1), dim ** -0.5, torch.get_num_threads())
+    return out
+
+
+# -- the steps between a layer's matmuls (layer_ops.cpp): float32, contiguous, batch 1 -------------------
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., C) [+ residual (..., C)] -> (the sum, or x itself; RMSNorm of it times weight)."""
+    rows, size = x.numel() // x.shape[-1], x.shape[-1]
+    total = x if residual is None else torch.empty_like(x)
+    normed = torch.empty_like(x)
+    packed_kernel().add_rms_norm(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                                 total.data_ptr(), normed.data_ptr(), rows, size, eps)
+    return total, normed
+
+
+def rope_qkv_to_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, heads: int, kv_heads: int, start: int) -> torch.Tensor:
+    """Fused q/k/v rows (1, T, (H + 2 Hkv) D) and rope tables (1, 1, T, D) -> queries (1, H, T, D); the
+    rotated keys and the values go to one layer of the cache, key_cache/value_cache (Hkv, S_max, D), at
+    slots [start, start + T)."""
+    rows, dim = qkv.shape[1], cos.shape[-1]
+    q = torch.empty(1, heads, rows, dim, dtype=torch.float32)
+    packed_kernel().rope_qkv_to_cache(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(),
+                                      key_cache.data_ptr(), value_cache.data_ptr(), rows, heads, kv_heads, dim,
+                                      start, key_cache.stride(0))
+    return q
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """Fused gate/up rows (..., 2 I) -> silu(gate) * up (..., I)."""
+    width = gate_up.shape[-1] // 2
+    out = torch.empty(*gate_up.shape[:-1], width, dtype=torch.float32)
+    packed_kernel().silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * width), width)
+    return out
