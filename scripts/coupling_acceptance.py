@@ -18,7 +18,7 @@ import torch
 from specdec.bench.tasks import load_prompts
 from specdec.generator import SpeculativeGenerator
 from specdec.models.base import positions_after
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 from specdec.sampling import SamplingParams, processed_probs
 
 

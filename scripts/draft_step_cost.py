@@ -13,7 +13,7 @@ import torch
 from specdec.drafters import make_drafter
 from specdec.drafters.base import module_bytes
 from specdec.models.base import positions_after
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 
 CONTEXT = 300
 

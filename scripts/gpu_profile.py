@@ -20,7 +20,7 @@ from specdec.bench.forward_cost import forward_costs  # noqa: E402
 from specdec.bench.timing import synchronize  # noqa: E402
 from specdec.generator import SpeculativeGenerator  # noqa: E402
 from specdec.models.base import positions_after  # noqa: E402
-from specdec.models.loading import load_model  # noqa: E402
+from specdec.models.sources.loading import load_model  # noqa: E402
 
 PROMPT = "def quicksort(items):\n    "
 

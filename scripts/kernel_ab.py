@@ -59,9 +59,9 @@ def random_matrix_calls(weights: str, rows: int, threads: int, cache: bool) -> l
 
 def gguf_calls(rows: int, threads: int, cache: bool) -> dict[str, list]:
     """Label -> calls over the 1.5B's GGUF blocks (pulls the model if needed)."""
-    from specdec.models.gguf_linear import GgufLinear
-    from specdec.models.loading import load_native_gguf, read_config
-    from specdec.zoo import ensure_pulled
+    from specdec.models.quantized.gguf_linear import GgufLinear
+    from specdec.models.sources.loading import load_native_gguf, read_config
+    from specdec.models.sources.zoo import ensure_pulled
 
     name = "qwen2.5-coder-1.5b-instruct"
     path = ensure_pulled(name)  # the Hugging Face directory of the zoo model

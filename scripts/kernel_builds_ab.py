@@ -46,8 +46,8 @@ def main() -> None:
     which = sys.argv[1] if len(sys.argv) > 1 else "integer"
     torch.manual_seed(0)
     if which == "integer":
-        from specdec.models.gguf_blocks import decode
-        from specdec.models.gguf_linear import GgufLinear
+        from specdec.models.quantized.gguf_blocks import decode
+        from specdec.models.quantized.gguf_linear import GgufLinear
         from test_gguf_blocks import blocks_of
 
         torch.set_num_threads(1)

@@ -10,7 +10,7 @@ import time
 import torch
 
 from specdec.models.base import positions_after
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 
 
 def main() -> None:

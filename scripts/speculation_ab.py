@@ -13,7 +13,7 @@ import sys
 from specdec.bench.tasks import load_prompts
 from specdec.drafters import make_drafter
 from specdec.generator import SpeculativeGenerator, speculation_length
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 
 
 def main() -> None:

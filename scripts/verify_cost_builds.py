@@ -12,7 +12,7 @@ import torch
 from specdec import kernels
 from specdec.kernels import AVX512_FLAGS, FLAGS, build_kernel
 from specdec.models.base import positions_after
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 
 CONTEXT = 300
 SIZES = (1, 8, 9, 16)

@@ -37,7 +37,7 @@ K_HELP = "draft tokens per round; 'auto' (default) chooses K <= 16 from measurem
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """The target and how it runs: one set of flags for generate, serve and bench."""
-    from specdec.zoo import DEFAULT_MODEL
+    from specdec.models.sources.zoo import DEFAULT_MODEL
 
     group = parser.add_argument_group("model")
     group.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
@@ -64,7 +64,7 @@ def add_speculation_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specdec.zoo import DEFAULT_MODEL
+    from specdec.models.sources.zoo import DEFAULT_MODEL
 
     parser = argparse.ArgumentParser(prog="specdec", description="Exact speculative decoding for LLMs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -293,7 +293,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_pull(args) -> int:
-    from specdec import zoo
+    from specdec.models.sources import zoo
 
     path = zoo.pull(args.name)
     print(path)
@@ -301,7 +301,7 @@ def cmd_pull(args) -> int:
 
 
 def cmd_models(args) -> int:
-    from specdec import zoo
+    from specdec.models.sources import zoo
     from specdec.paths import models_dir
 
     print(f"{'name':32} {'pulled':7} {'size':>9}  path")
@@ -401,7 +401,7 @@ def _alpha_list(text: str) -> list[float]:
 def cmd_train(args) -> int:
     from pathlib import Path
 
-    from specdec.models.loading import load_model
+    from specdec.models.sources.loading import load_model
     from specdec.training.command import run_training
     from specdec.training.corpus import CorpusConfig
     from specdec.training.train import TrainConfig
@@ -435,7 +435,7 @@ def cmd_datastore(args) -> int:
     from pathlib import Path
 
     from specdec.datastore import build_datastore
-    from specdec.models.loading import load_tokenizer, read_config, resolve_model_dir
+    from specdec.models.sources.loading import load_tokenizer, read_config, resolve_model_dir
 
     name, model_dir = resolve_model_dir(args.target)
     tokenizer = load_tokenizer(model_dir)

@@ -17,11 +17,11 @@ from specdec.drafters import Drafter, make_drafter
 from specdec.engine import SpeculativeEngine
 from specdec.rounds import GenerationResult, StreamChunk
 from specdec.errors import InvalidParameterError
-from specdec.models.loading import LoadedModel, gguf_source, load_model
+from specdec.models.sources.loading import LoadedModel, gguf_source, load_model
 from specdec.sampling import SamplingParams
 from specdec.speculation_length import AdaptiveK, FixedK, SpeculationLength
-from specdec import zoo
-from specdec.zoo import DEFAULT_MODEL
+from specdec.models.sources import zoo
+from specdec.models.sources.zoo import DEFAULT_MODEL
 
 Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "content": ...}]
 

@@ -38,7 +38,7 @@ def isolated_specdec_home(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def smollm2():
     """The real SmolLM2-135M-Instruct (pulled beforehand with `specdec pull smollm2-135m-instruct`)."""
-    from specdec.models.loading import load_model
+    from specdec.models.sources.loading import load_model
 
     path = REAL_SPECDEC_HOME / "models" / "smollm2-135m-instruct" / "hf"
     if not (path / "model.safetensors").exists():

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specdec.models.base import ForwardOutput
-from specdec.models.loading import LoadedModel
+from specdec.models.sources.loading import LoadedModel
 
 
 class MockCache:

@@ -33,7 +33,7 @@ def test_bench_report_and_json(tiny_dirs, tmp_path, capsys):
     plain = [r for r in results["runs"] if r["method"] == "plain"]
     assert all(r["rounds"] == r["new_tokens"] and r["drafted"] == 0 for r in plain)
     from specdec.drafters.base import module_bytes
-    from specdec.models.loading import load_model
+    from specdec.models.sources.loading import load_model
     memory = results["memory"]  # the tiny target's float32 weights, as the bench loaded them
     assert abs(memory["target_weights_mb"] - module_bytes(load_model(target).model) / 1e6) < 1e-9
     assert memory["peak_rss_mb"] > memory["target_weights_mb"] and "memory: the target's weights" in printed
@@ -51,7 +51,7 @@ def test_code_task_mixes_chat_and_completion_prompts():
 
 def test_weight_bytes_per_token_counts_each_matrix_once(tiny_dirs):
     from specdec.bench.roofline import weight_bytes_per_token
-    from specdec.models.loading import load_model
+    from specdec.models.sources.loading import load_model
 
     for kind, tied in (("llama", False), ("qwen2", True)):
         native = load_model(str(tiny_dirs[kind]))

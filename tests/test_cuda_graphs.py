@@ -16,7 +16,7 @@ from specdec.generator import SpeculativeGenerator
 from specdec.models.base import positions_after, tree_attention_mask
 from specdec.models.cuda_graphs import MAX_TOKENS, CudaGraphs
 from specdec.models.kv_cache import KVCache
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 from tiny_models import save_tiny_model
 
 PROMPT_LENGTH = 20

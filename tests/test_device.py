@@ -23,7 +23,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import InvalidParameterError
 from specdec.generator import SpeculativeGenerator
 from specdec.models.base import positions_after
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 from stats_checks import assert_distribution
 from test_verify_distribution import CASES, accepted_count_law, run_verifier
 from tiny_models import save_tiny_model

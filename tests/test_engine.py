@@ -13,7 +13,8 @@ from specdec.errors import InvalidParameterError, SpecdecError
 from specdec.generator import SpeculativeGenerator, speculation_length
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
-from specdec.models.loading import load_model
+from specdec.models.derived import head_prefix_copy, layer_subset_copy
+from specdec.models.sources.loading import load_model
 from specdec.sampling import SamplingParams
 from tiny_models import save_tiny_model
 
@@ -128,10 +129,10 @@ def test_layer_skip_draft_shares_weights_and_runs_only_its_layers(models):
     target = models["target"].model
     tokens = torch.tensor([[5, 9, 13, 2]])
     positions = positions_after(0, 4, 1, tokens.device)
-    same = target.layer_subset_copy([0, 1])  # every layer: must be the target exactly
+    same = layer_subset_copy(target, [0, 1])  # every layer: must be the target exactly
     assert torch.equal(same.forward(tokens, positions, same.new_cache(1, 8)).logits,
                        target.forward(tokens, positions, target.new_cache(1, 8)).logits)
-    first = target.layer_subset_copy([0])
+    first = layer_subset_copy(target, [0])
     assert first.num_layers == 1 and target.num_layers == 2 and first.new_cache(1, 8).keys.shape[0] == 1
     assert first.model.layers[0] is target.model.layers[0] and first.lm_head is target.lm_head
     assert not torch.equal(first.forward(tokens, positions, first.new_cache(1, 8)).logits,
@@ -381,7 +382,7 @@ def test_head_prefix_copy_computes_the_first_logits_exactly(models, weights, ker
     if kernels and packed_kernel() is None:
         pytest.skip("needs the CPU kernel")
     full = load_model(str(models["target"].path), weights=weights, kernels=kernels).model
-    prefix = full.head_prefix_copy(112)
+    prefix = head_prefix_copy(full, 112)
     tokens = torch.tensor([[5, 77, 200, 31, 9]])
 
     def logits(model):

@@ -1,5 +1,5 @@
-"""`--weights gguf`: a GGUF file's quantized blocks read as they are (models/gguf_blocks.py), multiplied by
-kernels/gguf_matmul.cpp, loaded as a model's layers (models/gguf_linear.py)."""
+"""`--weights gguf`: a GGUF file's quantized blocks read as they are (models/quantized/gguf_blocks.py), multiplied by
+kernels/gguf_matmul.cpp, loaded as a model's layers (models/quantized/gguf_linear.py)."""
 
 import gguf
 import numpy as np
@@ -13,10 +13,10 @@ from specdec.generator import SpeculativeGenerator
 from specdec.heads.target_parts import lm_head_rows
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
-from specdec.models.gguf_blocks import BlockWeights, concatenate, decode
-from specdec.models.gguf_linear import GgufLinear
-from specdec.models.loading import load_model
-from specdec.models.packed_cache import packed_cache_path
+from specdec.models.quantized.gguf_blocks import BlockWeights, concatenate, decode
+from specdec.models.quantized.gguf_linear import GgufLinear
+from specdec.models.sources.loading import load_model
+from specdec.models.quantized.packed_cache import packed_cache_path
 from kernel_builds import both_builds
 from test_integer_kernel import quantized_activations
 from tiny_models import make_hf_model, random_k_blocks, save_tiny_model, write_tiny_gguf

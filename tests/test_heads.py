@@ -17,7 +17,7 @@ from specdec.generator import SpeculativeGenerator
 from specdec.heads.checkpoint import TargetIdentity, load_head, save_head
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 from specdec.sampling import SamplingParams
 from tiny_models import save_tiny_model
 

@@ -5,7 +5,7 @@ import torch
 
 from specdec import kernels
 from specdec.kernels import ZERO_POINTS, dequantize_grouped, integer_matmul, packed_kernel, quantize_grouped
-from specdec.models.packed_linear import PackedEmbedding, PackedLinear
+from specdec.models.quantized.packed_linear import PackedEmbedding, PackedLinear
 from kernel_builds import both_builds
 
 pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA/F16C CPU or no C++ compiler here")

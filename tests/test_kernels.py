@@ -12,7 +12,7 @@ from specdec.kernels import (
     quantize_packed_int8,
     unpack_rows,
 )
-from specdec.models.packed_linear import PackedLinear
+from specdec.models.quantized.packed_linear import PackedLinear
 from kernel_builds import both_builds
 
 pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA CPU or no C++ compiler here")

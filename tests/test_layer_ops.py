@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from specdec.kernels import add_rms_norm, packed_kernel, rope_qkv_to_cache, silu_mul
 from specdec.models.kv_cache import KVCache
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 from specdec.models.rope import apply_rope
 from tiny_models import save_tiny_model
 

@@ -6,8 +6,8 @@ import torch
 
 from specdec.kernels import add_rms_norm, packed_kernel, rope_qkv_to_cache, silu_mul
 from specdec.models.base import positions_after, tree_attention_mask
-from specdec.models.gguf_blocks import decode
-from specdec.models.gguf_linear import GgufLinear
+from specdec.models.quantized.gguf_blocks import decode
+from specdec.models.quantized.gguf_linear import GgufLinear
 from specdec.models.layer_plan import INT4, INT8
 from specdec.models.llama import RowAttention
 from specdec.models.rope import rope_cos_sin

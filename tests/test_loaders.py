@@ -7,7 +7,7 @@ import torch
 
 from specdec.errors import CorruptModelError, UnknownModelError
 from specdec.models.base import positions_after
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 from tiny_models import VOCAB, make_hf_model, make_tokenizer, write_tiny_gguf
 
 TOLERANCE = 1e-4

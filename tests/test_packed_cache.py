@@ -1,4 +1,4 @@
-"""Low-bit packings saved once and read back (models/packed_cache.py): the same model, no re-quantization,
+"""Low-bit packings saved once and read back (models/quantized/packed_cache.py): the same model, no re-quantization,
 one file shared by a --weights target and a quant: self-draft, damaged or stale files rebuilt."""
 
 import os
@@ -9,10 +9,10 @@ import torch
 from specdec import kernels
 from specdec.drafters import make_drafter
 from specdec.generator import SpeculativeGenerator
-from specdec.models import packed_cache
+from specdec.models.quantized import packed_cache
 from specdec.models.base import positions_after
-from specdec.models.loading import load_model
-from specdec.models.packed_cache import packed_cache_path
+from specdec.models.sources.loading import load_model
+from specdec.models.quantized.packed_cache import packed_cache_path
 from tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.skipif(kernels.packed_kernel() is None, reason="needs the CPU kernel")
@@ -32,8 +32,8 @@ def logits(model) -> torch.Tensor:
 def forbid_quantizing(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("quantized again although a packing was cached")
-    monkeypatch.setattr("specdec.models.packed_linear.quantize_grouped", refuse)
-    monkeypatch.setattr("specdec.models.packed_linear.quantize_packed_int8", refuse)
+    monkeypatch.setattr("specdec.models.quantized.packed_linear.quantize_grouped", refuse)
+    monkeypatch.setattr("specdec.models.quantized.packed_linear.quantize_packed_int8", refuse)
 
 
 def test_second_load_reads_the_packing_and_computes_the_same(checkpoint, monkeypatch):

@@ -6,7 +6,7 @@ import torch
 from specdec.commit import StopCriteria
 from specdec.engine import SpeculativeEngine
 from specdec.models.base import positions_after
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 from specdec.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow

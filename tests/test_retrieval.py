@@ -13,7 +13,7 @@ from specdec.datastore import Datastore, build_datastore
 from specdec.drafters import make_drafter
 from specdec.errors import InvalidParameterError
 from specdec.generator import SpeculativeGenerator
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 from specdec.sampling import SamplingParams
 from specdec.tree import TokenTree
 from tiny_models import make_tokenizer, save_tiny_model

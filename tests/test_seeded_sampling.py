@@ -21,7 +21,7 @@ from specdec.engine import SpeculativeEngine
 from specdec.errors import InvalidParameterError
 from specdec.generator import SpeculativeGenerator
 from specdec.kernels import packed_kernel
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 from specdec.randomness import PositionalNoise, Purpose
 from specdec.sampling import SamplingParams, inverse_cdf
 from tiny_models import save_tiny_model

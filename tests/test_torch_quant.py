@@ -1,4 +1,4 @@
-"""quant:int8 / quant:int4 on torch's own low-bit operators (models/torch_quant_linear.py): the quantized
+"""quant:int8 / quant:int4 on torch's own low-bit operators (models/quantized/torch_quant_linear.py): the quantized
 self-draft where the CPU kernel does not serve the target (a GPU, no AVX2 or compiler, bfloat16 weights).
 Here the target runs on stock torch layers (`kernels=False`); tests/test_device.py runs the same drafters
 in bfloat16 and, with `--device cuda`, on a GPU."""
@@ -10,8 +10,8 @@ from torch import nn
 from specdec.drafters import make_drafter
 from specdec.errors import SpecdecError
 from specdec.generator import SpeculativeGenerator
-from specdec.models.loading import load_model
-from specdec.models.torch_quant_linear import TorchQuantLinear
+from specdec.models.sources.loading import load_model
+from specdec.models.quantized.torch_quant_linear import TorchQuantLinear
 from tiny_models import save_tiny_model
 
 PROMPTS = ["hello hello the world", "in the beginning", "x"]

@@ -14,7 +14,7 @@ from specdec import verify
 from specdec.commit import StopCriteria
 from specdec.engine import SpeculativeEngine
 from specdec.generator import SpeculativeGenerator, speculation_length
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 from specdec.sampling import SamplingParams, processed_probs
 from specdec.tree import ROOT, TokenTree
 from stats_checks import assert_distribution

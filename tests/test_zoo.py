@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from specdec import zoo
+from specdec.models.sources import zoo
 from specdec.errors import CorruptModelError, SpecdecError, UnknownModelError
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 from tiny_models import make_hf_model, write_tiny_gguf
 
 

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     """python -m specdec.bench.forward_cost MODEL...: markdown table, packed kernel vs stock torch vs transformers."""
     import argparse
 
-    from specdec.models.loading import load_model
+    from specdec.models.sources.loading import load_model
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("models", nargs="+")

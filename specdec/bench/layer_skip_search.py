@@ -15,7 +15,7 @@ import argparse
 from specdec.bench.tasks import load_prompts
 from specdec.drafters.self_draft import layer_skip_draft
 from specdec.generator import SpeculativeGenerator
-from specdec.models.loading import load_model
+from specdec.models.sources.loading import load_model
 
 
 def candidate_subsets(num_layers: int) -> list[str]:

@@ -45,7 +45,7 @@ def find_program(name: str) -> Path:
 
 def gguf_file(spec: str) -> Path:
     """The GGUF behind a model spec: a .gguf path, or the file a zoo model was pulled as."""
-    from specdec import zoo
+    from specdec.models.sources import zoo
 
     path = Path(spec).expanduser()
     if path.suffix == ".gguf" and path.is_file():

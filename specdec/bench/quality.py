@@ -46,7 +46,7 @@ def log_probs(model, ids: list[int]) -> torch.Tensor:
 
 
 def measure(model_name: str, formats: list[str], tokens: int) -> list[FormatQuality]:
-    from specdec.models.loading import load_model
+    from specdec.models.sources.loading import load_model
 
     rows, reference = [], {}
     for weights in ["float32"] + [f for f in formats if f != "float32"]:

@@ -13,7 +13,7 @@ from specdec.bench.roofline import Roofline, measure_roofline
 from specdec.bench.tasks import BenchPrompt
 from specdec.drafters import make_drafter
 from specdec.generator import SpeculativeGenerator, default_drafter
-from specdec.models.loading import LoadedModel, load_model, resolve_model_dir
+from specdec.models.sources.loading import LoadedModel, load_model, resolve_model_dir
 
 PLAIN = "plain"
 

@@ -36,7 +36,7 @@ from specdec.rounds import Draft, VerifyResult
 from specdec.errors import SpecdecError
 from specdec.models.base import positions_after
 from specdec.models.kv_cache import KVCache
-from specdec.models.loading import LoadedModel
+from specdec.models.sources.loading import LoadedModel
 from specdec.sampling import SamplingParams, inverse_cdf, processed_probs
 
 
@@ -160,7 +160,7 @@ class DraftModelDrafter(Drafter):
 def build(arg: str, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
     """`draft:MODEL[@options]`: options after '@' as drafters.draft_options reads them."""
     from specdec.drafters.draft_options import parse_draft_options, with_head_vocab
-    from specdec.models.loading import load_model
+    from specdec.models.sources.loading import load_model
 
     model, _, options = arg.rpartition("@") if "@" in arg else (arg, "", "")
     draft_options = parse_draft_options(options)

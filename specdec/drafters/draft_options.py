@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from specdec.errors import InvalidParameterError
-from specdec.models.loading import LoadedModel
+from specdec.models.sources.loading import LoadedModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +22,7 @@ class DraftOptions:
 def parse_draft_options(options: str, kind: str = "draft") -> DraftOptions:
     """'confidence=C,vocab=N,context=N[,weights=FORMAT]' (any of them; a bare C is a confidence, as before);
     `kind` names the drafter in errors."""
-    from specdec.models.packed_linear import parse_weight_format
+    from specdec.models.quantized.packed_linear import parse_weight_format
 
     values: dict[str, float | int | str] = {}
     for item in filter(None, options.split(",")):
@@ -56,9 +56,12 @@ def with_head_vocab(draft: LoadedModel, head_vocab: int | None, kind: str = "dra
     """The draft with an LM head over ids < head_vocab only (vocab=N), or as it is."""
     if head_vocab is None:
         return draft
-    if not hasattr(draft.model, "head_prefix_copy"):
+    from specdec.models.derived import head_prefix_copy
+    from specdec.models.llama import LlamaForCausalLM
+
+    if not isinstance(draft.model, LlamaForCausalLM):
         raise InvalidParameterError(f"{kind} drafter: vocab=N needs the native backend")
     try:
-        return dataclasses.replace(draft, model=draft.model.head_prefix_copy(head_vocab))
+        return dataclasses.replace(draft, model=head_prefix_copy(draft.model, head_vocab))
     except ValueError as error:
         raise InvalidParameterError(f"{kind} drafter: vocab={head_vocab}: {error}") from None

@@ -18,9 +18,10 @@ from torch import nn
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_options import DraftOptions, parse_draft_options, with_head_vocab
 from specdec.errors import InvalidParameterError
-from specdec.models.loading import LoadedModel
-from specdec.models.packed_cache import discard_packed, load_packed, packed_cache_path, save_packed
-from specdec.models.packed_linear import parse_weight_format
+from specdec.models.sources.loading import LoadedModel
+from specdec.models.derived import cached_quantized_copy, layer_subset_copy, quantized_copy
+from specdec.models.llama import LlamaForCausalLM
+from specdec.models.quantized.packed_linear import PackedLinear, parse_weight_format
 
 LAYERSKIP_SPECS = "first:N | every:N | RANGES (e.g. 0-7,28-29)"
 
@@ -42,27 +43,19 @@ def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     if kind == "float32":
         raise InvalidParameterError("quant drafter: choose a quantized format (int8, int4[:GROUP], int7[:GROUP], gguf)")
     model = target.model
-    if not hasattr(model, "quantized_copy"):
+    if not isinstance(model, LlamaForCausalLM):
         raise InvalidParameterError("quant drafter: needs the native backend (--backend native)")
-    if not hasattr(model.lm_head, "quantized_copy"):  # stock torch layers: torch's own low-bit operators
+    if not isinstance(model.lm_head, PackedLinear):  # stock torch layers: torch's own low-bit operators
         return torch_quantized_self_draft(target, weights, kind, options, spec)
     if model.lm_head.weight_format != "float32":
         raise InvalidParameterError(f"quant drafter: the target already has {model.lm_head.weight_format} weights; "
                                     "a quantized self-draft is made from a float32 target")
-    cache_path = packed_cache_path(target.path, weights)  # the same file a --weights target uses
-    cached = load_packed(cache_path)
-    if kind == "gguf" and cached is None:  # the blocks of the GGUF the target was converted from
-        cached = gguf_block_layers(target)
+    # the blocks of the GGUF the target was converted from, where the cache does not have them yet
+    source_layers = (lambda: gguf_block_layers(target)) if kind == "gguf" else None
     try:
-        copy = model.quantized_copy(weights, cached=cached)
+        copy = cached_quantized_copy(model, target.path, weights, source_layers)
     except ValueError as error:  # e.g. an int4 group size that does not divide a layer
         raise InvalidParameterError(f"quant drafter: {error}") from None
-    except KeyError as error:  # a cache of another model layout
-        discard_packed(cache_path, f"no layer {error}")
-        copy = model.quantized_copy(weights)
-        cached = None
-    if cached is None:
-        save_packed(copy, cache_path)
     return quantized_copy_drafter(target, copy, weights, options, spec)
 
 
@@ -79,14 +72,14 @@ def quantized_copy_drafter(target: LoadedModel, copy: nn.Module, weights: str, o
 def torch_quantized_self_draft(target: LoadedModel, weights: str, kind: str, options: DraftOptions,
                                spec: str) -> DraftModelDrafter:
     """quant:int8 / quant:int4[:G] for a target on stock torch layers (a GPU, a CPU without the kernel,
-    bfloat16/float16 weights): the copy runs on torch's own low-bit operators (models/torch_quant_linear.py)."""
-    from specdec.models.torch_quant_linear import TORCH_QUANT_FORMATS
+    bfloat16/float16 weights): the copy runs on torch's own low-bit operators (models/quantized/torch_quant_linear.py)."""
+    from specdec.models.quantized.torch_quant_linear import TORCH_QUANT_FORMATS
 
     if kind not in TORCH_QUANT_FORMATS:
         raise InvalidParameterError(f"quant drafter: {weights} needs the CPU kernel (float32 weights on an x86 CPU "
                                     "with AVX2 and a C++ compiler); on this target choose int8 or int4[:GROUP]")
     try:
-        copy = target.model.quantized_copy(weights)
+        copy = quantized_copy(target.model, weights)
     except (ValueError, NotImplementedError, RuntimeError) as error:  # a group size or shape the operators refuse
         raise InvalidParameterError(f"quant drafter: {weights}: {error}".splitlines()[0]) from None
     return quantized_copy_drafter(target, copy, weights, options, spec)
@@ -96,8 +89,8 @@ def gguf_block_layers(target: LoadedModel) -> dict:
     """Packed layer name -> GgufLinear for a float32 target converted from a GGUF file (quant:gguf): the
     file's own blocks, whose values the float32 weights are; loading them once writes the packed-weight
     cache a `--weights gguf` target reads too."""
-    from specdec.models.loading import load_native_gguf, read_config
-    from specdec.models.packed_linear import PackedLinear
+    from specdec.models.sources.loading import load_native_gguf, read_config
+    from specdec.models.quantized.packed_linear import PackedLinear
 
     blocks = load_native_gguf(target.name, target.path, read_config(target.path))
     return {name: module for name, module in blocks.named_modules() if isinstance(module, PackedLinear)}
@@ -131,12 +124,12 @@ def parse_layer_subset(spec: str, num_layers: int) -> list[int]:
 
 def layer_skip_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     model = target.model
-    if not hasattr(model, "layer_subset_copy"):
+    if not isinstance(model, LlamaForCausalLM):
         raise InvalidParameterError("layerskip drafter: needs the native backend")
     spec = spec or DEFAULT_LAYER_SUBSETS.get(target.name, FALLBACK_LAYER_SUBSET)
     layers = parse_layer_subset(spec, model.num_layers)
     draft = dataclasses.replace(target, name=f"{target.name}-layers{len(layers)}",
-                                model=model.layer_subset_copy(layers))
+                                model=layer_subset_copy(model, layers))
     return DraftModelDrafter(draft, model.vocab_size, name=f"layerskip:{spec}", shares_with=model)
 
 

@@ -51,7 +51,7 @@ class EagleHead(nn.Module):
         import copy
 
         from specdec.kernels import packed_kernel
-        from specdec.models.packed_linear import PackedLinear
+        from specdec.models.quantized.packed_linear import PackedLinear
 
         if self.fc.weight.device.type != "cpu" or self.fc.weight.dtype != torch.float32 or packed_kernel() is None:
             return self

@@ -22,7 +22,7 @@ def native_model(model):
 
 def lm_head_rows(model, token_ids: torch.Tensor) -> torch.Tensor:
     """(N, C) rows of the target's LM head for token_ids (N,), in float32, whatever its storage."""
-    from specdec.models.packed_linear import PackedLinear
+    from specdec.models.quantized.packed_linear import PackedLinear
 
     head = model.lm_head
     if isinstance(head, PackedLinear):  # packed panels, int4/int7 codes, a GGUF file's blocks
@@ -41,7 +41,7 @@ class DraftVocabulary:
 
     def __init__(self, model, token_ids: torch.Tensor):
         from specdec.kernels import packed_kernel
-        from specdec.models.packed_linear import PackedLinear
+        from specdec.models.quantized.packed_linear import PackedLinear
 
         self.token_ids = token_ids.to(torch.int64)  # (N,) target ids, most frequent first
         self.rows = lm_head_rows(model, self.token_ids.to(model.device)).contiguous()  # (N, C)

@@ -1,5 +1,5 @@
 // y (T, N) = x (T, K) @ W^T with W in llama.cpp's own block formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K),
-// repacked at load without changing a single weight value (models/gguf_blocks.py), and x quantized to
+// repacked at load without changing a single weight value (models/quantized/gguf_blocks.py), and x quantized to
 // int8 per block of 32 as in integer_matmul.cpp.
 //
 // Every one of those formats is, per output column n and input k,

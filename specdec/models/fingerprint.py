@@ -33,7 +33,7 @@ def file_sha256(path: Path) -> str:
 
 def weights_sha256(model_dir: Path) -> str:
     """One digest over the model's *.safetensors files (each file's digest, in name order)."""
-    from specdec.models.loading import safetensors_files
+    from specdec.models.sources.loading import safetensors_files
 
     digests = [f"{file.name}:{file_sha256(file)}" for file in safetensors_files(Path(model_dir))]
     return digests[0].split(":", 1)[1] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest()

@@ -18,7 +18,7 @@ from torch import nn
 
 from specdec.kernels import GGUF_LAYOUTS, grouped_bits, packed_kernel
 from specdec.models.kv_cache import KVCache
-from specdec.models.packed_linear import PackedLinear
+from specdec.models.quantized.packed_linear import PackedLinear
 
 FLOAT32, INT8, INT4, INT7, GGUF = range(5)  # decoder_layers.cpp's MatrixKind
 

@@ -224,10 +224,10 @@ class LlamaForCausalLM(nn.Module):
         weights="int8" or "int4[:G]" then quantizes each packed matrix, layer by
         layer so the float32 copies are freed as it goes (an int4 model keeps a
         7-bit LM head: packed_linear.head_weight_format).
-        `cached` (packed layer name -> PackedLinear, from models/packed_cache.py) installs layers packed
+        `cached` (packed layer name -> PackedLinear, from models/quantized/packed_cache.py) installs layers packed
         earlier instead: the float weights are then not needed at all.
         """
-        from specdec.models.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
+        from specdec.models.quantized.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
 
         def packed(name: str, linears, weights=weights):
             if cached is not None:
@@ -251,82 +251,6 @@ class LlamaForCausalLM(nn.Module):
         """The format the layers' matrices are stored in (the LM head may differ: head_weight_format)."""
         down = self.model.layers[0].mlp.down_proj if len(self.model.layers) else self.lm_head
         return getattr(down, "weight_format", "float32")
-
-    def quantized_copy(self, weights: str, cached: dict[str, nn.Module] | None = None) -> "LlamaForCausalLM":
-        """The same model with its matrices in another format (e.g. an int8 self-draft).
-
-        Norms, embeddings and rope tables are shared with this model; only the quantized matrices are
-        new memory. Packed models (the CPU kernel) get packed copies in any of its formats; `cached`
-        (packed layer name -> PackedLinear in that format, from models/packed_cache.py) supplies them
-        instead of quantizing. Stock torch layers (a GPU, no kernel here, bfloat16) get int8 or int4[:G]
-        copies on torch's own low-bit operators (models/torch_quant_linear.py), with an int8 LM head
-        for int4, as the packed form keeps a 7-bit one."""
-        import copy
-
-        from specdec.models.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
-        from specdec.models.torch_quant_linear import TorchQuantLinear
-
-        packed = isinstance(self.lm_head, PackedLinear)
-
-        def clone(module: nn.Module, name: str) -> nn.Module:
-            if isinstance(module, PackedEmbedding):  # an embedding table of its own: shared, as untied ones are
-                return module
-            if isinstance(module, PackedLinear):
-                if cached is not None:
-                    return cached[name]
-                return module.quantized_copy(head_weight_format(weights) if module is self.lm_head else weights)
-            if type(module) is nn.Linear and not packed:
-                return TorchQuantLinear(module, "int8" if module is self.lm_head else weights)
-            if type(module) is nn.Embedding:  # shared (tied or not): only matrices are quantized
-                return module
-            twin = copy.copy(module)  # shares parameters and buffers; gets its own child table
-            twin._modules = {child_name: clone(child, f"{name}.{child_name}" if name else child_name)
-                             for child_name, child in module._modules.items()
-                             if not (isinstance(child, PackedEmbedding) and child.head[0] is self.lm_head)}
-            return twin
-
-        twin = clone(self, "")
-        if packed and self.config.tie_word_embeddings:
-            twin.model.embed_tokens = PackedEmbedding(twin.lm_head)
-        twin.graphs = None if self.graphs is None else CudaGraphs(twin)
-        return twin
-
-    def layer_subset_copy(self, layers: Sequence[int]) -> "LlamaForCausalLM":
-        """The same model running only `layers` (in order), sharing every weight: a layer-skip self-draft.
-        Its KV cache has one layer per kept layer."""
-        import copy
-        import dataclasses
-
-        if not layers or sorted(set(layers)) != list(layers) or layers[-1] >= self.config.num_layers or layers[0] < 0:
-            raise ValueError(f"layers must be increasing indices in [0, {self.config.num_layers})")
-        twin = copy.copy(self)
-        twin._modules = dict(self._modules)
-        stack = copy.copy(self.model)
-        stack._modules = {**self.model._modules, "layers": nn.ModuleList(self.model.layers[i] for i in layers)}
-        twin._modules["model"] = stack
-        twin.config = dataclasses.replace(self.config, num_layers=len(layers))
-        twin.graphs = None if self.graphs is None else CudaGraphs(twin)
-        return twin
-
-    def head_prefix_copy(self, count: int) -> "LlamaForCausalLM":
-        """The same model whose LM head computes only token ids [0, count): a cheaper draft (a 1.5B's
-        151k-row head is ~40% of an int4 0.5B draft's bytes). Byte-level BPE vocabularies number tokens
-        in merge order, so the first ids are the common ones (the first 32768 cover ~94% of Python
-        source tokens and ~92% of Spec-Bench prose for Qwen2.5). Shares every weight."""
-        import copy
-
-        twin = copy.copy(self)
-        twin._modules = dict(self._modules)  # the model stack (tied embeddings included) stays shared
-        if hasattr(self.lm_head, "first_outputs"):
-            twin._modules["lm_head"] = self.lm_head.first_outputs(count)
-        else:
-            if not 0 < count <= self.lm_head.out_features:
-                raise ValueError(f"the head has {self.lm_head.out_features} outputs, not {count}")
-            head = nn.Linear(self.config.hidden_size, count, bias=False, device="meta")  # no weight allocated
-            head.weight = nn.Parameter(self.lm_head.weight.detach()[:count], requires_grad=False)  # a view
-            twin._modules["lm_head"] = head
-        twin.graphs = None if self.graphs is None else CudaGraphs(twin)
-        return twin
 
     # -- the CausalLM interface (specdec.models.base) --------------------------------
     @property

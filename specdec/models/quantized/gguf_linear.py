@@ -1,7 +1,7 @@
 """Linear layers on a GGUF file's own quantized blocks (`--weights gguf`), and building a model's layers
 from the file.
 
-A `GgufLinear` is a PackedLinear whose matrix is BlockWeights (models/gguf_blocks.py) packed for
+A `GgufLinear` is a PackedLinear whose matrix is BlockWeights (models/quantized/gguf_blocks.py) packed for
 kernels/gguf_matmul.cpp: codes in the integer kernels' column-block layout, int8 group codes
 (C, K/G, 2, 8) in `scales`, float16 super-block scales (C, K/S, 2, 8) in `super_scales`. Fused
 projections (q/k/v, gate/up) whose formats differ (Q4_K q and k with a Q6_K v) are promoted to a common
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from specdec.kernels import GGUF_LAYOUTS, INTEGER_COLUMNS, gguf_matmul, pack_codes, unpack_codes
-from specdec.models.gguf_blocks import BlockWeights, concatenate, decode, dequantize_parts
-from specdec.models.packed_linear import PackedLinear
+from specdec.models.quantized.gguf_blocks import BlockWeights, concatenate, decode, dequantize_parts
+from specdec.models.quantized.packed_linear import PackedLinear
 
 
 class GgufLinear(PackedLinear):
@@ -132,7 +132,7 @@ def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
     blocks: every layer's projections, the LM head (the token embeddings where they are tied), and
     `model.embed_tokens.table` where the embeddings are untied. Raises ValueError for a matrix in a format
     kernels/gguf_matmul.cpp does not multiply (float matrices, K-quants other than Q4_K/Q6_K, i-quants)."""
-    from specdec.models.gguf_convert import gguf_field, hf_tensor_name, read_gguf, unpermute_llama_qk
+    from specdec.models.sources.gguf_convert import gguf_field, hf_tensor_name, read_gguf, unpermute_llama_qk
 
     reader = read_gguf(gguf_path)
     arch = gguf_field(reader, "general.architecture")

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec.kernels import quantize_packed_int8
-from specdec.models.packed_linear import parse_weight_format
+from specdec.models.quantized.packed_linear import parse_weight_format
 
 TORCH_QUANT_FORMATS = ("int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what tinygemm's kernels take

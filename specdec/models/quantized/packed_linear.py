@@ -22,7 +22,7 @@ from specdec.kernels import (INTEGER_BLOCK, INTEGER_COLUMNS, PANEL, dequantize_g
                              pack_weight, packed_matmul, packed_matmul_int8, quantize_grouped, quantize_packed_int8,
                              unpack_rows)
 
-# int4 and int7 also as int4:G (group size G); gguf: a GGUF file's own blocks (models/gguf_linear.py)
+# int4 and int7 also as int4:G (group size G); gguf: a GGUF file's own blocks (models/quantized/gguf_linear.py)
 WEIGHT_FORMATS = ("float32", "int8", "int4", "int7", "gguf")
 GROUPED_FORMATS = {"int4": 4, "int7": 7}
 GROUP_SIZE = 32
@@ -65,7 +65,7 @@ class PackedLinear(nn.Module):
     @classmethod
     def from_buffers(cls, packed: torch.Tensor, scales: torch.Tensor | None, bias: torch.Tensor | None,
                      out_features: int, in_features: int, split_sizes: Sequence[int]) -> "PackedLinear":
-        """A layer over buffers packed earlier (models/packed_cache.py saved them): no float weight needed."""
+        """A layer over buffers packed earlier (models/quantized/packed_cache.py saved them): no float weight needed."""
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.out_features, layer.in_features, layer.split_sizes = out_features, in_features, list(split_sizes)

