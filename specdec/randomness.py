@@ -34,8 +34,9 @@ class Purpose(IntEnum):
 
 
 def random_seed() -> int:
-    """A fresh seed for a generation the caller did not seed (from the OS's entropy, not torch's state)."""
-    return int(np.random.SeedSequence().entropy) & _KEY_MASK
+    """A seed for a generation the caller did not seed, drawn from torch's global generator: after
+    `torch.manual_seed(n)` unseeded generations repeat, as transformers' `set_seed` + `generate` do."""
+    return int(torch.randint(0, 2**62, ()).item())
 
 
 @dataclass(frozen=True)

@@ -508,7 +508,7 @@ def test_a_client_gone_before_its_reply_is_counted_as_499_not_503(tiny_generator
     running = slow_server(tiny_generator, max_active=1, max_queue=4)
     try:
         connection = http.client.HTTPConnection("127.0.0.1", running.port, timeout=30)
-        connection.request("POST", "/v1/completions", body=json.dumps({"prompt": "abc", "max_tokens": 400}),
+        connection.request("POST", "/v1/completions", body=json.dumps({"prompt": "abc", "max_tokens": 400, "temperature": 0}),
                            headers={"Content-Type": "application/json"})
         deadline = time.monotonic() + 10
         while running.metrics()["specdec_active_generations"] < 1:
@@ -534,8 +534,9 @@ def test_when_the_grace_period_runs_out_replies_end_as_documented(tiny_generator
     (they used to be cut mid-chunk and get a plain-text 500)."""
     running = slow_server(tiny_generator, pause=0.02, grace=0.5, max_active=1, max_queue=4)
     stream = http.client.HTTPConnection("127.0.0.1", running.port, timeout=60)
-    stream.request("POST", "/v1/completions", body=json.dumps({"prompt": "abc", "max_tokens": 2000, "stream": True}),
-                   headers={"Content-Type": "application/json"})
+    # greedy: a sampled stream may meet EOS before the grace period ends
+    body = {"prompt": "abc", "max_tokens": 2000, "temperature": 0, "stream": True}
+    stream.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
     response = stream.getresponse()
     assert response.status == 200 and response.read(6) == b"data: "
     with ThreadPoolExecutor(1) as pool:
