@@ -39,7 +39,7 @@ def test_bfloat16_load_option(tiny_dirs):
     assert (native_logits(loaded) - native_logits(full)).abs().max() < 0.5
 
 
-@pytest.mark.parametrize("kind,quantization", [("llama", "F32"), ("qwen2", "F32"), ("llama", "Q8_0")])
+@pytest.mark.parametrize("kind,quantization", [("llama", "F32"), ("qwen2", "F32"), ("qwen3", "F32"), ("llama", "Q8_0")])
 def test_gguf_round_trip(tmp_path, kind, quantization):
     hf = make_hf_model(kind, seed=3)
     path = write_tiny_gguf(tmp_path / f"tiny-{kind}.gguf", hf, quantization)

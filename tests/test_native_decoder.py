@@ -19,6 +19,9 @@ VARIANTS = [
     ("llama", {"num_key_value_heads": 4}),  # MHA
     ("llama", {"num_key_value_heads": 1}),  # MQA
     ("llama", {"attention_bias": True}),
+    ("qwen3", {}),  # per-head query/key norms
+    ("qwen3", {"head_dim": 32}),  # heads wider than hidden / heads, as Qwen3's own configs have
+    ("llama3", {"tie_word_embeddings": True}),  # Llama 3.2: llama3 rope scaling, tied embeddings
 ]
 
 
@@ -40,6 +43,10 @@ LAYOUTS = ["stock"] + (["packed"] if packed_kernel() is not None else [])
 def pair(request):
     (kind, overrides), layout = request.param
     hf = make_hf_model(kind, seed=1, **overrides)
+    with torch.no_grad():  # norms away from their initial ones, so a norm that does not load is caught
+        for name, param in hf.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(len(name)))
     return hf, native_from_hf(hf, packed=layout == "packed")
 
 

@@ -60,6 +60,8 @@ def tiny_config(kind: str = "llama", vocab_size: int = VOCAB, **overrides):
         )
     if kind == "qwen2":
         return transformers.Qwen2Config(**{**common, "tie_word_embeddings": True})
+    if kind == "qwen3":
+        return transformers.Qwen3Config(**{"tie_word_embeddings": True, **common})
     if kind == "mistral":
         return transformers.MistralConfig(**{**common, "sliding_window": None})
     raise ValueError(kind)
@@ -109,7 +111,7 @@ def random_k_blocks(format_name: str, rows: int, cols: int, seed: int):
 
 
 def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "F32") -> Path:
-    """Write `hf_model` (llama or qwen2) and the tiny tokenizer as a GGUF file, as llama.cpp would.
+    """Write `hf_model` (llama, qwen2 or qwen3) and the tiny tokenizer as a GGUF file, as llama.cpp would.
     `quantization`: one format for every matrix, or GGUF tensor name suffix -> format with a "default"
     (as llama.cpp's mixes: e.g. {"default": "Q4_K", "attn_v.weight": "Q6_K"}); K-quant matrices get random
     blocks (random_k_blocks), not the model's weights."""
@@ -117,7 +119,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
     import numpy as np
 
     config = hf_model.config
-    arch = "qwen2" if config.model_type == "qwen2" else "llama"
+    arch = config.model_type if config.model_type in ("qwen2", "qwen3") else "llama"
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -127,7 +129,11 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_rope_dimension_count(head_dim)
+    if arch == "qwen3":  # as llama.cpp writes it: the head width, not derived from hidden / heads
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     tokens, merges = byte_level_vocab()
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -144,6 +150,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
                    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
                    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
                    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+                   "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
                    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
     formats = quantization if isinstance(quantization, dict) else {"default": quantization}
     for name, tensor in hf_model.state_dict().items():

@@ -1,7 +1,7 @@
 """ModelConfig: the few numbers the native Llama-family decoder needs.
 
-Built from a Hugging Face config.json dictionary. One decoder covers Llama 2/3,
-SmolLM/SmolLM2, Qwen2/Qwen2.5 and Mistral: they differ only in the flags below.
+Built from a Hugging Face config.json dictionary. One decoder covers Llama 2/3/3.2,
+SmolLM/SmolLM2, Qwen2/Qwen2.5, Qwen3 (dense) and Mistral: they differ only in the flags below.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from specdec.errors import UnsupportedModelError
 
-NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2")
+NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -45,6 +45,7 @@ class ModelConfig:
     rope: RopeConfig = field(default_factory=RopeConfig)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head's queries and keys, before rope
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
@@ -80,6 +81,7 @@ class ModelConfig:
             rope=_rope_from_hf(cfg),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            qk_norm=model_type == "qwen3",
         )
 
 

@@ -1,6 +1,6 @@
-"""Native Llama-family decoder: Llama 2/3, SmolLM/SmolLM2, Qwen2/2.5, Mistral.
+"""Native Llama-family decoder: Llama 2/3/3.2, SmolLM/SmolLM2, Qwen2/2.5, Qwen3 (dense), Mistral.
 
-GQA, RoPE (with Llama-3 scaling), RMSNorm, SwiGLU. Parameter names mirror the
+GQA, RoPE (with Llama-3 scaling), RMSNorm, SwiGLU; Qwen3's per-head query/key norms. Parameter names mirror the
 Hugging Face checkpoints (`model.layers.0.self_attn.q_proj.weight`, ...), so a
 safetensors state dict loads as it is.
 
@@ -52,6 +52,10 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
         self.qkv_proj = None  # q, k and v fused into one packed layer by pack_weights()
+        if c.qk_norm:  # Qwen3: each head's queries and keys normalized before rope
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.qk_norm = c.qk_norm
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.qkv_proj is not None:
@@ -70,8 +74,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         batch, num_new, _ = x.shape
         q, k, v = self.project_qkv(x)
-        q = q.view(batch, num_new, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = k.reshape(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        q = q.reshape(batch, num_new, self.num_heads, self.head_dim)  # (B, T, H, D)
+        k = k.reshape(batch, num_new, self.num_kv_heads, self.head_dim)  # (B, T, Hkv, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, D), (B, Hkv, T, D)
         v = v.reshape(batch, num_new, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = cache.write(layer, k, v)  # (B, Hkv, S, D), S = cached + T
@@ -316,7 +323,10 @@ class LlamaForCausalLM(nn.Module):
 
     def layer_plan(self, x: torch.Tensor, cache, rows: RowAttention | None) -> LayerPlan | None:
         """The one-call path through the layers (models/layer_plan.py) where it applies, else None."""
-        return layer_plan(self, self.model.layers, x, cache, rows) if self.layers_are_packed() else None
+        # the one C call has no step for query/key norms: Qwen3 runs layer by layer (each matmul still packed)
+        if not self.layers_are_packed() or self.config.qk_norm:
+            return None
+        return layer_plan(self, self.model.layers, x, cache, rows)
 
     def run(
         self,

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from specdec.errors import CorruptModelError, UnsupportedModelError
 from specdec.paths import building_directory
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -31,6 +31,8 @@ _LAYER_NAMES = {
     "attn_v.weight": "self_attn.v_proj.weight",
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
@@ -121,6 +123,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     with building_directory(out_dir) as tmp:
         config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         config.tie_word_embeddings = "lm_head.weight" not in state
+        # transformers' GGUF mapping drops key_length; Qwen3's heads are wider than hidden / heads
+        head_dim = gguf_field(reader, f"{arch}.attention.key_length")
+        if head_dim is not None:
+            config.head_dim = int(head_dim)
         config.dtype = "float32"
         config.save_pretrained(tmp)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
