@@ -16,19 +16,22 @@ CHAT_TEMPLATE = (
 )
 
 
-def byte_level_vocab() -> tuple[list[str], list[tuple[str, str]]]:
-    """Tokens (256 byte symbols, a few merges, specials) in id order, and the merges."""
+def byte_level_vocab(merges: bool = True) -> tuple[list[str], list[tuple[str, str]]]:
+    """Tokens (256 byte symbols, a few merges unless merges=False, specials) in id order, and the merges."""
     from tokenizers import pre_tokenizers
 
     tokens = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokens += [a + b for a, b in MERGES]
-    return tokens + SPECIAL_TOKENS, list(MERGES)
+    chosen = list(MERGES) if merges else []
+    tokens += [a + b for a, b in chosen]
+    return tokens + SPECIAL_TOKENS, chosen
 
 
-def make_tokenizer() -> transformers.PreTrainedTokenizerFast:
+def make_tokenizer(merges: bool = True) -> transformers.PreTrainedTokenizerFast:
+    """The tiny byte-level BPE tokenizer; merges=False: bytes only (another tokenizer, for cross-tokenizer
+    drafting: same text, other ids)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    tokens, merges = byte_level_vocab()
+    tokens, merges = byte_level_vocab(merges)
     vocab = {t: i for i, t in enumerate(tokens)}  # specials get fixed ids at the end
     backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -79,10 +82,10 @@ def make_hf_model(kind: str = "llama", seed: int = 0, **overrides):
     return model.eval()
 
 
-def save_tiny_model(path: Path, kind: str = "llama", seed: int = 0, **overrides) -> Path:
+def save_tiny_model(path: Path, kind: str = "llama", seed: int = 0, tokenizer=None, **overrides) -> Path:
     model = make_hf_model(kind, seed, **overrides)
     model.save_pretrained(path)
-    make_tokenizer().save_pretrained(path)
+    (tokenizer or make_tokenizer()).save_pretrained(path)
     return path
 
 

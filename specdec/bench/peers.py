@@ -19,7 +19,8 @@ class PeerRun:
 
 
 class TransformersPeer:
-    """`mode`: "plain", "assisted" (needs assistant_dir) or "lookup" (prompt_lookup_num_tokens=10)."""
+    """`mode`: "plain", "assisted" (needs assistant_dir; an assistant with another tokenizer runs as
+    transformers' universal assisted generation) or "lookup" (prompt_lookup_num_tokens=10)."""
 
     def __init__(self, target_dir: Path, mode: str, assistant_dir: Path | None = None, device: str = "cpu",
                  dtype: str = "float32"):
@@ -27,6 +28,13 @@ class TransformersPeer:
         self.model = _load(str(target_dir), device, dtype)
         self.assistant = _load(str(assistant_dir), device, dtype) if mode == "assisted" else None
         self.device = device
+        self.tokenizers = None  # (target's, assistant's) where they differ: universal assisted generation
+        if mode == "assisted":
+            from transformers import AutoTokenizer
+
+            tokenizers = AutoTokenizer.from_pretrained(str(target_dir)), AutoTokenizer.from_pretrained(str(assistant_dir))
+            if tokenizers[0].get_vocab() != tokenizers[1].get_vocab():
+                self.tokenizers = tokenizers
 
     @property
     def name(self) -> str:
@@ -38,6 +46,8 @@ class TransformersPeer:
                        pad_token_id=eos_token_ids[0], attention_mask=torch.ones_like(inputs))
         if self.mode == "assisted":
             options["assistant_model"] = self.assistant
+            if self.tokenizers is not None:
+                options["tokenizer"], options["assistant_tokenizer"] = self.tokenizers
         elif self.mode == "lookup":
             options["prompt_lookup_num_tokens"] = 10
         start = time.perf_counter()

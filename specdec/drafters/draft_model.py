@@ -33,22 +33,16 @@ from torch import nn
 from specdec.drafters.base import Drafter, module_bytes, tensor_bytes
 from specdec.randomness import NoiseStream, unseeded_stream
 from specdec.rounds import Draft, VerifyResult
-from specdec.errors import SpecdecError
+from specdec.errors import InvalidParameterError
 from specdec.models.base import positions_after
 from specdec.models.kv_cache import KVCache
 from specdec.models.sources.loading import LoadedModel
 from specdec.sampling import SamplingParams, inverse_cdf, processed_probs
 
 
-def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
-    target_vocab, draft_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
-    if target_vocab != draft_vocab:
-        differing = len(set(target_vocab.items()) ^ set(draft_vocab.items()))
-        raise SpecdecError(
-            f"draft model {draft.name!r} uses a different tokenizer than target {target.name!r} "
-            f"({len(draft_vocab)} vs {len(target_vocab)} tokens, {differing} entries differ); "
-            "a draft model must share the target's tokenizer"
-        )
+def same_tokenizer(target: LoadedModel, draft: LoadedModel) -> bool:
+    """Whether the draft's token ids mean what the target's do (else it drafts through text)."""
+    return target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
 
 
 class DraftModelDrafter(Drafter):
@@ -170,7 +164,13 @@ def build(arg: str, target: LoadedModel, device: str, dtype: str) -> DraftModelD
     # and on a GPU it replays CUDA graphs when the target does
     graphs = getattr(target.model, "graphs", None) is not None
     draft = load_model(model, device=device, dtype=dtype, weights=weights, cuda_graphs=graphs)
-    check_same_tokenizer(target, draft)
+    if not same_tokenizer(target, draft):  # drafts as text, re-tokenized for the target
+        from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
+
+        if draft_options.head_vocab or draft_options.context or draft_options.min_confidence:
+            raise InvalidParameterError(f"draft:{model}: its tokenizer differs from the target's; only weights=FORMAT "
+                                        "applies to such a draft")
+        return CrossTokenizerDrafter(draft, target.tokenizer, target.model.vocab_size, name=f"draft:{arg}")
     draft = with_head_vocab(draft, draft_options.head_vocab)
     return DraftModelDrafter(draft, target.model.vocab_size, draft_options.min_confidence, name=f"draft:{arg}",
                              prompt_window=draft_options.context)
