@@ -334,16 +334,14 @@ def cmd_bench(args) -> int:
     from specdec.bench.tasks import load_prompts
     from specdec.generator import speculation_length
     from specdec.sampling import SamplingParams
-    from specdec.verify import ACCEPTANCE_RULES
+    from specdec.verify import check_acceptance
 
     split = lambda text: [item for item in text.split(",") if item]  # noqa: E731
     speculation_length(args.k)
     SamplingParams(temperature=args.temperature)
     rules = split(args.acceptance)
-    unknown = [rule for rule in rules if rule not in ACCEPTANCE_RULES]
-    if unknown or not rules:
-        raise InvalidParameterError(f"--acceptance takes {' or '.join(ACCEPTANCE_RULES)} (comma-separated), "
-                                    f"not {args.acceptance!r}")
+    for rule in rules or [args.acceptance]:
+        check_acceptance(rule)
     config = BenchConfig(args.target, split_drafter_specs(args.drafters), split(args.tasks), args.limit, args.max_new_tokens,
                          args.temperature, args.seed, str(args.k), split(args.peers), args.device,
                          args.roofline_mb, args.weights, args.dtype, args.cuda_graphs, args.backend, rules)

@@ -18,7 +18,7 @@ import torch
 
 from specdec.commit import Committer, CommitOutcome, StopCriteria
 from specdec.drafters.base import Drafter
-from specdec.errors import ContextLengthError, InvalidParameterError
+from specdec.errors import ContextLengthError
 from specdec.models.base import CausalLM, positions_after, tree_attention_mask
 from specdec.rounds import Draft, GenerationResult, SideInputs, StreamChunk, VerifyResult
 from specdec.randomness import PositionalNoise, Purpose, random_seed
@@ -26,7 +26,7 @@ from specdec.sampling import SamplingParams, check_seed, processed_probs, tree_p
 from specdec.speculation_length import FixedK, SpeculationLength
 from specdec.stats import GenerationStats, RoundStats
 from specdec.tree import TokenTree
-from specdec.verify import (ACCEPTANCE_RULES, verify_chain_greedy, verify_chain_match, verify_chain_rejection,
+from specdec.verify import (check_acceptance, verify_chain_greedy, verify_chain_match, verify_chain_rejection,
                             verify_tree_greedy, verify_tree_match, verify_tree_rejection)
 
 
@@ -35,8 +35,7 @@ class SpeculativeEngine:
                  acceptance: str = "match"):
         """acceptance: the sampling rule (specdec.verify): "match" returns the text plain sampling returns for
         the same seed; "rejection" accepts more of a sampling drafter's tokens, exact in distribution only."""
-        if acceptance not in ACCEPTANCE_RULES:
-            raise InvalidParameterError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, not {acceptance!r}")
+        check_acceptance(acceptance)
         self.target = target
         self.drafter = drafter
         self.speculation = speculation or FixedK(0 if drafter is None else 4)

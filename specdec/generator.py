@@ -20,6 +20,7 @@ from specdec.errors import InvalidParameterError
 from specdec.models.sources.loading import LoadedModel, gguf_source, load_model
 from specdec.sampling import SamplingParams
 from specdec.speculation_length import AdaptiveK, FixedK, SpeculationLength
+from specdec.verify import check_acceptance
 from specdec.models.sources import zoo
 from specdec.models.sources.zoo import DEFAULT_MODEL
 
@@ -111,7 +112,7 @@ class SpeculativeGenerator:
         acceptance: str = "match",
     ) -> "SpeculativeGenerator":
         speculation_length(k)  # validate before loading anything
-        SpeculativeEngine(None, None, None, acceptance)
+        check_acceptance(acceptance)
         loaded = load_model(target, device=device, dtype=dtype, backend=backend, weights=weights,
                             cuda_graphs=cuda_graphs)
         if drafter == "default":

@@ -26,11 +26,18 @@ from __future__ import annotations
 import torch
 
 from specdec.rounds import Draft, VerifyResult
+from specdec.errors import InvalidParameterError
 from specdec.randomness import PositionalNoise, Purpose
 from specdec.sampling import inverse_cdf
 from specdec.tree import ROOT, TokenTree
 
 ACCEPTANCE_RULES = ("match", "rejection")
+
+
+def check_acceptance(rule: str) -> None:
+    """A rule this module implements, else InvalidParameterError (before anything loads)."""
+    if rule not in ACCEPTANCE_RULES:
+        raise InvalidParameterError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, not {rule!r}")
 
 
 def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:

@@ -68,6 +68,7 @@ def test_generate_compare_runs_plain_decoding_too(tiny_dirs, capsys):
         (["serve", "--k", "0"], "k must be"),
         (["serve", "--port", "70000"], "cannot listen"),
         (["analyze", "--alpha", "0.5,2"], "acceptance rates"),
+        (["bench", "--acceptance", "match,coupled"], "acceptance must be one of"),
         (["pull", "no-such-model"], "unknown zoo model"),
     ],
 )

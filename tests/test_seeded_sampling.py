@@ -74,8 +74,12 @@ def drafter_factories(models) -> dict:
     }
 
 
-@pytest.mark.parametrize("name", ["ngram", "draft", "quant", "layerskip", "lookahead", "draft-random", "ngram+draft",
-                                  "eagle", "medusa"])
+# every registered drafter with a test spec, and the drafters that need a fixture of their own
+NAMES = [kind.name for kind in REGISTRY.values() if kind.test_spec] + ["draft-random", "ngram+draft", "eagle",
+                                                                        "medusa"]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_seeded_speculative_text_equals_seeded_plain_text(models, name):
     factories = drafter_factories(models)
     if name not in factories:
@@ -126,9 +130,11 @@ def test_the_rejection_rule_is_seed_stable_at_a_fixed_k(models):
     assert texts[0] == texts[1]
 
 
-def test_an_unknown_acceptance_rule_is_refused():
+def test_an_unknown_acceptance_rule_is_refused(models):
     with pytest.raises(InvalidParameterError, match="acceptance"):
-        SpeculativeEngine(None, None, None, "coupled")
+        SpeculativeEngine(models["target"].model, None, None, "coupled")
+    with pytest.raises(InvalidParameterError, match="acceptance"):
+        SpeculativeGenerator.from_pretrained("no-such-model", acceptance="coupled")  # refused before loading
 
 
 def test_uniforms_are_a_function_of_seed_position_and_purpose():
