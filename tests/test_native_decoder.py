@@ -22,6 +22,8 @@ VARIANTS = [
     ("qwen3", {}),  # per-head query/key norms
     ("qwen3", {"head_dim": 32}),  # heads wider than hidden / heads, as Qwen3's own configs have
     ("llama3", {"tie_word_embeddings": True}),  # Llama 3.2: llama3 rope scaling, tied embeddings
+    ("gemma3", {}),  # Gemma 3: sliding window (8, crossed by the contexts below), norms around attention and MLP
+    ("gemma3", {"query_pre_attn_scalar": 24, "final_logit_softcapping": 30.0}),
 ]
 
 
@@ -130,13 +132,14 @@ def test_unsupported_architecture_is_refused():
 
 
 @pytest.mark.skipif(packed_kernel() is None, reason="bit-identical rows need the CPU kernels")
-@pytest.mark.parametrize("weights", ["float32", "int8", "int4", "int7"])
-def test_verification_rows_are_bit_identical_to_one_token_steps(weights):
+@pytest.mark.parametrize("kind,weights", [("qwen2", "float32"), ("qwen2", "int8"), ("qwen2", "int4"),
+                                          ("qwen2", "int7"), ("gemma3", "int8")])  # gemma3: rows past its window
+def test_verification_rows_are_bit_identical_to_one_token_steps(kind, weights):
     """A verified token's logits must be exactly what plain decoding computes for it one step at a time
     (chains and tree nodes alike), or greedy speculative output can leave the target's at near-ties; with
     int8-quantized activations a last-bit difference would grow to visibly different logits. (Stock torch
     matmuls are not batch-invariant; there the guarantee is equality up to near-ties.)"""
-    native = native_from_hf(make_hf_model("qwen2"))
+    native = native_from_hf(make_hf_model(kind))
     native.pack_weights(weights)
     gen = torch.Generator().manual_seed(11)
     prefix, nodes = torch.randint(0, VOCAB, (1, 10), generator=gen), torch.randint(0, VOCAB, (1, 7), generator=gen)
@@ -161,3 +164,23 @@ def test_verification_rows_are_bit_identical_to_one_token_steps(weights):
                     attn_mask=tree_attention_mask(10, tree.ancestor_mask())).logits[0]
     for i in range(7):
         assert torch.equal(logits[i], stepwise(tree.ancestors(i))), f"tree node {i}"
+
+
+def test_sliding_window_survives_rollback_across_its_edge(pair):
+    """Speculation on a sliding-window model: a verified block that crosses the window's edge, a rollback
+    to inside that block, then more tokens: every row's logits are transformers' on the committed text."""
+    hf, native = pair
+    if native.config.sliding_window is None:
+        pytest.skip("no sliding window")
+    window = native.config.sliding_window
+    text = torch.randint(0, VOCAB, (1, window + 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        reference = hf(text).logits[0]  # (S, V)
+    cache = native.new_cache(1, 64)
+    native(text[:, :window - 3], positions_after(0, window - 3, 1, "cpu"), cache)
+    rejected = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(6))
+    block = torch.cat([text[:, window - 3:window], rejected], 1)  # 3 accepted, then 6 to roll back
+    native(block, positions_after(window - 3, 9, 1, "cpu"), cache)
+    cache.truncate(window)
+    rest = native(text[:, window:], positions_after(window, 12, 1, "cpu"), cache).logits[0]
+    assert (rest - reference[window:]).abs().max() < TOLERANCE

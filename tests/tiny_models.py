@@ -67,6 +67,13 @@ def tiny_config(kind: str = "llama", vocab_size: int = VOCAB, **overrides):
         return transformers.Qwen3Config(**{"tie_word_embeddings": True, **common})
     if kind == "mistral":
         return transformers.MistralConfig(**{**common, "sliding_window": None})
+    if kind == "gemma3":  # a window shorter than the tests' contexts; one sliding and one global layer
+        return transformers.Gemma3TextConfig(**{
+            "tie_word_embeddings": True, "head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+            **common})
     raise ValueError(kind)
 
 

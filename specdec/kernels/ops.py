@@ -70,16 +70,16 @@ def gguf_matmul(x: torch.Tensor, codes: torch.Tensor, group_codes: torch.Tensor,
 
 
 def attention_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
-                   prefix: int) -> torch.Tensor:
+                   prefix: int, scale: float | None = None) -> torch.Tensor:
     """q (1, H, T, D), the cache's keys/values views (1, Hkv, prefix + W, D), visible (T, W) uint8: which of
     the keys after the shared `prefix` each row sees -> (1, T, H * D): each row's attention as its own
-    one-token step computes it (attention.cpp)."""
+    one-token step computes it (attention.cpp). Scores are scaled by `scale` (None: 1/sqrt(D))."""
     _, heads, rows, dim = q.shape
     q = q.contiguous()
     out = torch.empty(1, rows, heads * dim, dtype=torch.float32)
     packed_kernel().attention_rows(q.data_ptr(), keys.data_ptr(), values.data_ptr(), visible.data_ptr(),
                                    out.data_ptr(), rows, heads, keys.shape[1], dim, prefix, visible.shape[1],
-                                   keys.stride(1), dim ** -0.5, torch.get_num_threads())
+                                   keys.stride(1), dim ** -0.5 if scale is None else scale, torch.get_num_threads())
     return out
 
 

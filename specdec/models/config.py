@@ -11,7 +11,8 @@ from typing import Any
 
 from specdec.errors import UnsupportedModelError
 
-NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}  # HF name -> ours
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -45,7 +46,26 @@ class ModelConfig:
     rope: RopeConfig = field(default_factory=RopeConfig)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    qk_norm: bool = False  # Qwen3: an RMSNorm over each head's queries and keys, before rope
+    qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm over each head's queries and keys, before rope
+    # -- Gemma 3 ------------------------------------------------------------------------------------------
+    activation: str = "silu"  # of the gated feed-forward: "silu" or "gelu_tanh"
+    norm_offset: bool = False  # RMSNorm scales by (1 + weight), computed in float32, as Gemma does
+    sandwich_norms: bool = False  # norms after attention and around the feed-forward, on the residual branch
+    embedding_scale: float | None = None  # token embeddings multiplied by this (Gemma: sqrt(hidden))
+    query_scale: float | None = None  # attention scores scale when not 1/sqrt(head_dim) (query_pre_attn_scalar)
+    final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
+    # Sliding-window attention: a token at position p sees keys at positions > p - sliding_window, on the
+    # layers `sliding_layers` names; those layers use `local_rope` where it is set (Gemma 3: base 10k).
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()
+    local_rope: RopeConfig | None = None
+
+    @property
+    def runs_layer_plan(self) -> bool:
+        """Whether the one-C-call path through the layers (models/layer_plan.py) computes this architecture:
+        it has no step for query/key norms, Gemma's norms or GELU."""
+        return not (self.qk_norm or self.norm_offset or self.sandwich_norms or self.activation != "silu"
+                    or self.embedding_scale is not None or self.query_scale is not None)
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
@@ -55,20 +75,36 @@ class ModelConfig:
                 f"model type {model_type!r} has no native decoder (native: {', '.join(NATIVE_MODEL_TYPES)}); "
                 "use backend='transformers' for other architectures"
             )
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"activation {cfg['hidden_act']!r} is not supported natively (only silu)")
+        activation = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+        if activation not in ACTIVATIONS:
+            raise UnsupportedModelError(
+                f"activation {activation!r} is not supported natively (supported: {', '.join(ACTIVATIONS)})")
+        gemma = model_type == "gemma3_text"
+        for unsupported in ("attn_logit_softcapping", "use_bidirectional_attention"):
+            if cfg.get(unsupported):
+                raise UnsupportedModelError(f"{unsupported}={cfg[unsupported]!r} is not supported natively")
         num_heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
         head_dim = cfg.get("head_dim") or hidden // num_heads
         attention_bias = bool(cfg.get("attention_bias", False))
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        num_layers = cfg["num_hidden_layers"]
+        window = cfg.get("sliding_window") if gemma or model_type == "mistral" else None
+        sliding_layers: tuple[int, ...] = ()
+        if window:
+            # Gemma 3 names each layer's kind; Mistral's window (when set) applies to every layer
+            kinds = cfg.get("layer_types") or ["sliding_attention"] * num_layers
+            sliding_layers = tuple(i for i, kind in enumerate(kinds) if kind == "sliding_attention")
+        query_scale = None
+        if gemma and cfg.get("query_pre_attn_scalar", head_dim) != head_dim:
+            query_scale = float(cfg["query_pre_attn_scalar"]) ** -0.5
         return cls(
             model_type=model_type,
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
             intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
+            num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
             head_dim=head_dim,
@@ -78,17 +114,31 @@ class ModelConfig:
             qkv_bias=model_type == "qwen2" or attention_bias,
             o_bias=model_type != "qwen2" and attention_bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
-            rope=_rope_from_hf(cfg),
+            rope=_rope_from_hf(cfg, "full_attention"),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "gemma3_text"),
+            activation=ACTIVATIONS[activation],
+            norm_offset=gemma,
+            sandwich_norms=gemma,
+            embedding_scale=hidden ** 0.5 if gemma else None,
+            query_scale=query_scale,
+            final_logit_softcap=cfg.get("final_logit_softcapping") if gemma else None,
+            sliding_window=int(window) if sliding_layers else None,
+            sliding_layers=sliding_layers,
+            local_rope=_rope_from_hf(cfg, "sliding_attention") if gemma else None,
         )
 
 
-def _rope_from_hf(cfg: dict[str, Any]) -> RopeConfig:
-    # transformers 5.x keeps theta and scaling in `rope_parameters`; 4.x in
-    # `rope_theta` + `rope_scaling`. Accept both.
+def _rope_from_hf(cfg: dict[str, Any], layer_kind: str) -> RopeConfig:
+    # transformers 5.x keeps theta and scaling in `rope_parameters` (Gemma 3: one entry per layer kind,
+    # "full_attention" and "sliding_attention"); 4.x in `rope_theta` + `rope_scaling` (Gemma 3:
+    # `rope_local_base_freq` for the sliding layers). Accept both.
     params = dict(cfg.get("rope_parameters") or {})
+    if layer_kind in params:
+        params = dict(params[layer_kind] or {})
+    elif layer_kind == "sliding_attention":  # 4.x Gemma 3: local layers take the local base, unscaled
+        return RopeConfig(theta=float(cfg.get("rope_local_base_freq", 10000.0)))
     scaling = cfg.get("rope_scaling") or {}
     params = {**scaling, **params}
     theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))

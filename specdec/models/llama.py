@@ -1,6 +1,9 @@
-"""Native Llama-family decoder: Llama 2/3/3.2, SmolLM/SmolLM2, Qwen2/2.5, Qwen3 (dense), Mistral.
+"""Native Llama-family decoder: Llama 2/3/3.2, SmolLM/SmolLM2, Qwen2/2.5, Qwen3 (dense), Mistral, Gemma 3.
 
-GQA, RoPE (with Llama-3 scaling), RMSNorm, SwiGLU; Qwen3's per-head query/key norms. Parameter names mirror the
+GQA, RoPE (with Llama-3 scaling), RMSNorm, SwiGLU; Qwen3's per-head query/key norms; Gemma 3's (1 + w) norms
+around attention and feed-forward, GELU, scaled embeddings and sliding-window layers with their own rope
+base (the cache keeps every key; a sliding layer's attention masks those outside the window, exactly as
+transformers does, so truncation and tree compaction stay as they are). Parameter names mirror the
 Hugging Face checkpoints (`model.layers.0.self_attn.q_proj.weight`, ...), so a
 safetensors state dict loads as it is.
 
@@ -30,15 +33,18 @@ from specdec.models.rope import apply_rope, rope_cos_sin, rope_inverse_frequenci
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int, eps: float, offset: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        self.weight = nn.Parameter(torch.zeros(size) if offset else torch.ones(size))
         self.eps = eps
+        self.offset = offset  # Gemma: the scale is (1 + weight), applied in float32 before the cast back
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalize in float32 (as transformers does) so bf16 weights stay accurate.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (x32 * (1.0 + self.weight.float())).type_as(x)
         return self.weight * x32.to(x.dtype)
 
 
@@ -52,10 +58,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
         self.qkv_proj = None  # q, k and v fused into one packed layer by pack_weights()
-        if c.qk_norm:  # Qwen3: each head's queries and keys normalized before rope
-            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
-            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        if c.qk_norm:  # Qwen3, Gemma 3: each head's queries and keys normalized before rope
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.norm_offset)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.norm_offset)
         self.qk_norm = c.qk_norm
+        self.scale = c.query_scale  # None: 1/sqrt(head_dim)
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.qkv_proj is not None:
@@ -83,12 +90,12 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = cache.write(layer, k, v)  # (B, Hkv, S, D), S = cached + T
         if rows is not None:
-            return self.o_proj(rows.attend(q, keys, values))
+            return self.o_proj(rows.attend(q, keys, values, self.scale))
         mask = None if attn_mask is None else attn_mask.unsqueeze(1)  # (B, 1, T, S)
         with gpu_attention_backends(q.device, getattr(cache, "attention_backends", GPU_ATTENTION_BACKENDS)):
             causal = mask is None and num_new > 1  # then keys are the T new ones only (LlamaForCausalLM.forward)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
-                                                 enable_gqa=True)  # (B, H, T, D)
+                                                 enable_gqa=True, scale=self.scale)  # (B, H, T, D)
         return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, self.num_heads * self.head_dim))
 
 
@@ -120,6 +127,8 @@ class RowAttention:
 
     prefix: int
     visible: torch.Tensor  # (T, S - prefix) uint8, the attention kernel's input
+    # sliding-window layers: the first cache slot each row sees (None: slot 0 for every row)
+    first_key: tuple[int, ...] | None = None
 
     @classmethod
     def for_forward(cls, attn_mask: torch.Tensor | None, past: int, num_new: int) -> "RowAttention":
@@ -130,6 +139,21 @@ class RowAttention:
         shared = mask[:, :past].all(dim=0)  # (past,): keys every row sees
         prefix = past if bool(shared.all()) else int(shared.to(torch.uint8).argmin())
         return cls(prefix, mask[:, prefix:].to(torch.uint8).contiguous())
+
+    def windowed(self, first_key: Sequence[int]) -> "RowAttention":
+        """The same rows on a sliding-window layer: row t sees no cache slot before first_key[t]."""
+        return RowAttention(self.prefix, self.visible, tuple(first_key))
+
+    def row_alone(self, row: int) -> tuple["RowAttention", int]:
+        """Row `row` of a windowed forward as a forward of its own over the cache from slot `start` on:
+        (its RowAttention, start)."""
+        first = self.first_key[row]
+        start = min(first, self.prefix)
+        visible = self.visible[row:row + 1]
+        if first > self.prefix:  # the window also starts after some of the rows' shared keys
+            visible = visible.clone()
+            visible[:, :first - self.prefix] = 0
+        return RowAttention(self.prefix - start, visible), start
 
     def keys_of_row(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, Hkv, S, D) keys and values -> those `row` attends to, in cache order."""
@@ -144,13 +168,20 @@ class RowAttention:
     def uses_kernel(x: torch.Tensor) -> bool:
         return x.device.type == "cpu" and x.dtype == torch.float32 and packed_kernel() is not None
 
-    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """q (1, H, T, D) over the cache's (1, Hkv, S, D) -> (1, T, H * D)."""
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               scale: float | None = None) -> torch.Tensor:
+        """q (1, H, T, D) over the cache's (1, Hkv, S, D) -> (1, T, H * D); scale None: 1/sqrt(D)."""
         _, heads, rows, dim = q.shape
+        if self.first_key is not None:  # each row over its own window of the cache
+            outs = []
+            for t in range(rows):
+                alone, start = self.row_alone(t)
+                outs.append(alone.attend(q[:, :, t:t + 1], keys[:, :, start:], values[:, :, start:], scale))
+            return torch.cat(outs, dim=1)
         if self.uses_kernel(q):
-            return attention_rows(q, keys, values, self.visible, self.prefix)
+            return attention_rows(q, keys, values, self.visible, self.prefix, scale)
         out = torch.cat([F.scaled_dot_product_attention(q[:, :, t:t + 1], *self.keys_of_row(t, keys, values),
-                                                        enable_gqa=True)
+                                                        enable_gqa=True, scale=scale)
                          for t in range(rows)], dim=2)  # (1, H, T, D)
         return out.transpose(1, 2).reshape(1, rows, heads * dim)
 
@@ -163,19 +194,28 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
         self.gate_up_proj = None  # gate and up fused into one packed layer by pack_weights()
+        self.activation = c.activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x) if self.gate_up_proj is not None else (self.gate_proj(x), self.up_proj(x))
-        return self.down_proj(F.silu(gate) * up)
+        gate = F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")
+        return self.down_proj(gate * up)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        c = config
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset)
+        self.self_attn = Attention(c)
+        # Llama: the norm before the feed-forward. Gemma: the norm of the attention's output, with two more
+        # around the feed-forward's.
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset)
+        if c.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset)
+            self.post_feedforward_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset)
+        self.sandwich_norms = c.sandwich_norms
+        self.mlp = MLP(c)
 
     def pack_projections(self, packed: Callable[[str, list[nn.Linear]], nn.Module], prefix: str) -> None:
         """Replace q/k/v, o, gate/up and down by what `packed(name, linears)` makes of them (fused
@@ -189,7 +229,11 @@ class DecoderLayer(nn.Module):
         del mlp.gate_proj, mlp.up_proj
 
     def forward(self, x, cos, sin, cache, layer, attn_mask, rows=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, attn_mask, rows)
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, attn_mask, rows)
+        if self.sandwich_norms:
+            x = x + self.post_attention_layernorm(attended)
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -200,7 +244,7 @@ class DecoderStack(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
 
 
 EMBEDDING_TABLE = "model.embed_tokens.table"  # untied embeddings kept packed (PackedEmbedding owned=True)
@@ -214,14 +258,24 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer(
-            "inv_freq", rope_inverse_frequencies(config.rope, config.head_dim), persistent=False
-        )
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config.rope, config.head_dim), persistent=False)
+        self.register_buffer("local_inv_freq", rope_inverse_frequencies(config.local_rope or config.rope,
+                                                                        config.head_dim), persistent=False)
         self.graphs: CudaGraphs | None = None  # set by use_cuda_graphs()
 
+    def init_rope(self, device: torch.device | str) -> None:
+        """Recompute the rope tables on `device` (after a load on the meta device): the global one and the
+        sliding layers' own (Gemma 3's local base)."""
+        c = self.config
+        self.inv_freq = rope_inverse_frequencies(c.rope, c.head_dim).to(device)
+        self.local_inv_freq = rope_inverse_frequencies(c.local_rope or c.rope, c.head_dim).to(device)
+
     def use_cuda_graphs(self) -> None:
-        """Replay decode and verification forwards as CUDA graphs (models on a GPU; see cuda_graphs.py)."""
-        self.graphs = CudaGraphs(self)
+        """Replay decode and verification forwards as CUDA graphs (models on a GPU; see cuda_graphs.py). Not
+        for sliding-window models: a graph's attention reads its whole storage under a mask that would have
+        to follow the window too."""
+        if self.config.sliding_window is None:
+            self.graphs = CudaGraphs(self)
 
     def pack_weights(self, weights: str = "float32", cached: dict[str, nn.Module] | None = None) -> None:
         """Switch every float32 linear layer to the CPU small-row kernel (specdec.kernels).
@@ -323,8 +377,9 @@ class LlamaForCausalLM(nn.Module):
 
     def layer_plan(self, x: torch.Tensor, cache, rows: RowAttention | None) -> LayerPlan | None:
         """The one-call path through the layers (models/layer_plan.py) where it applies, else None."""
-        # the one C call has no step for query/key norms: Qwen3 runs layer by layer (each matmul still packed)
-        if not self.layers_are_packed() or self.config.qk_norm:
+        # the one C call has no step for query/key norms or Gemma's layers: those run layer by layer (each
+        # matmul still packed)
+        if not self.layers_are_packed() or not self.config.runs_layer_plan:
             return None
         return layer_plan(self, self.model.layers, x, cache, rows)
 
@@ -340,11 +395,21 @@ class LlamaForCausalLM(nn.Module):
     ) -> ForwardOutput:
         """The layers themselves: embeddings -> decoder layers (writing the cache) -> norm -> LM head.
         Leaves the cache's length to the caller."""
+        c = self.config
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
+        local = (cos, sin, attn_mask, rows)  # what the sliding-window layers attend with
+        if c.local_rope is not None:
+            local = (*rope_cos_sin(self.local_inv_freq, positions, self.dtype), attn_mask, rows)
+        window = self.window_inputs(positions, cache.length, attn_mask, rows) if c.sliding_window else None
+        if window is not None:
+            local = (local[0], local[1], *window)
+        sliding = set(c.sliding_layers)
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
         x = self.model.embed_tokens(tokens)  # (B, T, C)
-        plan = self.layer_plan(x, cache, rows)
+        if c.embedding_scale is not None:  # as a tensor of x's dtype, as transformers multiplies
+            x = x * torch.tensor(c.embedding_scale, dtype=x.dtype)
+        plan = self.layer_plan(x, cache, rows) if window is None else None
         if plan is not None:  # the CPU kernels: every layer in one C call (models/layer_plan.py)
             start = 0
             for stop in sorted({index + 1 for index in wanted if 0 <= index < self.config.num_layers}
@@ -356,7 +421,10 @@ class LlamaForCausalLM(nn.Module):
                 start = stop
         else:
             for index, layer in enumerate(self.model.layers):
-                x = layer(x, cos, sin, cache, index, attn_mask, rows)
+                if index in sliding:
+                    x = layer(x, local[0], local[1], cache, index, local[2], local[3])
+                else:
+                    x = layer(x, cos, sin, cache, index, attn_mask, rows)
                 if index in wanted:
                     hidden[index] = x
         if self.config.num_layers in wanted:  # every row's normed state, even when one row's logits are asked
@@ -366,4 +434,29 @@ class LlamaForCausalLM(nn.Module):
                 x = x[:, -1:]
         else:
             x = self.model.norm(x[:, -1:] if last_logits_only else x)
-        return ForwardOutput(logits=self.lm_head(x).float(), hidden_states=hidden)
+        logits = self.lm_head(x).float()
+        if c.final_logit_softcap is not None:
+            logits = torch.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
+        return ForwardOutput(logits=logits, hidden_states=hidden)
+
+    def window_inputs(
+        self,
+        positions: torch.Tensor,  # (B, T)
+        past: int,
+        attn_mask: torch.Tensor | None,  # (B or 1, T, past + T) bool, or None: causal
+        rows: RowAttention | None,
+    ) -> tuple[torch.Tensor | None, RowAttention | None] | None:
+        """The attention mask and rows of the sliding-window layers, or None while every row's window still
+        starts at slot 0. A token at position p sees keys at positions > p - window; committed keys sit at
+        their position's slot (prefixes are compacted), and draft keys (slots >= past) are always within
+        a window longer than the draft, so comparing slots with positions is exact."""
+        first_key = (positions - self.config.sliding_window + 1).clamp(min=0)  # (B, T)
+        if int(first_key.max()) == 0:
+            return None
+        if rows is not None:
+            return None, rows.windowed(first_key[0].tolist())
+        num_new = positions.shape[1]
+        if attn_mask is None:  # a one-token step or a first prefill
+            attn_mask = causal_attention_mask(past, num_new, positions.device)
+        in_window = torch.arange(past + num_new, device=positions.device) >= first_key.unsqueeze(-1)  # (B, T, S)
+        return attn_mask & in_window, None

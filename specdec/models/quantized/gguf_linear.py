@@ -140,7 +140,7 @@ def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
     kv_heads = gguf_field(reader, f"{arch}.attention.head_count_kv", heads)
     tensors = {}  # Hugging Face name -> (GGUF tensor, heads of llama.cpp's q/k row order to undo or None)
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, arch)
         if name is None or not (name.endswith("proj.weight") or name.endswith("proj.bias")
                                 or name in ("lm_head.weight", "model.embed_tokens.weight")):
             continue

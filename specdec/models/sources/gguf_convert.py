@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from specdec.errors import CorruptModelError, UnsupportedModelError
 from specdec.paths import building_directory
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -37,6 +37,13 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Gemma 3 names its four norms differently: llama.cpp's ffn_norm is the one before the feed-forward
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -45,16 +52,23 @@ _GLOBAL_NAMES = {
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor, or None for tensors we derive instead (rope_freqs)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    layer_names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
     match = _BLOCK.match(gguf_name)
-    if match and match.group(2) in _LAYER_NAMES:
-        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    if match and match.group(2) in layer_names:
+        return f"model.layers.{match.group(1)}.{layer_names[match.group(2)]}"
     if gguf_name == "rope_freqs.weight":
         return None
-    raise UnsupportedModelError(f"GGUF tensor {gguf_name!r} has no mapping to the Llama-family layout")
+    raise UnsupportedModelError(f"GGUF tensor {gguf_name!r} has no mapping to the {arch} layout")
+
+
+def stores_norms_plus_one(arch: str) -> bool:
+    """llama.cpp's converter writes Gemma's norm weights as 1 + w (its norm multiplies by the weight);
+    Hugging Face checkpoints keep w (their norm multiplies by 1 + w)."""
+    return arch == "gemma3"
 
 
 def unpermute_llama_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -90,7 +104,7 @@ def dequantized_state_dict(reader) -> dict[str, torch.Tensor]:
     num_kv_heads = gguf_field(reader, f"{arch}.attention.head_count_kv", num_heads)
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, arch)
         if name is None:
             continue
         try:
@@ -104,6 +118,8 @@ def dequantized_state_dict(reader) -> dict[str, torch.Tensor]:
             array = unpermute_llama_qk(array, num_heads)
         elif arch == "llama" and ".attn_k." in tensor.name:
             array = unpermute_llama_qk(array, num_kv_heads)
+        elif stores_norms_plus_one(arch) and name.endswith("norm.weight"):
+            array = array - 1.0
         state[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
     return state
 
@@ -127,6 +143,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         head_dim = gguf_field(reader, f"{arch}.attention.key_length")
         if head_dim is not None:
             config.head_dim = int(head_dim)
+        if arch == "gemma3":
+            # not in the file: llama.cpp scales scores by 1/sqrt(head_dim), but by 1/sqrt(hidden / heads)
+            # for the 62-layer 27B model (its query_pre_attn_scalar); transformers would assume 256
+            heads = gguf_field(reader, f"{arch}.attention.head_count")
+            if gguf_field(reader, f"{arch}.block_count") == 62:
+                config.query_pre_attn_scalar = int(gguf_field(reader, f"{arch}.embedding_length")) // int(heads)
+            else:
+                config.query_pre_attn_scalar = int(head_dim or config.hidden_size // heads)
         config.dtype = "float32"
         config.save_pretrained(tmp)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)

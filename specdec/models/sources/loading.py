@@ -192,7 +192,6 @@ def read_checkpoint(model_dir: Path, wanted: Callable[[str], bool] | None = None
 
 def load_native(model_dir: Path, hf_config: dict, device: str, dtype: torch.dtype):
     from specdec.models.llama import LlamaForCausalLM
-    from specdec.models.rope import rope_inverse_frequencies
 
     config = ModelConfig.from_hf_dict(hf_config)
     with torch.device("meta"):
@@ -210,7 +209,7 @@ def load_native(model_dir: Path, hf_config: dict, device: str, dtype: torch.dtyp
         )
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.inv_freq = rope_inverse_frequencies(config.rope, config.head_dim).to(device)
+    model.init_rope(device)
     return model.eval()
 
 
@@ -242,7 +241,6 @@ def native_from_packed_layers(model_dir: Path, hf_config: dict, weights: str, la
     """A CPU model with `layers` (packed layer name -> PackedLinear) as its matrices and the checkpoint's
     other tensors (norms, untied embeddings unless `layers` has them); ValueError if they do not fit."""
     from specdec.models.llama import EMBEDDING_TABLE, LlamaForCausalLM
-    from specdec.models.rope import rope_inverse_frequencies
 
     config = ModelConfig.from_hf_dict(hf_config)
     with torch.device("meta"):
@@ -262,7 +260,7 @@ def native_from_packed_layers(model_dir: Path, hf_config: dict, weights: str, la
     expected = 4 * config.num_layers + 1 + (EMBEDDING_TABLE in layers)
     if missing or result.unexpected_keys or len(layers) != expected:
         raise ValueError(f"missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}, {len(layers)} layers")
-    model.inv_freq = rope_inverse_frequencies(config.rope, config.head_dim)
+    model.init_rope("cpu")
     return model.eval()
 
 
