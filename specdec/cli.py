@@ -304,10 +304,12 @@ def cmd_models(args) -> int:
     from specdec.models.sources import zoo
     from specdec.paths import models_dir
 
-    print(f"{'name':32} {'pulled':7} {'size':>9}  path")
+    print(f"{'name':30} {'architecture':13} {'runs':12} {'pulled':7} {'size':>7}  path")
     for row in zoo.list_models():
         size = f"{row.size_bytes / 1e6:.0f} MB" if row.size_bytes else "?"
-        print(f"{row.name:32} {'yes' if row.pulled else 'no':7} {size:>9}  {row.path if row.pulled else '-'}")
+        runs = "native" if row.native else "transformers"
+        print(f"{row.name:30} {row.architecture:13} {runs:12} {'yes' if row.pulled else 'no':7} {size:>7}  "
+              f"{row.path if row.pulled else '-'}")
     print(f"(cache: {models_dir()}; set SPECDEC_HOME to move it)", file=sys.stderr)
     return 0
 

@@ -99,4 +99,6 @@ def test_prompt_longer_than_context(tmp_path):
 
 def test_models_lists_the_zoo(capsys):
     assert main(["models"]) == 0
-    assert "smollm2-135m-instruct" in capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:3] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows["smollm2-135m-instruct"] == ["llama", "native"]
+    assert rows["gemma3-270m"] == ["gemma3_text", "native"]

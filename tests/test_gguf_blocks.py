@@ -150,6 +150,7 @@ def logits(model) -> torch.Tensor:
     ("qwen2", {"default": "Q8_0", "ffn_down.weight": "Q4_1", "attn_v.weight": "Q5_0"}),
     ("llama-untied", {"default": "Q4_K", "attn_v.weight": "Q6_K", "output.weight": "Q6_K"}),  # as Q4_K_M
     ("qwen3", "Q8_0"),  # query/key norms, heads wider than hidden / heads
+    ("gemma3", {"default": "Q5_0", "attn_v.weight": "Q8_0"}),  # as the 270M file: sliding window, (1 + w) norms
 ])
 def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
     if kind == "llama-untied":  # K-quants need 256 inputs

