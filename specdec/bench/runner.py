@@ -162,6 +162,8 @@ def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = 
         if config.roofline_buffer_mb else None
     methods = build_methods(config, target)
     warmup = BenchPrompt("warmup", "warmup", "Hello", True)
+    if not target.has_chat_template:
+        prompts, warmup = [p.for_base_model() for p in prompts], warmup.for_base_model()
     warm_config = BenchConfig(**{**asdict(config), "max_new_tokens": 8})
     for method in methods:  # first calls build kernels and fill allocator pools
         method.run(target, warmup, warm_config)

@@ -29,6 +29,13 @@ class BenchPrompt:
     prompt: str
     chat: bool  # apply the chat template
 
+    def for_base_model(self) -> "BenchPrompt":
+        """The prompt for a model without a chat template (a base model such as Gemma 3 270M): a chat request
+        framed as a completion, as evaluation harnesses prompt base models; completion prompts unchanged."""
+        if not self.chat:
+            return self
+        return BenchPrompt(self.task, self.prompt_id, f"Question: {self.prompt}\nAnswer:", False)
+
 
 def find_spec_bench() -> Path | None:
     """$SPECDEC_SPEC_BENCH, else shared/data/spec_bench/question.jsonl in the working directory or above."""
