@@ -90,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="then decode the same prompt without speculation and print both speeds, the speedup "
                           "and whether the outputs are identical")
 
-    pull = commands.add_parser("pull", help="download, verify and convert a zoo model")
-    pull.add_argument("name")
+    pull = commands.add_parser("pull", help="download, verify and convert zoo models")
+    pull.add_argument("names", nargs="+", metavar="name")
 
     commands.add_parser("models", help="list zoo models, pulled or not")
 
@@ -295,8 +295,8 @@ def cmd_serve(args) -> int:
 def cmd_pull(args) -> int:
     from specdec.models.sources import zoo
 
-    path = zoo.pull(args.name)
-    print(path)
+    for name in args.names:
+        print(zoo.pull(name))
     return 0
 
 

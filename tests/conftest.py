@@ -40,12 +40,26 @@ def smollm2():
     """The real SmolLM2-135M-Instruct (pulled beforehand with `specdec pull smollm2-135m-instruct`)."""
     from specdec.models.sources.loading import load_model
 
-    path = REAL_SPECDEC_HOME / "models" / "smollm2-135m-instruct" / "hf"
+    return load_model(str(pulled_model_dir("smollm2-135m-instruct")))
+
+
+def pulled_model_dir(name: str) -> Path:
+    """The converted directory of a zoo model pulled beforehand (a failure in CI, which pulls them first; a
+    skip elsewhere)."""
+    path = REAL_SPECDEC_HOME / "models" / name / "hf"
     if not (path / "model.safetensors").exists():
         if os.environ.get("CI"):
-            pytest.fail(f"CI must pull smollm2-135m-instruct before the tests ({path} is missing)")
-        pytest.skip("smollm2-135m-instruct is not pulled (run: specdec pull smollm2-135m-instruct)")
-    return load_model(str(path))
+            pytest.fail(f"CI must pull {name} before the tests ({path} is missing)")
+        pytest.skip(f"{name} is not pulled (run: specdec pull {name})")
+    return path
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """The real Gemma 3 270M on its GGUF file's blocks (pulled beforehand with `specdec pull gemma3-270m`)."""
+    from specdec.models.sources.loading import load_model
+
+    return load_model(str(pulled_model_dir("gemma3-270m")))
 
 
 @pytest.fixture(scope="session")
@@ -54,4 +68,4 @@ def tiny_dirs(tmp_path_factory):
     from tiny_models import save_tiny_model
 
     root = tmp_path_factory.mktemp("tiny")
-    return {kind: save_tiny_model(root / kind, kind) for kind in ("llama", "llama3", "qwen2", "mistral")}
+    return {kind: save_tiny_model(root / kind, kind) for kind in ("llama", "llama3", "qwen2", "mistral", "gemma3")}

@@ -31,6 +31,8 @@ def models(tmp_path_factory):
         "random_draft": load_model(str(save_tiny_model(root / "draft", "qwen2", seed=12, num_hidden_layers=1))),
         # padded to a larger vocabulary, as Qwen2.5 checkpoints of different sizes are
         "padded_draft": load_model(str(save_tiny_model(root / "padded", "llama", seed=13, vocab_size=280))),
+        # sliding-window layers (a window of 8, crossed within every generation), Gemma's norms and GELU
+        "gemma3": load_model(str(save_tiny_model(root / "gemma3", "gemma3", seed=11))),
     }
 
 
@@ -462,15 +464,17 @@ def test_default_drafter_is_a_self_draft_only_where_it_pays(models, monkeypatch)
                                                  if packed_kernel() is not None else "ngram")
 
 
+@pytest.mark.parametrize("target_name", ["target", "gemma3"])
 @pytest.mark.parametrize("kind", list(REGISTRY))
-def test_every_registered_drafter_equals_plain_greedy(models, kind):
-    """Enumerated from the registry: a new drafter with a test_spec is checked here without a test edit."""
+def test_every_registered_drafter_equals_plain_greedy(models, kind, target_name):
+    """Enumerated from the registry: a new drafter with a test_spec is checked here without a test edit,
+    on a Llama-family target and on a Gemma 3 one (sliding-window layers)."""
     entry = REGISTRY[kind]
     if entry.test_spec is None:
         pytest.skip(f"{kind} needs files a test makes in its own module (tests of {kind})")
     if kind == "quant" and packed_kernel() is None:
         pytest.skip("quantized self-drafts need the CPU kernel")
-    target = models["target"]
+    target = models[target_name]
     spec = entry.test_spec.format(target=target.path)
     for k in (3, "auto"):
         for prompt in PROMPTS:

@@ -19,7 +19,7 @@ def native_logits(loaded):
     return loaded.model.forward(TOKENS, positions_after(0, 16, 1, "cpu"), cache).logits
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma3"])  # gemma3: 16 tokens cross its window of 8
 @pytest.mark.parametrize("backend", ["native", "transformers"])
 def test_hf_directory_round_trip(tiny_dirs, kind, backend):
     from transformers import AutoModelForCausalLM

@@ -16,6 +16,7 @@ VARIANTS = [
     ("llama3", {}),  # Llama-3 rope scaling
     ("qwen2", {}),  # qkv bias, tied embeddings
     ("mistral", {}),
+    ("mistral", {"sliding_window": 8}),  # every layer sliding
     ("llama", {"num_key_value_heads": 4}),  # MHA
     ("llama", {"num_key_value_heads": 1}),  # MQA
     ("llama", {"attention_bias": True}),

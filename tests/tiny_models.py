@@ -66,7 +66,7 @@ def tiny_config(kind: str = "llama", vocab_size: int = VOCAB, **overrides):
     if kind == "qwen3":
         return transformers.Qwen3Config(**{"tie_word_embeddings": True, **common})
     if kind == "mistral":
-        return transformers.MistralConfig(**{**common, "sliding_window": None})
+        return transformers.MistralConfig(**{"sliding_window": None, **common})
     if kind == "gemma3":  # a window shorter than the tests' contexts; one sliding and one global layer
         return transformers.Gemma3TextConfig(**{
             "tie_word_embeddings": True, "head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 16,

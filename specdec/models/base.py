@@ -57,6 +57,15 @@ def causal_attention_mask(past_length: int, num_new: int, device: torch.device |
     return torch.cat([prefix, new], dim=1).unsqueeze(0)
 
 
+def sliding_window_mask(attn_mask: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
+    """attn_mask (B or 1, T, S) restricted to a sliding window: a token at position p sees no key at a
+    position <= p - window. Committed keys sit at their position's slot (prefixes are compacted) and draft
+    keys (the last T slots) always lie within a window longer than the draft, so slots stand for positions."""
+    first_key = (positions - window + 1).clamp(min=0)  # (B, T)
+    in_window = torch.arange(attn_mask.shape[-1], device=attn_mask.device) >= first_key.unsqueeze(-1)  # (B, T, S)
+    return attn_mask & in_window
+
+
 def tree_attention_mask(past_length: int, tree_mask: torch.Tensor) -> torch.Tensor:
     """(1, T, past + T) bool from a (T, T) ancestor-or-self mask of the new tokens.
 

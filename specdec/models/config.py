@@ -80,6 +80,9 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"activation {activation!r} is not supported natively (supported: {', '.join(ACTIVATIONS)})")
         gemma = model_type == "gemma3_text"
+        if model_type == "qwen2" and cfg.get("use_sliding_window"):
+            raise UnsupportedModelError("Qwen2 with use_sliding_window is not supported natively; "
+                                        "use backend='transformers'")
         for unsupported in ("attn_logit_softcapping", "use_bidirectional_attention"):
             if cfg.get(unsupported):
                 raise UnsupportedModelError(f"{unsupported}={cfg[unsupported]!r} is not supported natively")

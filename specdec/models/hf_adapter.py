@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.models.base import ForwardOutput, causal_attention_mask
+from specdec.models.base import ForwardOutput, causal_attention_mask, sliding_window_mask
 
 
 class HFCache:
@@ -66,6 +66,15 @@ class HFCausalLM:
     def dtype(self) -> torch.dtype:
         return self.model.dtype
 
+    @property
+    def layer_kinds(self) -> list[str]:
+        """Each layer's attention kind as transformers names it ("full_attention", "sliding_attention")."""
+        config = self.model.config
+        if getattr(config, "layer_types", None):
+            return list(config.layer_types)
+        sliding = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+        return ["sliding_attention" if sliding else "full_attention"] * config.num_hidden_layers
+
     def new_cache(self, batch_size: int = 1, max_length: int | None = None) -> HFCache:
         return HFCache(max_length or self.max_context)
 
@@ -85,8 +94,14 @@ class HFCausalLM:
             raise ValueError(f"KV cache full: {past} cached + {num_new} new > capacity {cache.max_length}")
         if attn_mask is None:
             attn_mask = causal_attention_mask(past, num_new, tokens.device)
-        # transformers takes a custom 4D mask as is: (B, 1, T, S), True = attend.
-        mask4d = attn_mask.expand(batch, -1, -1).unsqueeze(1)
+        # transformers takes a custom 4D mask as is: (B, 1, T, S), True = attend. Its sliding-window layers
+        # then need the window in the mask itself (a dict per layer kind where the model mixes kinds).
+        mask4d: torch.Tensor | dict[str, torch.Tensor] = attn_mask.expand(batch, -1, -1).unsqueeze(1)
+        kinds = set(self.layer_kinds)
+        if "sliding_attention" in kinds:
+            windowed = sliding_window_mask(attn_mask, positions, self.model.config.sliding_window).unsqueeze(1)
+            mask4d = windowed if kinds == {"sliding_attention"} else {"full_attention": mask4d,
+                                                                      "sliding_attention": windowed}
         out = self.model(
             input_ids=tokens,
             position_ids=positions,

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdec.kernels import SMALL_ROWS, attention_rows, packed_kernel
-from specdec.models.base import ForwardOutput, causal_attention_mask
+from specdec.models.base import ForwardOutput, causal_attention_mask, sliding_window_mask
 from specdec.models.config import ModelConfig
 from specdec.models.cuda_graphs import CudaGraphs
 from specdec.models.kv_cache import KVCache
@@ -446,17 +446,13 @@ class LlamaForCausalLM(nn.Module):
         attn_mask: torch.Tensor | None,  # (B or 1, T, past + T) bool, or None: causal
         rows: RowAttention | None,
     ) -> tuple[torch.Tensor | None, RowAttention | None] | None:
-        """The attention mask and rows of the sliding-window layers, or None while every row's window still
-        starts at slot 0. A token at position p sees keys at positions > p - window; committed keys sit at
-        their position's slot (prefixes are compacted), and draft keys (slots >= past) are always within
-        a window longer than the draft, so comparing slots with positions is exact."""
+        """The attention mask and rows of the sliding-window layers (base.sliding_window_mask), or None while
+        every row's window still starts at slot 0."""
         first_key = (positions - self.config.sliding_window + 1).clamp(min=0)  # (B, T)
         if int(first_key.max()) == 0:
             return None
         if rows is not None:
             return None, rows.windowed(first_key[0].tolist())
-        num_new = positions.shape[1]
         if attn_mask is None:  # a one-token step or a first prefill
-            attn_mask = causal_attention_mask(past, num_new, positions.device)
-        in_window = torch.arange(past + num_new, device=positions.device) >= first_key.unsqueeze(-1)  # (B, T, S)
-        return attn_mask & in_window, None
+            attn_mask = causal_attention_mask(past, positions.shape[1], positions.device)
+        return sliding_window_mask(attn_mask, positions, self.config.sliding_window), None
