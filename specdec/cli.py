@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="then decode the same prompt without speculation and print both speeds, the speedup "
                           "and whether the outputs are identical")
 
+    from specdec.certify.command import add_certify_parser
+
+    add_certify_parser(commands, add_model_options, add_speculation_options)
+
     pull = commands.add_parser("pull", help="download, verify and convert zoo models")
     pull.add_argument("names", nargs="+", metavar="name")
 
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models, "bench": cmd_bench,
                     "serve": cmd_serve, "analyze": cmd_analyze, "train": cmd_train,
-                    "datastore": cmd_datastore}
+                    "datastore": cmd_datastore, "certify": cmd_certify}
         return commands[args.command](args)
     except SpecdecError as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
@@ -186,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specdec: interrupted", file=sys.stderr)
         return 130
+
+
+def cmd_certify(args) -> int:
+    from specdec.certify.command import run_certify
+
+    return run_certify(args)
 
 
 def cmd_generate(args) -> int:

@@ -46,8 +46,11 @@ class SpeculativeEngine:
         return "none" if self.drafter is None else self.drafter.name
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
-                 seed: int | None = None, on_chunk: Callable[[StreamChunk], None] | None = None) -> GenerationResult:
-        run = _Generation(self, list(prompt_ids), params, criteria, tokenizer, seed)
+                 seed: int | None = None, on_chunk: Callable[[StreamChunk], None] | None = None,
+                 prompt_cache=None) -> GenerationResult:
+        """`prompt_cache`: a target cache holding exactly prompt_ids[:-1] (`prompt_cache()`), copied instead of
+        a prefill when many generations share one prompt (the same keys and values, so the same output)."""
+        run = _Generation(self, list(prompt_ids), params, criteria, tokenizer, seed, prompt_cache)
         for chunk in run.chunks():
             if on_chunk is not None:
                 on_chunk(chunk)
@@ -56,6 +59,15 @@ class SpeculativeEngine:
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
                seed: int | None = None) -> Iterator[StreamChunk]:
         return self.start(prompt_ids, params, criteria, tokenizer, seed).chunks()
+
+    def prompt_cache(self, prompt_ids: Sequence[int]):
+        """The target's cache after a prefill of prompt_ids[:-1], for `generate(..., prompt_cache=)`."""
+        head = list(prompt_ids)[:-1]
+        cache = self.target.new_cache(1, max(1, len(head)))
+        if head:
+            tokens = torch.tensor([head], device=self.target.device)  # (1, P-1)
+            self.target.forward(tokens, positions_after(0, len(head), 1, tokens.device), cache, last_logits_only=True)
+        return cache
 
     def start(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
               seed: int | None = None) -> "_Generation":
@@ -67,7 +79,7 @@ class _Generation:
     """The state of one generation: caches, committed tokens, its seed's random numbers, stats."""
 
     def __init__(self, engine: SpeculativeEngine, prompt_ids: list[int], params: SamplingParams,
-                 criteria: StopCriteria, tokenizer, seed: int | None):
+                 criteria: StopCriteria, tokenizer, seed: int | None, prompt_cache=None):
         if not prompt_ids:
             raise ContextLengthError("the prompt is empty: at least one token is needed")
         check_seed(seed)
@@ -96,6 +108,7 @@ class _Generation:
         capacity = min(target.max_context,
                        len(prompt_ids) + criteria.max_new_tokens + engine.speculation.max_k + 1 + self.side_capacity)
         self.cache = target.new_cache(1, capacity)
+        self.prompt_cache = prompt_cache
         self.rounds: list[RoundStats] = []
         self.started = time.perf_counter()
         self.prefill_seconds = 0.0
@@ -121,7 +134,12 @@ class _Generation:
         """Put every prompt token but the last into the target's cache; let the drafter prepare."""
         head = self.prompt_ids[:-1]
         out = None
-        if head:
+        given = self.prompt_cache
+        # a given prompt cache serves drafters that need no prefill features (those come from the forward)
+        if (given is not None and self.feature_layer is None and getattr(given, "length", -1) == len(head)
+                and hasattr(self.cache, "can_copy_from") and self.cache.can_copy_from(given)):
+            self.cache.copy_prefix_from(given, len(head))
+        elif head:
             tokens = torch.tensor([head], device=self.target.device)  # (1, P-1)
             out = self.target.forward(tokens, positions_after(0, len(head), 1, tokens.device), self.cache,
                                       hidden_layers=self.hidden_layers, last_logits_only=True)

@@ -104,3 +104,20 @@ def test_a_seed_gives_plain_sampling_text_with_ngram_and_the_shipped_eagle_head(
                 assert result.token_ids == plain, f"{generator.engine.drafter_name} {prompt!r} T={temperature}"
                 accepted += result.stats.accepted
     assert accepted > 0
+
+
+@pytest.mark.parametrize("drafter,acceptance", [("ngram", "match"), ("eagle", "rejection")])
+def test_certify_passes_on_the_default_model(smollm2, drafter, acceptance):
+    """The CI-sized certify run (docs/certify.md): greedy equality on two prompts, and 300 sampled draws of
+    one prompt (a tree drafter under the rejection rule, a chain drafter under the match rule)."""
+    from specdec.bench.tasks import load_prompts
+    from specdec.certify import CertifySettings, certify_local
+    from specdec.drafters import make_drafter
+    from specdec.generator import SpeculativeGenerator
+
+    generator = SpeculativeGenerator(smollm2, make_drafter(drafter, smollm2, "cpu", "float32"), "auto", acceptance)
+    settings = CertifySettings(samples=300, sampled_prompts=1, greedy_tokens=32)
+    report = certify_local(generator, load_prompts(["code"], 2), SamplingParams(temperature=0.8, top_p=0.95),
+                           settings, {"drafter": drafter}, progress=False)
+    assert report.passed, report.to_json()
+    assert len(report.greedy) == 2 and len(report.sampled) == 1
