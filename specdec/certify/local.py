@@ -101,7 +101,7 @@ def certify_local(generator: SpeculativeGenerator, prompts: Sequence[BenchPrompt
     report = CertifyReport(configuration, settings)
     plain = SpeculativeGenerator(generator.target, None)
     encoded = [(prompt, generator.encode(prompt.prompt, chat=prompt.chat)) for prompt in prompts]
-    sampled = [] if params.greedy else encoded[:settings.sampled_prompts]
+    sampled = [] if params.greedy else most_telling(generator, encoded, params, settings)
     tests = max(1, chi_square_tests(settings, len(sampled), generator.acceptance))
     level = settings.alpha / tests
     total = len(encoded) + len(sampled) * settings.samples
@@ -113,6 +113,29 @@ def certify_local(generator: SpeculativeGenerator, prompts: Sequence[BenchPrompt
             report.sampled.append(sampled_case(generator, prompt.prompt_id, ids, params, settings, level,
                                                lambda: bar.update(1)))
     return report
+
+
+def most_telling(generator: SpeculativeGenerator, encoded: list, params: SamplingParams,
+                 settings: CertifySettings) -> list:
+    """The prompts for the sampled tests: the first `sampled_prompts` whose first new token is uncertain
+    enough to test (more than MIN_EXPECTED of the draws expected off the likeliest token), then others.
+    A chat answer often opens with one near-certain token, which a goodness-of-fit test cannot probe."""
+    from specdec.certify.statistics import MIN_EXPECTED
+
+    def uncertain(ids: list[int]) -> bool:
+        history = torch.tensor(ids, device=generator.target.model.device)
+        logits = next_token_logits(generator, ids).unsqueeze(0).to(history.device)
+        top = float(processed_probs(logits, params, history)[0].max())
+        return (1.0 - top) * settings.samples > MIN_EXPECTED
+
+    if settings.sampled_prompts == 0:
+        return []
+    chosen, rest = [], []
+    for pair in encoded:
+        if len(chosen) == settings.sampled_prompts:
+            break
+        (chosen if uncertain(pair[1]) else rest).append(pair)
+    return (chosen + rest)[:settings.sampled_prompts]
 
 
 def _generate(engine: SpeculativeEngine, generator: SpeculativeGenerator, ids: list[int], params: SamplingParams,
