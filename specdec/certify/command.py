@@ -112,6 +112,8 @@ def run_certify(args) -> int:
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repetition_penalty=args.repetition_penalty)
     settings = certify_settings(args)
+    if not args.endpoint and args.drafter == "none":
+        raise InvalidParameterError("--drafter none: there is no speculation to certify")
     prompts = certify_prompts(args)
     if args.endpoint:
         return run_endpoint_certify(args, params, settings, prompts)
