@@ -157,8 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--target", default=DEFAULT_MODEL, help="the model whose tokenizer the datastore uses")
     build.add_argument("--out", required=True, help="datastore directory to write")
 
-    train = commands.add_parser("train", help="train an EAGLE or Medusa head for a target on this machine")
-    train.add_argument("kind", choices=["eagle", "medusa"])
+    export = commands.add_parser("export", help="write a trained head in another tool's format (speculators: vLLM)")
+    export.add_argument("head", help="a head directory written by `specdec train eagle3`")
+    export.add_argument("--format", required=True, choices=["speculators"])
+    export.add_argument("--out", required=True, help="checkpoint directory to write")
+    export.add_argument("--target", default=None, help="the head's target (default: the one recorded in the head)")
+    export.add_argument("--verifier", default=None,
+                        help="the name the checkpoint gives its target, e.g. a Hugging Face id for vLLM "
+                             "(default: the target's local directory)")
+    export.add_argument("--device", default="cpu")
+
+    train = commands.add_parser("train", help="train an EAGLE, EAGLE-3 or Medusa head for a target on this machine")
+    train.add_argument("kind", choices=["eagle", "eagle3", "medusa"])
     train.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
     train.add_argument("--out", required=True, help="directory for head.safetensors and head.json")
     train.add_argument("--steps", type=int, default=600)
@@ -167,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head scores (most predicted first)")
     train.add_argument("--medusa-heads", type=int, default=4)
     train.add_argument("--intermediate-size", type=int, default=0, help="EAGLE layer MLP width (0: the target's)")
+    train.add_argument("--feature-layers", default="", help="EAGLE-3: target layer ids to fuse, e.g. 2,15,27 "
+                       "(speculators' ids: L is decoder layer L's input; default: low, middle and high)")
     train.add_argument("--code-tokens", type=int, default=160_000, help="corpus tokens of Python source")
     train.add_argument("--prose-tokens", type=int, default=80_000, help="corpus tokens of package documentation")
     train.add_argument("--generated", type=int, default=1024, help="answers the target writes itself for the corpus")
@@ -182,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models, "bench": cmd_bench,
                     "serve": cmd_serve, "analyze": cmd_analyze, "train": cmd_train,
-                    "datastore": cmd_datastore, "certify": cmd_certify}
+                    "datastore": cmd_datastore, "certify": cmd_certify, "export": cmd_export}
         return commands[args.command](args)
     except SpecdecError as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
@@ -423,6 +435,12 @@ def cmd_train(args) -> int:
             raise InvalidParameterError(f"{flag} must be at least {8 if flag == '--window' else 1}")
     if min(args.code_tokens, args.prose_tokens, args.generated, args.intermediate_size) < 0 or args.learning_rate <= 0:
         raise InvalidParameterError("corpus sizes and --intermediate-size must be >= 0, --learning-rate > 0")
+    try:
+        layers = tuple(int(item) for item in args.feature_layers.split(",") if item.strip())
+    except ValueError:
+        raise InvalidParameterError(f"--feature-layers {args.feature_layers!r}: expected ids like 2,15,27") from None
+    if layers and args.kind != "eagle3":
+        raise InvalidParameterError("--feature-layers applies to eagle3 heads only")
     out = Path(args.out)
     if out.exists() and not (out / "head.json").exists() and any(out.iterdir()):
         raise InvalidParameterError(f"{out}: exists and is not a head directory; choose a new --out")
@@ -430,7 +448,8 @@ def cmd_train(args) -> int:
                           seed=args.seed)
     config = TrainConfig(args.kind, steps=args.steps, batch_windows=args.batch_windows,
                          learning_rate=args.learning_rate, draft_vocab_size=args.draft_vocab,
-                         medusa_heads=args.medusa_heads, intermediate_size=args.intermediate_size, seed=args.seed)
+                         medusa_heads=args.medusa_heads, intermediate_size=args.intermediate_size,
+                         feature_layers=layers, seed=args.seed)
     target = load_model(args.target, device=args.device, backend="native")
     info = run_training(args.kind, target, out, corpus, config)
     validation = info["training"]["validation"]
@@ -438,6 +457,27 @@ def cmd_train(args) -> int:
           + ", ".join(f"{k} {v}" for k, v in validation.items() if isinstance(v, float))
           + f"; end to end: tau {validation['end_to_end']['tau']}, greedy exact "
           f"{validation['end_to_end']['greedy_matches_plain']}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from pathlib import Path
+
+    from specdec.errors import UnknownModelError
+    from specdec.interop.speculators import check_exportable, export_speculators
+    from specdec.models.sources.loading import load_model
+
+    head = Path(args.head).expanduser()
+    info = check_exportable(head, Path(args.out))
+    try:
+        target = load_model(args.target or info["target"]["name"], device=args.device, backend="native")
+    except UnknownModelError:
+        if args.target:
+            raise
+        raise InvalidParameterError(f"{head}: its target {info['target']['name']!r} is not a zoo name; "
+                                    "pass --target with its directory or GGUF file") from None
+    out = export_speculators(head, target, Path(args.out), args.verifier)
+    print(f"specdec: wrote {out} (speculators eagle3 checkpoint for {target.name})")
     return 0
 
 

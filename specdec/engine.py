@@ -92,9 +92,8 @@ class _Generation:
         if criteria.max_new_tokens > room:  # generation ends at the context limit, reported as "length"
             criteria = StopCriteria(room, criteria.eos_token_ids, criteria.stop_strings)
         self.engine, self.target, self.drafter = engine, target, engine.drafter
-        # Feature drafters (EAGLE, Medusa) read this hidden layer of every target forward.
-        self.feature_layer = None if self.drafter is None else self.drafter.feature_layer
-        self.hidden_layers = () if self.feature_layer is None else (self.feature_layer,)
+        # Feature drafters (EAGLE, EAGLE-3, Medusa) read these hidden layers of every target forward.
+        self.hidden_layers = () if self.drafter is None else tuple(self.drafter.feature_layers)
         self.params = params
         self.prompt_ids = prompt_ids
         self.context = list(prompt_ids)  # prompt + committed tokens
@@ -136,7 +135,7 @@ class _Generation:
         out = None
         given = self.prompt_cache
         # a given prompt cache serves drafters that need no prefill features (those come from the forward)
-        if (given is not None and self.feature_layer is None and getattr(given, "length", -1) == len(head)
+        if (given is not None and not self.hidden_layers and getattr(given, "length", -1) == len(head)
                 and hasattr(self.cache, "can_copy_from") and self.cache.can_copy_from(given)):
             self.cache.copy_prefix_from(given, len(head))
         elif head:
@@ -146,8 +145,8 @@ class _Generation:
         if self.drafter is not None:
             self.drafter.take_prompt_cache(self.cache)  # self-drafts of the target's layout reuse its prefill
             self.drafter.begin(self.prompt_ids, self.params, self.cache.max_length)
-            if self.feature_layer is not None and out is not None:
-                self.drafter.take_features(out.hidden_states[self.feature_layer][0])  # (P-1, C)
+            if self.hidden_layers and out is not None:
+                self.drafter.take_features(self._features_of(out))  # (P-1, C x layers)
         self.prefill_seconds = time.perf_counter() - self.started
 
     def _round(self) -> CommitOutcome:
@@ -191,13 +190,18 @@ class _Generation:
                 tokens, positions, mask = with_side_inputs(draft.side, tokens, positions, mask)
             attn_mask = tree_attention_mask(self.cache.length, mask)  # (1, T+1(+S), cache + T+1(+S))
             out = self.target.forward(tokens, positions, self.cache, attn_mask, hidden_layers=self.hidden_layers)
-        if self.feature_layer is not None:
-            self._features = out.hidden_states[self.feature_layer][0]  # (K+1 or T+1, C)
+        if self.hidden_layers:
+            self._features = self._features_of(out)  # (K+1 or T+1, C x layers)
         logits = out.logits[0]
         if draft.side is not None:
             draft.side.outputs = logits[len(draft) + 1:].argmax(-1).tolist()
             logits = logits[: len(draft) + 1]
         return logits
+
+    def _features_of(self, out) -> torch.Tensor:
+        """(T, C x layers): the drafter's hidden layers of one forward's rows, side by side in its order."""
+        states = [out.hidden_states[layer][0] for layer in self.hidden_layers]
+        return states[0] if len(states) == 1 else torch.cat(states, dim=-1)
 
     def _accept(self, logits: torch.Tensor, draft: Draft, tree: TokenTree | None) -> VerifyResult:
         if self.params.greedy and self.params.repetition_penalty == 1.0:
@@ -224,7 +228,7 @@ class _Generation:
         else:  # the accepted path's slots move up behind the root
             self.cache.compact(root_slot + 1, [root_slot + 1 + node for node in result.accepted_path])
         self.context.extend(result.tokens)
-        if self.feature_layer is not None and outcome.finish_reason is None:
+        if self.hidden_layers and outcome.finish_reason is None:
             rows = [0] + [1 + node for node in result.accepted_path]  # root, then the accepted drafts
             self.drafter.take_features(self._features[rows])  # (1 + accepted, C)
         if self._drafted and outcome.finish_reason is None:

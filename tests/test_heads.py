@@ -121,6 +121,12 @@ class OracleHead:
     def new_cache(self, max_length, batch_size=1):
         return self.real_head.new_cache(max_length, batch_size)
 
+    def fuse(self, features):
+        return features
+
+    def scoring_input(self, hidden):
+        return hidden
+
     def __call__(self, token_embeds, features, positions, cache, attn_mask):
         cache.advance(token_embeds.shape[1])
         return self.features[positions[0] + 1].unsqueeze(0)  # (1, T, C): f_{j+1} of the greedy path
@@ -193,7 +199,7 @@ def test_head_checkpoint_round_trip_and_target_check(tiny, tmp_path):
     save_head(tmp_path / "head", "eagle", head.module, head.draft_vocab, TargetIdentity.of(target), {"note": 1})
     info = json.loads((tmp_path / "head" / "head.json").read_text())
     assert info["target"]["name"] == target.name and len(info["target"]["weights_sha256"]) == 64
-    loaded = load_head(tmp_path / "head", target, "eagle")
+    loaded = load_head(tmp_path / "head", target, ("eagle",))
     for name, value in head.module.state_dict().items():
         torch.testing.assert_close(loaded.module.state_dict()[name], value.to(torch.bfloat16).float())
     assert torch.equal(loaded.draft_vocab, head.draft_vocab)
@@ -203,9 +209,9 @@ def test_head_checkpoint_round_trip_and_target_check(tiny, tmp_path):
     assert make_drafter(f"eagle:{tmp_path / 'head'}@budget=6", target, "cpu", "float32").shape == TreeShape(
         CPU_TREE.depth, CPU_TREE.top_k, 6)
     with pytest.raises(InvalidParameterError, match="weights"):
-        load_head(tmp_path / "head", tiny["other"], "eagle")  # same tokenizer, other weights
+        load_head(tmp_path / "head", tiny["other"], ("eagle",))  # same tokenizer, other weights
     with pytest.raises(InvalidParameterError, match="not a medusa head"):
-        load_head(tmp_path / "head", target, "medusa")
+        load_head(tmp_path / "head", target, ("medusa",))
     with pytest.raises(InvalidParameterError, match="not a head directory"):
         load_head(tmp_path / "missing", target)
     (tmp_path / "head" / "head.json").write_text("{")

@@ -29,8 +29,9 @@ class Drafter(ABC):
     here with the default that means "not used", so the engine calls methods and never probes a drafter.
 
     Capabilities (class attributes or properties a drafter overrides):
-      feature_layer: the target's hidden layer this drafter reads (EAGLE, Medusa); None for none. The
-        engine then asks the target for that layer in every forward and hands the drafter the rows of
+      feature_layers: the target's hidden layers this drafter reads (EAGLE, EAGLE-3, Medusa); () for none.
+        The engine then asks the target for those layers in every forward (index i: the output of decoder
+        layer i; num_layers: the final normed state) and hands the drafter, side by side, the rows of
         committed tokens through `take_features`: after prefill those of prompt[:-1], after each round those
         of the round's root and accepted drafts. So when `propose` runs, the drafter has had the feature of
         every context token but the last (which the target has not processed yet).
@@ -40,7 +41,7 @@ class Drafter(ABC):
     """
 
     name: str
-    feature_layer: int | None = None
+    feature_layers: tuple[int, ...] = ()
     tree_node_budget: int | None = None
     side_capacity: int = 0
 
@@ -79,9 +80,9 @@ class Drafter(ABC):
         prefill. Default: nothing."""
 
     def take_features(self, features: torch.Tensor) -> None:
-        """features (n, C): the target's hidden states at `feature_layer` of the next n committed tokens,
-        in order. Called only when feature_layer is set."""
-        raise NotImplementedError(f"{type(self).__name__} declares feature_layer but does not take features")
+        """features (n, C x layers): the target's hidden states at `feature_layers` of the next n committed
+        tokens, in order. Called only when feature_layers is set."""
+        raise NotImplementedError(f"{type(self).__name__} declares feature_layers but does not take features")
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor | None], shared_with: nn.Module | None = None) -> int:

@@ -34,7 +34,7 @@ class CombinedDrafter(Drafter):
         if len(sources) < 2:
             raise InvalidParameterError("a combined drafter needs at least two drafters joined by '+'")
         for source in sources:
-            if source.feature_layer is not None or source.tree_node_budget is not None or source.side_capacity:
+            if source.feature_layers or source.tree_node_budget is not None or source.side_capacity:
                 raise InvalidParameterError(f"drafter {source.name!r} drafts trees or reads the target's features; "
                                             "only chain drafters (ngram, draft:, quant:, layerskip) combine with '+'")
         self.sources = list(sources)

@@ -1,5 +1,9 @@
 """EAGLE-2 drafting: a trained one-layer head drafts a dynamic tree from the target's own features.
 
+The same tree search drafts with an EAGLE head (the target's final feature in, a predicted feature out)
+and an EAGLE-3 head (several target layers fused in, its own state fed back): the head says which target
+layers it reads (`feature_layers`), how it fuses them (`fuse`) and what its LM head scores (`scoring_input`).
+
 Each round the head first catches up on the committed tokens, fed with the target's true features
 (take_features), then grows a tree (Li et al. 2024, EAGLE-2): from the predicted feature of the last
 committed token it takes the top-k next tokens; at each further depth it expands the k nodes with
@@ -53,11 +57,17 @@ class EagleDrafter(Drafter):
         self.name = name
         self.loaded, self.target_model, self.shape = head, target_model, shape
         self.head = module or head.module.packed_copy()  # the module drafting runs (packed on the CPU kernel)
-        self.vocab = vocab or DraftVocabulary(target_model, head.draft_vocab)
-        self.feature_layer = target_model.num_layers
+        self.vocab = vocab or DraftVocabulary(target_model, head.draft_vocab, head.lm_rows)
+        self.feature_layers = head.feature_layers(target_model)
         self.tree_node_budget = shape.budget
         self.cache = None
         self.pending: list[torch.Tensor] = []
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(1, T) token ids -> (1, T, C) the head's token embeddings (the target's, unless it brought its own)."""
+        if self.loaded.embeddings is not None:
+            return self.loaded.embeddings[tokens].float()
+        return embed(self.target_model, tokens)
 
     def fresh(self) -> "EagleDrafter":
         return EagleDrafter(self.loaded, self.target_model, self.shape, self.name, self.vocab, self.head)  # shared
@@ -77,7 +87,7 @@ class EagleDrafter(Drafter):
 
     @torch.inference_mode()
     def _catch_up(self, context: Sequence[int]) -> torch.Tensor | None:
-        """Feed the committed pairs (f_j, token j+1) the head has not seen; the predicted feature of the
+        """Feed the committed pairs (f_j, token j+1) the head has not seen; the head's output at the
         last context token (1, C), or None when there is no pair yet (a one-token prompt)."""
         start = self.cache.length
         features = torch.cat(self.pending) if self.pending else None  # (m, C)
@@ -89,7 +99,7 @@ class EagleDrafter(Drafter):
         device = features.device
         tokens = torch.tensor([context[start + 1: stop + 1]], device=device)  # (1, m)
         positions = torch.arange(start, stop, device=device).unsqueeze(0)  # (1, m)
-        predicted = self.head(embed(self.target_model, tokens), features.unsqueeze(0).float(), positions,
+        predicted = self.head(self.embed(tokens), self.head.fuse(features.unsqueeze(0).float()), positions,
                               self.cache, None)  # (1, m, C)
         return predicted[0, -1:]
 
@@ -107,7 +117,7 @@ class EagleDrafter(Drafter):
 
     def _grow_tree(self, last: torch.Tensor, base: int, budget: int) -> Draft:
         k, device, vocab = self.shape.top_k, last.device, self.vocab
-        logp = torch.log_softmax(vocab.logits(last), dim=-1)  # (1, N)
+        logp = torch.log_softmax(vocab.logits(self.head.scoring_input(last)), dim=-1)  # (1, N)
         scores, index = logp[0].topk(min(k, len(vocab)))
         # Every proposed node: draft-vocabulary index, parent node (-1 = root), cumulative log-prob, depth.
         tokens: list[int] = index.tolist()
@@ -133,9 +143,9 @@ class EagleDrafter(Drafter):
                     ancestor = parents[ancestor]
                 slot[node] = self.cache.length + row
                 mask[row, slot[node]] = True
-            hidden = self.head(embed(self.target_model, node_tokens), parent_hidden.unsqueeze(0), positions,
+            hidden = self.head(self.embed(node_tokens), parent_hidden.unsqueeze(0), positions,
                                self.cache, mask.unsqueeze(0))[0]  # (F, C)
-            child_logp = torch.log_softmax(vocab.logits(hidden), dim=-1)  # (F, N)
+            child_logp = torch.log_softmax(vocab.logits(self.head.scoring_input(hidden)), dim=-1)  # (F, N)
             top_logp, top_index = child_logp.topk(min(k, len(vocab)), dim=-1)  # (F, k)
             total = top_logp + torch.tensor([cumulative[n] for n in frontier], device=device).unsqueeze(1)
             first_child = len(tokens)

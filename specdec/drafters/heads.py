@@ -1,5 +1,6 @@
 """Building EAGLE and Medusa drafters from a spec: `eagle[:HEAD_DIR][@depth=D,topk=W,budget=N]`,
-`medusa[:HEAD_DIR][@budget=N]`. Without HEAD_DIR, the head shipped with specdec for the target."""
+`medusa[:HEAD_DIR][@budget=N]`. Without HEAD_DIR, the head shipped with specdec for the target. An
+eagle HEAD_DIR holds a specdec EAGLE or EAGLE-3 head, or a speculators-format EAGLE-3 checkpoint."""
 
 from __future__ import annotations
 
@@ -28,7 +29,13 @@ def shipped_head(kind: str, target_name: str) -> Path:
 def head_drafter(kind: str, arg: str, target):
     location, _, options = arg.partition("@")
     path = Path(location).expanduser() if location else shipped_head(kind, target.name)
-    head = load_head(path, target, kind)
+    if kind == "eagle":  # specdec's EAGLE and EAGLE-3 heads, or a speculators EAGLE-3 checkpoint
+        from specdec.interop.speculators import is_speculators_checkpoint, load_speculators_head
+
+        head = (load_speculators_head(path, target) if is_speculators_checkpoint(path)
+                else load_head(path, target, ("eagle", "eagle3")))
+    else:
+        head = load_head(path, target, (kind,))
     if kind == "eagle":
         defaults = CPU_TREE if target.model.device.type == "cpu" else TreeShape()
         shape = parse_tree_options(options, defaults)

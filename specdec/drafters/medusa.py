@@ -54,7 +54,7 @@ class MedusaDrafter(Drafter):
         self.name = name
         self.loaded, self.heads, self.target_model = head, head.module, target_model
         self.vocab = vocab or DraftVocabulary(target_model, head.draft_vocab)
-        self.feature_layer = target_model.num_layers
+        self.feature_layers = (target_model.num_layers,)
         self.tree_node_budget = budget
         num_heads = head.module.shape.num_heads
         measured = head.info.get("training", {}).get("validation", {}).get("rank_accuracy")

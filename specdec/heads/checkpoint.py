@@ -1,6 +1,6 @@
 """Heads on disk: DIR/head.safetensors (bfloat16 weights + the draft vocabulary) and DIR/head.json.
 
-head.json records the kind ("eagle" or "medusa"), the module's shape, the target it was trained for
+head.json records the kind ("eagle", "eagle3" or "medusa"), the module's shape, the target it was trained for
 (name, sha256 of its weight files and of its vocabulary, hidden size) and the feature layer tapped, plus
 training figures. Loading checks the target: a head trained on other weights would draft garbage
 (exactly, but slowly), so it is refused with a clear error instead.
@@ -17,12 +17,13 @@ from torch import nn
 
 from specdec.errors import CorruptModelError, InvalidParameterError
 from specdec.heads.eagle import EagleHead, EagleShape
+from specdec.heads.eagle3 import Eagle3Head, Eagle3Shape
 from specdec.heads.medusa import MedusaHeads, MedusaShape
 from specdec.heads.target_parts import native_model
 from specdec.models.fingerprint import tokenizer_sha256, weights_sha256
 from specdec.paths import building_directory
 
-HEAD_KINDS = ("eagle", "medusa")
+HEAD_KINDS = ("eagle", "eagle3", "medusa")
 FORMAT_VERSION = 1
 
 
@@ -44,14 +45,26 @@ class TargetIdentity:
 @dataclass
 class LoadedHead:
     kind: str
-    module: nn.Module  # EagleHead or MedusaHeads, float32, eval mode, on the target's device
+    module: nn.Module  # EagleHead, Eagle3Head or MedusaHeads, float32, eval mode, on the target's device
     draft_vocab: torch.Tensor  # (N,) int64 target token ids the head scores
     info: dict  # head.json
+    # A head trained elsewhere may bring its own LM-head rows and token embeddings (specdec's heads use
+    # the target's): (N, C) and (V, C), or None.
+    lm_rows: torch.Tensor | None = None
+    embeddings: torch.Tensor | None = None
+
+    def feature_layers(self, target_model) -> tuple[int, ...]:
+        """The target's hidden layers the head reads, as the engine indexes them."""
+        if self.kind == "eagle3":
+            return self.module.shape.engine_layers()
+        return (target_model.num_layers,)  # the final normed state
 
 
 def build_head(kind: str, target_model, shape: dict) -> nn.Module:
     if kind == "eagle":
         return EagleHead(target_model.config, EagleShape(**shape))
+    if kind == "eagle3":
+        return Eagle3Head(target_model.config, Eagle3Shape(**shape))
     if kind == "medusa":
         return MedusaHeads(target_model.hidden_size, MedusaShape(**shape))
     raise InvalidParameterError(f"unknown head kind {kind!r} (choose from {', '.join(HEAD_KINDS)})")
@@ -68,7 +81,7 @@ def save_head(out_dir: Path, kind: str, module: nn.Module, draft_vocab: torch.Te
         "kind": kind,
         "shape": module.shape.to_dict(),
         "target": target.__dict__,
-        "feature_layer": "final_norm",
+        "feature_layer": list(module.shape.feature_layers) if kind == "eagle3" else "final_norm",
         "draft_vocab_size": int(draft_vocab.shape[0]),
         "training": training,
     }
@@ -109,15 +122,16 @@ def check_target(info: dict, target, path: Path) -> None:
                                     f"{trained['weights_sha256'][:12]}...), not for {target.name!r}'s weights")
 
 
-def load_head(path: Path, target, kind: str | None = None) -> LoadedHead:
-    """Load the head at `path` for `target` (a LoadedModel), checking it was trained for that target."""
+def load_head(path: Path, target, kinds: tuple[str, ...] = HEAD_KINDS) -> LoadedHead:
+    """Load the head at `path` for `target` (a LoadedModel), checking it was trained for that target and
+    is of one of `kinds`."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(path).expanduser()
     info = read_head_info(path)
-    if kind is not None and info["kind"] != kind:
-        raise InvalidParameterError(f"{path}: this is a {info['kind']} head, not a {kind} head")
+    if info["kind"] not in kinds:
+        raise InvalidParameterError(f"{path}: this is a {info['kind']} head, not a {' or '.join(kinds)} head")
     model = native_model(target.model)
     check_target(info, target, path)
     try:

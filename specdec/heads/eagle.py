@@ -60,6 +60,12 @@ class EagleHead(nn.Module):
         twin.layer.pack_projections(lambda name, linears: PackedLinear.fuse(linears), "layer")
         return twin.eval()
 
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return features  # the target's final feature is the head's input as it is (EAGLE-3 fuses several)
+
+    def scoring_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden  # the predicted feature is what the LM head scores (it is already normed)
+
     def new_cache(self, max_length: int, batch_size: int = 1) -> KVCache:
         c = self.config
         dtype, device = self.norm.weight.dtype, self.norm.weight.device  # fc may be packed

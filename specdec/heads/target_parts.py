@@ -39,12 +39,15 @@ def embed(model, tokens: torch.Tensor) -> torch.Tensor:
 class DraftVocabulary:
     """The token ids a head scores, and the LM head rows that score them."""
 
-    def __init__(self, model, token_ids: torch.Tensor):
+    def __init__(self, model, token_ids: torch.Tensor, rows: torch.Tensor | None = None):
+        """rows: the head's own LM-head rows for token_ids (a head trained elsewhere); None = the target's."""
         from specdec.kernels import packed_kernel
         from specdec.models.quantized.packed_linear import PackedLinear
 
         self.token_ids = token_ids.to(torch.int64)  # (N,) target ids, most frequent first
-        self.rows = lm_head_rows(model, self.token_ids.to(model.device)).contiguous()  # (N, C)
+        if rows is None:
+            rows = lm_head_rows(model, self.token_ids.to(model.device))
+        self.rows = rows.float().to(model.device).contiguous()  # (N, C)
         # On the CPU the rows are also packed for the small-row kernel: ~2x faster than a stock matmul at
         # a draft step's few rows.
         self.scorer = (PackedLinear(self.rows, None, [len(self.token_ids)])

@@ -1,4 +1,4 @@
-"""`specdec train eagle|medusa`: corpus -> cached target features -> fitted head -> measured -> saved."""
+"""`specdec train eagle|eagle3|medusa`: corpus -> cached target features -> fitted head -> measured -> saved."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from specdec.paths import specdec_home
 from specdec.training.corpus import CorpusConfig, build_corpus, generation_prompts
 from specdec.training.features import (cache_features, concatenate, draft_vocabulary, generated_features,
                                        pack_sequences)
-from specdec.training.train import TrainConfig, fit
+from specdec.training.train import TrainConfig, feature_layers, fit
 
 VALIDATION_FRACTION = 0.05
 # End-to-end check after training: the head drafts for the target on prompts it never saw.
@@ -29,8 +29,11 @@ VALIDATION_PROMPTS = [
 ]
 
 
-def feature_dir(target, identity: TargetIdentity, corpus: CorpusConfig) -> Path:
-    key = hashlib.sha256(json.dumps([asdict(corpus), identity.weights_sha256, identity.tokenizer_sha256]).encode())
+def feature_dir(target, identity: TargetIdentity, corpus: CorpusConfig, layers: tuple[int, ...]) -> Path:
+    key_parts = [asdict(corpus), identity.weights_sha256, identity.tokenizer_sha256]
+    if layers != (target.model.num_layers,):  # the final state's caches keep the names they always had
+        key_parts.append(list(layers))
+    key = hashlib.sha256(json.dumps(key_parts).encode())
     return specdec_home() / "features" / f"{target.name}-{key.hexdigest()[:16]}"
 
 
@@ -52,7 +55,7 @@ def measure_end_to_end(target, head: LoadedHead, max_new_tokens: int = 64) -> di
     from specdec.drafters.medusa import MedusaDrafter
     from specdec.generator import SpeculativeGenerator
 
-    drafter = (EagleDrafter(head, target.model, TreeShape(), "eagle") if head.kind == "eagle"
+    drafter = (EagleDrafter(head, target.model, TreeShape(), head.kind) if head.kind in ("eagle", "eagle3")
                else MedusaDrafter(head, target.model, 16, "medusa"))
     plain, speculative = SpeculativeGenerator(target, None), SpeculativeGenerator(target, drafter)
     taus, matches, per_depth = [], [], []
@@ -72,14 +75,15 @@ def run_training(kind: str, target, out_dir: Path, corpus: CorpusConfig, config:
 
     model = native_model(target.model)
     identity = TargetIdentity.of(target)
-    directory = feature_dir(target, identity, corpus)
+    layers = feature_layers(config, model)
+    directory = feature_dir(target, identity, corpus, layers)
     windows = corpus_windows(target, corpus, directory, progress)
-    text = cache_features(model, windows, directory / "shards", progress=progress) if windows else None
+    text = cache_features(model, windows, directory / "shards", progress=progress, layers=layers) if windows else None
     parts = [text] if text is not None else []
     if corpus.generated_answers:
         prompts = generation_prompts(corpus.generated_answers, random.Random(corpus.seed + 1))
         answers = generated_features(target, prompts, corpus.answer_tokens, directory / "generated", corpus.seed,
-                                     progress)
+                                     progress, layers)
         parts.append(pack_sequences(answers, corpus.window))
     parts = [part for part in parts if len(part)]
     if sum(map(len, parts)) < 2:

@@ -1,6 +1,7 @@
 """The target's features over a corpus, computed once and cached on disk.
 
-For every token of every window: the final normed hidden state (float16) and the target's top
+For every token of every window: the final normed hidden state, or the hidden states of the layers an
+EAGLE-3 head fuses, side by side (float16), and the target's top
 predictions after it (ids and probabilities, float16): everything a head trains on, so training never
 runs the target again. Shards of `shard_windows` windows are written atomically; an interrupted run
 resumes at the first missing shard.
@@ -37,22 +38,28 @@ class FeatureSet:
         return FeatureSet(*(p[0] for p in parts)), FeatureSet(*(p[1] for p in parts))
 
 
+def joined_features(out, layers: tuple[int, ...]) -> torch.Tensor:
+    """(B, T, C x layers): a forward's hidden states at `layers`, side by side (as drafting sees them)."""
+    return torch.cat([out.hidden_states[layer] for layer in layers], dim=-1)
+
+
 @torch.inference_mode()
-def compute_shard(model, windows: list[list[int]]) -> dict[str, torch.Tensor]:
+def compute_shard(model, windows: list[list[int]], layers: tuple[int, ...] | None = None) -> dict[str, torch.Tensor]:
+    """layers: the hidden layers recorded as features (None: the final normed state)."""
+    layers = layers or (model.num_layers,)
     tokens = torch.tensor(windows, device=model.device)  # (B, L)
     batch, length = tokens.shape
     cache = model.new_cache(batch, length)
-    out = model.forward(tokens, positions_after(0, length, batch, tokens.device), cache,
-                        hidden_layers=(model.num_layers,))
+    out = model.forward(tokens, positions_after(0, length, batch, tokens.device), cache, hidden_layers=layers)
     probs = torch.softmax(out.logits, dim=-1)  # (B, L, V)
     top_probs, top_ids = probs.topk(TOP_K, dim=-1)
     return {"tokens": tokens.to(torch.int32).cpu(),
-            "features": out.hidden_states[model.num_layers].to(torch.float16).cpu(),
+            "features": joined_features(out, layers).to(torch.float16).cpu(),
             "top_ids": top_ids.to(torch.int32).cpu(), "top_probs": top_probs.to(torch.float16).cpu()}
 
 
 def cache_features(model, windows: list[list[int]], out_dir: Path, shard_windows: int = 4,
-                   progress: bool = True) -> FeatureSet:
+                   progress: bool = True, layers: tuple[int, ...] | None = None) -> FeatureSet:
     """Compute (or reuse) the features of `windows` under out_dir; return them all."""
     from safetensors.torch import load_file, save_file
     from tqdm import tqdm
@@ -69,7 +76,7 @@ def cache_features(model, windows: list[list[int]], out_dir: Path, shard_windows
             if path.exists():
                 part = load_file(str(path))
             else:
-                part = compute_shard(model, shard)
+                part = compute_shard(model, shard, layers)
                 partial = path.with_suffix(".partial")
                 save_file(part, str(partial))
                 partial.replace(path)
@@ -95,7 +102,7 @@ GENERATION_BATCH = 16
 
 
 def generated_features(target, prompts: list[str], max_new_tokens: int, out_dir: Path, seed: int,
-                       progress: bool = True) -> list[dict[str, torch.Tensor]]:
+                       progress: bool = True, layers: tuple[int, ...] | None = None) -> list[dict[str, torch.Tensor]]:
     """The target's answers to `prompts` with their features (specdec.training.self_generation), in
     batches cached as shards under out_dir like the corpus features."""
     from safetensors.torch import load_file, save_file
@@ -114,7 +121,7 @@ def generated_features(target, prompts: list[str], max_new_tokens: int, out_dir:
             prompt_ids = [chat_ids(tokenizer, text) for text in batch]
             generator = torch.Generator().manual_seed(seed * 100_003 + index)
             results = generate_batch(model, prompt_ids, max_new_tokens, target.eos_token_ids,
-                                     0.0 if index % 2 == 0 else 0.7, generator)
+                                     0.0 if index % 2 == 0 else 0.7, generator, layers)
             flat = {key: torch.cat([r[key] for r in results]) for key in results[0]}
             flat["lengths"] = torch.tensor([r["tokens"].shape[0] for r in results], dtype=torch.int64)
             partial = path.with_suffix(".partial")

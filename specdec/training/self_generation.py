@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import torch
 
-from specdec.training.features import TOP_K
+from specdec.training.features import TOP_K, joined_features
 
 
 @torch.inference_mode()
 def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: tuple[int, ...],
-                   temperature: float, generator: torch.Generator) -> list[dict[str, torch.Tensor]]:
-    """Per prompt: tokens (n,), features (n, C) float16, top_ids (n, 8), top_probs (n, 8) for prompt +
-    answer (cut after EOS), where feature i is the target's state after token i."""
+                   temperature: float, generator: torch.Generator,
+                   layers: tuple[int, ...] | None = None) -> list[dict[str, torch.Tensor]]:
+    """Per prompt: tokens (n,), features (n, C x layers) float16, top_ids (n, 8), top_probs (n, 8) for
+    prompt + answer (cut after EOS), where feature i is the target's state after token i at `layers`
+    (None: the final normed state)."""
+    layers = layers or (model.num_layers,)
     batch, longest = len(prompts), max(map(len, prompts))
     pads = torch.tensor([longest - len(p) for p in prompts])
     total = longest + max_new_tokens
@@ -32,8 +35,8 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids
     causal = torch.ones(longest, longest, dtype=torch.bool).tril()
     mask = (causal & valid[:, None, :longest]) | torch.eye(longest, dtype=torch.bool)  # (B, P, P)
     positions = (torch.arange(longest).unsqueeze(0) - pads.unsqueeze(1)).clamp_min(0)  # (B, P)
-    out = model.forward(tokens, positions, cache, attn_mask=mask, hidden_layers=(model.num_layers,))
-    features = [out.hidden_states[model.num_layers]]  # list of (B, T, C)
+    out = model.forward(tokens, positions, cache, attn_mask=mask, hidden_layers=layers)
+    features = [joined_features(out, layers)]  # list of (B, T, C x layers)
     logits = [out.logits]
     generated = []
     for step in range(max_new_tokens):
@@ -47,8 +50,8 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids
             break
         stop = longest + step + 1
         out = model.forward(choice.unsqueeze(1), (longest - pads + step).unsqueeze(1), cache,
-                            attn_mask=valid[:, None, :stop], hidden_layers=(model.num_layers,))
-        features.append(out.hidden_states[model.num_layers])
+                            attn_mask=valid[:, None, :stop], hidden_layers=layers)
+        features.append(joined_features(out, layers))
         logits.append(out.logits)
     all_features = torch.cat(features, dim=1)  # (B, P + new - 1, C)
     top_probs, top_ids = torch.softmax(torch.cat(logits, dim=1), dim=-1).topk(TOP_K, dim=-1)

@@ -6,6 +6,10 @@ after token j+1 (self-distillation). A second pass feeds the head its own predic
 features (EAGLE-3's "training-time test", one step deep), as drafting beyond depth 1 does. Input
 features get a little noise (EAGLE) for the same reason.
 
+EAGLE-3 loss: cross-entropy only (the head predicts tokens, not features), over three passes of
+training-time test: the first on the fused target features, each next one on the head's own outputs of
+the pass before (gradients flow through them, as in EAGLE-3), as drafting depths 1-3 see them.
+
 Medusa loss: head k on f_j, cross-entropy against the target's distribution after token j+k.
 """
 
@@ -19,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.heads.eagle import EagleHead, EagleShape
+from specdec.heads.eagle3 import Eagle3Head, Eagle3Shape, default_feature_layers
 from specdec.heads.medusa import MedusaHeads, MedusaShape
 from specdec.heads.target_parts import embed, lm_head_rows
 from specdec.training.features import FeatureSet
@@ -28,7 +33,7 @@ RANKS = 10  # Medusa rank accuracies recorded per head
 
 @dataclass(frozen=True)
 class TrainConfig:
-    kind: str  # "eagle" or "medusa"
+    kind: str  # "eagle", "eagle3" or "medusa"
     steps: int = 600
     batch_windows: int = 8
     learning_rate: float = 1e-3
@@ -36,6 +41,8 @@ class TrainConfig:
     draft_vocab_size: int = 8192
     medusa_heads: int = 4
     intermediate_size: int = 0  # EAGLE head MLP width; 0 = the target's
+    feature_layers: tuple[int, ...] = ()  # EAGLE-3: the target layer ids fused; () = low, middle and high
+    ttt_passes: int = 3  # EAGLE-3: training-time test depth
     classification_weight: float = 0.5
     feature_noise: float = 0.05  # std of the noise on input features, relative to their RMS
     checkpoint_every: int = 50
@@ -45,7 +52,24 @@ class TrainConfig:
         return asdict(self)
 
 
+def eagle3_shape(config: TrainConfig, target_model) -> Eagle3Shape:
+    c = target_model.config
+    shape = Eagle3Shape(config.intermediate_size or c.intermediate_size,
+                        tuple(config.feature_layers) or default_feature_layers(c.num_layers))
+    shape.check_target(c.num_layers)
+    return shape
+
+
+def feature_layers(config: TrainConfig, target_model) -> tuple[int, ...]:
+    """The target's hidden layers the head trains on, as the engine indexes them."""
+    if config.kind == "eagle3":
+        return eagle3_shape(config, target_model).engine_layers()
+    return (target_model.num_layers,)
+
+
 def new_head(config: TrainConfig, target_model) -> torch.nn.Module:
+    if config.kind == "eagle3":
+        return Eagle3Head(target_model.config, eagle3_shape(config, target_model))
     if config.kind == "eagle":
         head = EagleHead(target_model.config, EagleShape(config.intermediate_size or target_model.config.intermediate_size))
         with torch.no_grad():  # start by passing the input feature through: f_{j+1} ~ f_j
@@ -106,6 +130,24 @@ class Objective:
                        "top1_own_input": float(self.hits(again, batch.top_ids[:, 2:])[0])}
         return first + second, figures
 
+    def eagle3(self, head: Eagle3Head, batch: FeatureSet, generator=None) -> tuple[torch.Tensor, dict]:
+        tokens, features = batch.tokens, batch.features.float()  # (B, L), (B, L, C x layers)
+        count, length = tokens.shape
+        hidden = head.fuse(self.noisy(features[:, :-1], generator))  # (B, L-1, C) of tokens j
+        losses, figures = [], {}
+        for depth in range(min(self.config.ttt_passes, length - 1)):
+            # Pass d: pairs (state of token j, token j+1) for j >= d predict the token after j+1.
+            width = length - 1 - depth
+            embeds = embed(self.target_model, tokens[:, 1 + depth:]).float()  # (B, width, C)
+            positions = torch.arange(depth, length - 1).expand(count, -1)
+            hidden = head(embeds, hidden[:, :width], positions, head.new_cache(width, count), None)
+            scored = head.scoring_input(hidden)
+            losses.append(self.soft_ce(scored, batch.top_ids[:, 1 + depth:], batch.top_probs[:, 1 + depth:]))
+            with torch.no_grad():
+                figures["top1" if depth == 0 else f"top1_depth{depth + 1}"] = float(
+                    self.hits(scored, batch.top_ids[:, 1 + depth:])[0])
+        return torch.stack(losses).sum(), figures
+
     def medusa(self, heads: MedusaHeads, batch: FeatureSet, generator=None) -> tuple[torch.Tensor, dict]:
         features = batch.features.float()  # (B, L, C)
         predicted = heads(self.noisy(features, generator))  # (H, B, L, C)
@@ -118,7 +160,8 @@ class Objective:
         return torch.stack(losses).mean(), figures
 
     def __call__(self, module, batch: FeatureSet, generator=None) -> tuple[torch.Tensor, dict]:
-        return (self.eagle if self.config.kind == "eagle" else self.medusa)(module, batch, generator)
+        objectives = {"eagle": self.eagle, "eagle3": self.eagle3, "medusa": self.medusa}
+        return objectives[self.config.kind](module, batch, generator)
 
     @torch.no_grad()
     def validate(self, module, data: FeatureSet) -> dict:

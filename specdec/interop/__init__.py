@@ -1,0 +1,1 @@
+"""Heads and models in other tools' formats."""
