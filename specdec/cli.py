@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated browser origins allowed by CORS (default: none)")
     serve.add_argument("--shutdown-grace", type=float, default=30.0,
                        help="seconds in-flight requests get to finish on SIGTERM before they are cancelled")
+    serve.add_argument("--replicas", type=int, default=0,
+                       help="run N server replicas on Ray Serve behind its HTTP proxy (needs specdec[ray]; "
+                            "default 0: one process, no Ray)")
+    serve.add_argument("--autoscaling", default=None,
+                       help="with --replicas: Ray Serve's autoscaling_config as JSON, e.g. "
+                            "'{\"min_replicas\": 1, \"max_replicas\": 4}'")
 
     bench = commands.add_parser("bench", help="benchmark drafters against plain decoding and transformers")
     add_model_options(bench)  # the transformers peers run the same dtype, always with float32 weights
@@ -291,21 +297,30 @@ def cmd_serve(args) -> int:
     if args.max_active < 1 or args.max_queue < 0 or args.default_max_tokens < 1 or args.max_request_bytes < 1:
         raise InvalidParameterError("--max-active, --default-max-tokens and --max-request-bytes must be >= 1, "
                                     "--max-queue >= 0")
+    if args.replicas < 0 or (args.autoscaling and not args.replicas):
+        raise InvalidParameterError("--replicas must be >= 0, and --autoscaling needs --replicas")
     sock = bind_socket(args.host, args.port)
     loopback = is_loopback(args.host)
     if not loopback and not args.api_key:
         print(f"specdec: warning: serving on {args.host}, reachable from other machines, without an API key "
               "(--api-key or SPECDEC_API_KEY)", file=sys.stderr)
-    generator = SpeculativeGenerator.from_pretrained(
-        args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
-        weights=args.weights, cuda_graphs=args.cuda_graphs, acceptance=args.acceptance,
-    )
-    settings = ServerSettings(args.model_name or generator.target.name, args.max_active, args.max_queue,
+    generator_options = dict(target=args.target, drafter=args.drafter, k=args.k, device=args.device,
+                             dtype=args.dtype, backend=args.backend, weights=args.weights,
+                             cuda_graphs=args.cuda_graphs, acceptance=args.acceptance)
+    settings = ServerSettings(args.model_name, args.max_active, args.max_queue,
                               args.default_max_tokens, api_key=args.api_key or None,
                               max_request_bytes=args.max_request_bytes,
                               allowed_hosts=LOOPBACK_HOSTS if loopback else None,
                               allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o),
                               max_prompt_tokens=args.max_prompt_tokens)
+    if args.replicas:  # Ray's proxy listens instead: the socket only checked that the port is free
+        from specdec.server.ray_app import ReplicaSpec, parse_autoscaling, run_replicas
+
+        sock.close()
+        spec = ReplicaSpec(generator_options, settings, args.replicas, parse_autoscaling(args.autoscaling))
+        return run_replicas(spec, args.host, args.port)
+    generator = SpeculativeGenerator.from_pretrained(**generator_options)
+    settings.model_name = settings.model_name or generator.target.name
     server = make_server(create_app(generator, settings), args.shutdown_grace)
     host, port = sock.getsockname()[:2]
     print(f"specdec: serving {settings.model_name!r} (drafter {generator.engine.drafter_name}) "

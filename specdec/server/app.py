@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -128,7 +129,7 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": settings.model_name, "active": scheduler.active_count,
-                "queued": scheduler.queue_length}
+                "queued": scheduler.queue_length, "pid": os.getpid()}  # pid: which replica answered
 
     @app.get("/v1/models")
     async def models():
