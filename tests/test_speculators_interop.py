@@ -87,6 +87,24 @@ def test_eagle3_head_drafts_exactly_greedy_and_reads_fused_layers(tiny):
         assert drafts and all(len(ids) <= 10 for ids, _ in drafts)
 
 
+def test_eagle3_drafts_with_a_packed_copy_that_computes_the_same(tiny):
+    from specdec.kernels import packed_kernel
+
+    if packed_kernel() is None:
+        pytest.skip("needs the CPU kernel")
+    model = tiny["target"].model
+    loaded = random_eagle3(model, seed=2)
+    drafter = EagleDrafter(loaded, model, TreeShape(3, 2, 4), "eagle3:random")
+    assert type(loaded.module.fc) is torch.nn.Linear and type(drafter.head.fc) is not torch.nn.Linear
+    torch.manual_seed(0)
+    embeds, features = torch.randn(1, 5, model.hidden_size), torch.randn(1, 5, 3 * model.hidden_size)
+    outputs = []
+    for head in (loaded.module, drafter.head):
+        with torch.no_grad():
+            outputs.append(head(embeds, head.fuse(features), positions_after(0, 5, 1, "cpu"), head.new_cache(8), None))
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
+
+
 def test_eagle3_feature_layer_ids_are_checked(tiny):
     config = tiny["target"].model.config
     for bad in [(1,), (0, 1), (1, 4), (2, 2)]:
@@ -198,7 +216,7 @@ def test_cli_train_eagle3_export_and_draft_with_the_export(tiny, tmp_path):
         assert json.loads(gen.stdout)["token_ids"] == plain(tiny["target"], "hello", 12)
 
 
-def test_cli_export_bad_inputs_are_one_line_errors(tiny, tmp_path):
+def test_cli_export_bad_inputs_are_one_line_errors(tiny, exported, tmp_path):
     from head_fixtures import random_eagle
 
     eagle = random_eagle(tiny["target"].model)
@@ -207,6 +225,7 @@ def test_cli_export_bad_inputs_are_one_line_errors(tiny, tmp_path):
     (tmp_path / "taken" / "notes.txt").write_text("mine")
     cases = [
         ([str(tmp_path / "missing"), "--format", "speculators"], "not a head directory"),
+        ([str(exported["head_dir"]), "--format", "speculators", "--target", str(tiny["other"].path)], "trained for"),
         ([str(tmp_path / "eagle"), "--format", "speculators"], "EAGLE-3"),
         ([str(tmp_path / "eagle"), "--format", "onnx"], "invalid choice"),
     ]

@@ -31,6 +31,24 @@ class EagleShape:
         return dataclasses.asdict(self)
 
 
+def packed_head_copy(head: nn.Module) -> nn.Module:
+    """For drafting on the CPU kernel (float32): a copy of an EAGLE or EAGLE-3 head whose fc and layer
+    projections are fused and packed as the target's are (stock torch linears cost ~4x more at a draft
+    step's few rows). Else the head itself. A copy, so the trained module stays as it is (training saves
+    it afterwards)."""
+    import copy
+
+    from specdec.kernels import packed_kernel
+    from specdec.models.quantized.packed_linear import PackedLinear
+
+    if head.fc.weight.device.type != "cpu" or head.fc.weight.dtype != torch.float32 or packed_kernel() is None:
+        return head
+    twin = copy.deepcopy(head)
+    twin.fc = PackedLinear.fuse([twin.fc])
+    twin.layer.pack_projections(lambda name, linears: PackedLinear.fuse(linears), "layer")
+    return twin.eval()
+
+
 class EagleHead(nn.Module):
     def __init__(self, target_config: ModelConfig, shape: EagleShape):
         super().__init__()
@@ -45,20 +63,7 @@ class EagleHead(nn.Module):
                              persistent=False)
 
     def packed_copy(self) -> "EagleHead":
-        """For drafting on the CPU kernel (float32): a copy whose projections are fused and packed as the
-        target's are (stock torch linears cost ~4x more at a draft step's few rows). Else this head.
-        A copy, so the trained module itself stays as it is (training saves it afterwards)."""
-        import copy
-
-        from specdec.kernels import packed_kernel
-        from specdec.models.quantized.packed_linear import PackedLinear
-
-        if self.fc.weight.device.type != "cpu" or self.fc.weight.dtype != torch.float32 or packed_kernel() is None:
-            return self
-        twin = copy.deepcopy(self)
-        twin.fc = PackedLinear.fuse([twin.fc])
-        twin.layer.pack_projections(lambda name, linears: PackedLinear.fuse(linears), "layer")
-        return twin.eval()
+        return packed_head_copy(self)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         return features  # the target's final feature is the head's input as it is (EAGLE-3 fuses several)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from specdec.errors import InvalidParameterError
+from specdec.heads.eagle import packed_head_copy
 from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import KVCache
 from specdec.models.llama import DecoderLayer, RMSNorm
@@ -101,7 +102,8 @@ class Eagle3Head(nn.Module):
                              persistent=False)
 
     def packed_copy(self) -> "Eagle3Head":
-        return self  # drafting runs the stock torch layer (no fused kernel path for the 2C attention yet)
+        # packed projections; the layer itself runs step by step (no one-call plan for its 2C attention)
+        return packed_head_copy(self)
 
     def new_cache(self, max_length: int, batch_size: int = 1) -> KVCache:
         c = self.config
