@@ -12,6 +12,7 @@ so plain decoding and speculative decoding share this one loop.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -19,7 +20,7 @@ import torch
 from specdec.commit import Committer, CommitOutcome, StopCriteria
 from specdec.drafters.base import Drafter
 from specdec.errors import ContextLengthError
-from specdec.models.base import CausalLM, positions_after, tree_attention_mask
+from specdec.models.base import CausalLM, ForwardRequest, positions_after, tree_attention_mask
 from specdec.rounds import Draft, GenerationResult, SideInputs, StreamChunk, VerifyResult
 from specdec.randomness import PositionalNoise, Purpose, random_seed
 from specdec.sampling import SamplingParams, check_seed, processed_probs, tree_processed_probs
@@ -75,6 +76,33 @@ class SpeculativeEngine:
         return _Generation(self, list(prompt_ids), params, criteria, tokenizer, seed)
 
 
+@dataclass
+class _PreparedRound:
+    draft: Draft
+    tree: TokenTree | None
+    request: ForwardRequest  # the verify forward
+    draft_seconds: float
+
+
+def run_round_together(generations: Sequence["_Generation"]) -> list[CommitOutcome]:
+    """One round of each of several prefilled, unfinished generations of one target, with the target's
+    verify forwards run as one batched pass (`forward_batch`: each request's rows, positions, cache and
+    mask as its own, the weights read once). Each generation drafts, accepts and commits as in its own
+    round, on outputs identical to its own forward's, so its tokens are those it produces alone."""
+    prepared = [generation._prepare_round() for generation in generations]
+    outcomes: list[CommitOutcome | None] = [None] * len(generations)
+    groups: dict[tuple, list[int]] = {}  # generations asking for the same hidden layers share one pass
+    for index, generation in enumerate(generations):
+        groups.setdefault(generation.hidden_layers, []).append(index)
+    for hidden_layers, members in groups.items():
+        target = generations[members[0]].target
+        started = time.perf_counter()
+        outs = target.forward_batch([prepared[i].request for i in members], hidden_layers)
+        for index, out in zip(members, outs):
+            outcomes[index] = generations[index]._finish_round(prepared[index], out, started)
+    return outcomes
+
+
 class _Generation:
     """The state of one generation: caches, committed tokens, its seed's random numbers, stats."""
 
@@ -111,6 +139,7 @@ class _Generation:
         self.rounds: list[RoundStats] = []
         self.started = time.perf_counter()
         self.prefill_seconds = 0.0
+        self.seconds: float | None = None  # wall time, set when the generation ends
 
     def chunks(self) -> Iterator[StreamChunk]:
         self._prefill()
@@ -120,10 +149,19 @@ class _Generation:
                 yield StreamChunk(outcome.text_chunk, outcome.tokens)
         self.seconds = time.perf_counter() - self.started
 
+    @property
+    def finished(self) -> bool:
+        return self.committer.finish_reason is not None
+
+    def begin(self) -> None:
+        """Prefill, for a driver that runs the rounds itself (run_round_together) instead of chunks()."""
+        self._prefill()
+
     def result(self) -> GenerationResult:
         memory = 0 if self.drafter is None else self.drafter.memory_bytes()
+        seconds = self.seconds if self.seconds is not None else time.perf_counter() - self.started
         stats = GenerationStats.from_rounds(
-            self.engine.drafter_name, len(self.prompt_ids), self.rounds, self.seconds, self.prefill_seconds, memory
+            self.engine.drafter_name, len(self.prompt_ids), self.rounds, seconds, self.prefill_seconds, memory
         )
         c = self.committer
         return GenerationResult(c.text, list(c.token_ids), c.finish_reason or "length", stats)
@@ -150,20 +188,34 @@ class _Generation:
         self.prefill_seconds = time.perf_counter() - self.started
 
     def _round(self) -> CommitOutcome:
+        prepared = self._prepare_round()
+        t1 = time.perf_counter()
+        request = prepared.request
+        out = self.target.forward(request.tokens, request.positions, request.cache, request.attn_mask,
+                                  hidden_layers=self.hidden_layers)
+        return self._finish_round(prepared, out, t1)
+
+    def _prepare_round(self) -> "_PreparedRound":
+        """Draft, and the verify forward's inputs (which a batched round runs together with others')."""
         t0 = time.perf_counter()
         draft = self._draft()
         tree = None if draft.is_chain else TokenTree.from_draft(draft.tokens, draft.parents)
-        t1 = time.perf_counter()
-        logits = self._verify_forward(draft, tree)
+        return _PreparedRound(draft, tree, self._verify_request(draft, tree), time.perf_counter() - t0)
+
+    def _finish_round(self, prepared: "_PreparedRound", out, verify_started: float) -> CommitOutcome:
+        """Accept and commit from the verify forward's output `out` (started at verify_started)."""
+        draft, tree = prepared.draft, prepared.tree
+        logits = self._verify_outputs(out, draft)
         if logits.device.type == "cuda":  # kernels run asynchronously: let verify time be the GPU's verify time
             torch.cuda.synchronize(logits.device)
         t2 = time.perf_counter()
         result = self._accept(logits, draft, tree)
         outcome = self._commit(draft, result, tree)
         t3 = time.perf_counter()
-        self.engine.speculation.observe(len(draft), result.num_accepted, t1 - t0, t2 - t1)
+        verify_seconds = t2 - verify_started
+        self.engine.speculation.observe(len(draft), result.num_accepted, prepared.draft_seconds, verify_seconds)
         self.rounds.append(RoundStats(self._k, len(draft), result.num_accepted, len(outcome.tokens),
-                                      t1 - t0, t2 - t1, t3 - t2))
+                                      prepared.draft_seconds, verify_seconds, t3 - t2))
         return outcome
 
     def _draft(self) -> Draft:
@@ -177,19 +229,20 @@ class _Generation:
             return Draft.empty()
         return self.drafter.propose(self.context, k, self.params, self.draft_noise)
 
-    def _verify_forward(self, draft: Draft, tree: TokenTree | None) -> torch.Tensor:
-        """One target forward over [last committed] + draft: (K+1, V) logits (a tree: one row per node)."""
+    def _verify_request(self, draft: Draft, tree: TokenTree | None) -> ForwardRequest:
+        """The target forward over [last committed] + draft (a tree: one row per node, plus side inputs)."""
         device = self.target.device
         if tree is None:
             tokens = torch.tensor([[self.context[-1], *draft.tokens]], device=device)  # (1, K+1)
-            positions = positions_after(self.cache.length, tokens.shape[1], 1, device)
-            out = self.target.forward(tokens, positions, self.cache, hidden_layers=self.hidden_layers)
-        else:
-            tokens, positions, mask = tree.verify_inputs(self.context[-1], self.cache.length, device)
-            if draft.side is not None:
-                tokens, positions, mask = with_side_inputs(draft.side, tokens, positions, mask)
-            attn_mask = tree_attention_mask(self.cache.length, mask)  # (1, T+1(+S), cache + T+1(+S))
-            out = self.target.forward(tokens, positions, self.cache, attn_mask, hidden_layers=self.hidden_layers)
+            return ForwardRequest(tokens, positions_after(self.cache.length, tokens.shape[1], 1, device), self.cache)
+        tokens, positions, mask = tree.verify_inputs(self.context[-1], self.cache.length, device)
+        if draft.side is not None:
+            tokens, positions, mask = with_side_inputs(draft.side, tokens, positions, mask)
+        attn_mask = tree_attention_mask(self.cache.length, mask)  # (1, T+1(+S), cache + T+1(+S))
+        return ForwardRequest(tokens, positions, self.cache, attn_mask)
+
+    def _verify_outputs(self, out, draft: Draft) -> torch.Tensor:
+        """(K+1, V) logits of the verify forward (a tree: one row per node); keeps the drafter's features."""
         if self.hidden_layers:
             self._features = self._features_of(out)  # (K+1 or T+1, C x layers)
         logits = out.logits[0]

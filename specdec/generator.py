@@ -165,6 +165,41 @@ class SpeculativeGenerator:
                                               repetition_penalty=repetition_penalty)
         return self.engine.generate(ids, params, criteria, self.target.tokenizer, seed, on_chunk)
 
+    def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 128, *, temperature: float = 0.0,
+                       top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
+                       stop: Sequence[str] | str | None = None, seed: int | None = None, chat: bool | None = None,
+                       max_batch: int = 16, on_result=None) -> list[GenerationResult]:
+        """Generations of many prompts, run together: every round, the verify forwards of up to `max_batch`
+        running generations go through the target as one batched pass, and a finished generation's place
+        goes to the next prompt (continuous batching). Each result is the one generate() returns for its
+        prompt with the same arguments (greedy: token for token; with a seed: the seed's text), each
+        generation with its own drafter state. on_result(index, result) is called as each one finishes."""
+        from specdec.engine import run_round_together
+
+        if max_batch < 1:
+            raise InvalidParameterError("max_batch must be at least 1")
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                        repetition_penalty=repetition_penalty)
+        jobs = [self._prepare(prompt, max_new_tokens, stop, chat, **sampling) for prompt in prompts]  # checked first
+        results: list[GenerationResult | None] = [None] * len(jobs)
+        waiting = list(range(len(jobs)))[::-1]
+        running: list[tuple[int, object]] = []
+        while waiting or running:
+            while waiting and len(running) < max_batch:
+                index = waiting.pop()
+                generation = self.request_engine().start(*jobs[index], self.target.tokenizer, seed)
+                generation.begin()
+                running.append((index, generation))
+            ready = [generation for _, generation in running if not generation.finished]
+            if ready:
+                run_round_together(ready)
+            for index, generation in [entry for entry in running if entry[1].finished]:
+                results[index] = generation.result()
+                if on_result is not None:
+                    on_result(index, results[index])
+            running = [entry for entry in running if not entry[1].finished]
+        return results
+
     def stream(self, prompt: Prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                stop: Sequence[str] | str | None = None, seed: int | None = None,

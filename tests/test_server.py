@@ -67,6 +67,10 @@ class SlowModel:
         time.sleep(self._pause)
         return self._model.forward(*args, **kwargs)
 
+    def forward_batch(self, *args, **kwargs):  # the server's rounds: one batched forward
+        time.sleep(self._pause)
+        return self._model.forward_batch(*args, **kwargs)
+
     def __getattr__(self, name):
         return getattr(self._model, name)
 

@@ -158,4 +158,7 @@ def build_kernel(flags: tuple[str, ...], source_dir: Path = KERNEL_DIR) -> ctype
     lib.decoder_layers.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2
                                    + [ctypes.c_void_p] + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int])
     lib.decoder_layers.restype = None
+    lib.decoder_layers_batch.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 4
+                                         + [ctypes.c_int64] * 4 + [ctypes.c_float, ctypes.c_int])
+    lib.decoder_layers_batch.restype = None
     return lib

@@ -90,32 +90,57 @@ void multiply(const PackedMatrix& w, const float* x, float* y, int64_t T, int th
 
 }  // namespace
 
-// Layers [0, count) of `layers` over x (T, C), in place. key_cache/value_cache: the first layer's (Hkv, S_max,
-// D) block of a batch-1 cache, layer_stride floats apart; `start` cached tokens precede the T new ones, whose
-// keys and values are written at [start, start + T). cos/sin (T, D). Attention: every row sees the first
-// `prefix` keys; visible (T, start + T - prefix) uint8 says which of the others it sees.
-extern "C" void decoder_layers(const LayerWeights* layers, int64_t count, float* x, const float* cos, const float* sin,
-                               float* key_cache, float* value_cache, int64_t layer_stride, int64_t head_stride,
-                               const uint8_t* visible, int64_t prefix, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                               int64_t start, float attention_scale, int num_threads) {
-    if (count <= 0) return;
+// One request's rows within a forward (models/layer_plan.py's Segment has the same layout): its batch-1
+// cache's first layer's (Hkv, S_max, D) key and value blocks, layer_stride floats apart, heads head_stride
+// apart; `start` cached tokens precede its `rows` new ones, whose keys and values go to [start, start + rows).
+// Attention: each row sees the first `prefix` keys; visible (rows, start + rows - prefix) uint8 says which of
+// the others it sees.
+struct Segment {
+    float* key_cache;
+    float* value_cache;
+    int64_t layer_stride, head_stride;
+    const uint8_t* visible;
+    int64_t prefix, rows, start;
+};
+
+namespace {
+
+// Layers [0, count) over x (T, C), in place, T the segments' rows together. The projections, norms and the
+// feed-forward run over all T rows at once (each kernel computes a row the same whatever T: rows stay
+// bit-identical to a segment run alone); rope, the cache writes and attention run segment by segment.
+void run_layers(const LayerWeights* layers, int64_t count, float* x, const float* cos, const float* sin,
+                const Segment* segments, int64_t num_segments, int64_t H, int64_t Hkv, int64_t D,
+                float attention_scale, int num_threads) {
+    if (count <= 0 || num_segments <= 0) return;
+    int64_t T = 0, most_rows = 0;
+    for (int64_t s = 0; s < num_segments; s++) {
+        T += segments[s].rows;
+        if (segments[s].rows > most_rows) most_rows = segments[s].rows;
+    }
     const int64_t C = layers[0].qkv.in_features;
-    std::vector<float> normed(T * C), sum(T * C), q(H * T * D), attended(T * H * D), projected(T * C);
+    std::vector<float> normed(T * C), sum(T * C), q(H * most_rows * D), attended(T * H * D), projected(T * C);
     std::vector<float> qkv, gate_up, activated;
     for (int64_t l = 0; l < count; l++) {
         const LayerWeights& layer = layers[l];
-        const int64_t I = layer.gate_up.out_features / 2;
-        qkv.resize(T * layer.qkv.out_features);
+        const int64_t I = layer.gate_up.out_features / 2, width = layer.qkv.out_features;
+        qkv.resize(T * width);
         gate_up.resize(T * 2 * I);
         activated.resize(T * I);
-        float* keys = key_cache + l * layer_stride;
-        float* values = value_cache + l * layer_stride;
 
         add_rms_norm(x, nullptr, layer.input_norm, x, normed.data(), T, C, layer.input_eps);
         multiply(layer.qkv, normed.data(), qkv.data(), T, num_threads);
-        rope_qkv_to_cache(qkv.data(), cos, sin, q.data(), keys, values, T, H, Hkv, D, start, head_stride);
-        attention_rows(q.data(), keys, values, visible, attended.data(), T, H, Hkv, D, prefix, start + T - prefix,
-                       head_stride, attention_scale, num_threads);
+        int64_t row = 0;
+        for (int64_t s = 0; s < num_segments; s++) {
+            const Segment& seg = segments[s];
+            float* keys = seg.key_cache + l * seg.layer_stride;
+            float* values = seg.value_cache + l * seg.layer_stride;
+            rope_qkv_to_cache(qkv.data() + row * width, cos + row * D, sin + row * D, q.data(), keys, values,
+                              seg.rows, H, Hkv, D, seg.start, seg.head_stride);
+            attention_rows(q.data(), keys, values, seg.visible, attended.data() + row * H * D, seg.rows, H, Hkv, D,
+                           seg.prefix, seg.start + seg.rows - seg.prefix, seg.head_stride, attention_scale,
+                           num_threads);
+            row += seg.rows;
+        }
         multiply(layer.o, attended.data(), projected.data(), T, num_threads);
         add_rms_norm(x, projected.data(), layer.post_norm, sum.data(), normed.data(), T, C, layer.post_eps);
         multiply(layer.gate_up, normed.data(), gate_up.data(), T, num_threads);
@@ -123,4 +148,23 @@ extern "C" void decoder_layers(const LayerWeights* layers, int64_t count, float*
         multiply(layer.down, activated.data(), projected.data(), T, num_threads);
         for (int64_t i = 0; i < T * C; i++) x[i] = sum[i] + projected[i];
     }
+}
+
+}  // namespace
+
+// Layers [0, count) of `layers` over the T rows of one request (a Segment spelled out), in place.
+extern "C" void decoder_layers(const LayerWeights* layers, int64_t count, float* x, const float* cos, const float* sin,
+                               float* key_cache, float* value_cache, int64_t layer_stride, int64_t head_stride,
+                               const uint8_t* visible, int64_t prefix, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                               int64_t start, float attention_scale, int num_threads) {
+    const Segment one{key_cache, value_cache, layer_stride, head_stride, visible, prefix, T, start};
+    run_layers(layers, count, x, cos, sin, &one, 1, H, Hkv, D, attention_scale, num_threads);
+}
+
+// The same over several requests' rows in one pass (a batched verification): x (sum of rows, C), cos/sin
+// (sum of rows, D), the requests' rows in segment order.
+extern "C" void decoder_layers_batch(const LayerWeights* layers, int64_t count, float* x, const float* cos,
+                                     const float* sin, const Segment* segments, int64_t num_segments, int64_t H,
+                                     int64_t Hkv, int64_t D, float attention_scale, int num_threads) {
+    run_layers(layers, count, x, cos, sin, segments, num_segments, H, Hkv, D, attention_scale, num_threads);
 }

@@ -21,6 +21,21 @@ class ForwardOutput:
     hidden_states: dict[int, torch.Tensor]  # layer index -> (B, T, C); index num_layers = final normed state
 
 
+@dataclass
+class ForwardRequest:
+    """One request's new rows in a batched forward (`forward_batch`): what `forward` takes for it alone."""
+    tokens: torch.Tensor  # (1, T)
+    positions: torch.Tensor  # (1, T)
+    cache: "ModelCache"
+    attn_mask: torch.Tensor | None = None  # (1, T, cache.length + T) bool; None = causal
+
+
+def forward_each(model, requests: Sequence[ForwardRequest], hidden_layers: Sequence[int] = ()) -> list[ForwardOutput]:
+    """Requests' forwards one after another: what forward_batch computes, where nothing is batched."""
+    return [model.forward(r.tokens, r.positions, r.cache, r.attn_mask, hidden_layers=hidden_layers)
+            for r in requests]
+
+
 class ModelCache(Protocol):
     length: int
 
@@ -48,6 +63,11 @@ class CausalLM(Protocol):
         hidden_layers: Sequence[int] = (),
         last_logits_only: bool = False,
     ) -> ForwardOutput: ...
+
+    def forward_batch(self, requests: Sequence[ForwardRequest], hidden_layers: Sequence[int] = ()) -> list[ForwardOutput]:
+        """Each request's forward (its own cache), in one pass where the model can (forward_each where not):
+        outputs identical to calling forward per request."""
+        ...
 
 
 def causal_attention_mask(past_length: int, num_new: int, device: torch.device | str) -> torch.Tensor:

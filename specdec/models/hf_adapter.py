@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.models.base import ForwardOutput, causal_attention_mask, sliding_window_mask
+from specdec.models.base import ForwardOutput, causal_attention_mask, forward_each, sliding_window_mask
 
 
 class HFCache:
@@ -79,6 +79,9 @@ class HFCausalLM:
         return HFCache(max_length or self.max_context)
 
     @torch.inference_mode()
+    def forward_batch(self, requests, hidden_layers=()):
+        return forward_each(self, requests, hidden_layers)  # transformers' caches: one request at a time
+
     def forward(
         self,
         tokens: torch.Tensor,  # (B, T)

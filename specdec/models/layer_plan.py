@@ -36,6 +36,13 @@ class LayerWeights(ctypes.Structure):
                 ("post_eps", ctypes.c_float)]
 
 
+class Segment(ctypes.Structure):
+    """One request's rows in a batched span (decoder_layers.cpp's Segment)."""
+    _fields_ = [("key_cache", ctypes.c_void_p), ("value_cache", ctypes.c_void_p), ("layer_stride", ctypes.c_int64),
+                ("head_stride", ctypes.c_int64), ("visible", ctypes.c_void_p), ("prefix", ctypes.c_int64),
+                ("rows", ctypes.c_int64), ("start", ctypes.c_int64)]
+
+
 def _pointer(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
@@ -127,6 +134,26 @@ class LayerPlan:
             entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
             cache.keys.stride(0), keys.stride(0), rows.visible.data_ptr(), rows.prefix, out.shape[1], heads,
             kv_heads, head_dim, cache.length, head_dim ** -0.5, torch.get_num_threads())
+        return out
+
+
+    def run_batch(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, parts: Sequence[tuple],
+                  first: int, stop: int, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
+        """Layers [first, stop) over several requests' rows at once: x (1, R, C), cos/sin (1, 1, R, D), the rows
+        of `parts` = [(cache, rows (llama.RowAttention), count), ...] one after another. Each request's keys
+        and values go to its own cache; each row computes what it computes in `run` for its request alone."""
+        out = x.contiguous().clone()
+        cos, sin = cos.contiguous(), sin.contiguous()  # held here: the C call reads them through raw pointers
+        segments = (Segment * len(parts))()
+        for index, (cache, rows, count) in enumerate(parts):
+            keys, values = cache.keys[first, 0], cache.values[first, 0]  # (Hkv, S_max, D)
+            segments[index] = Segment(keys.data_ptr(), values.data_ptr(), cache.keys.stride(0), keys.stride(0),
+                                      rows.visible.data_ptr(), rows.prefix, count, cache.length)
+        entry = ctypes.addressof(self.entries) + first * ctypes.sizeof(LayerWeights)
+        packed_kernel().decoder_layers_batch(
+            entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            ctypes.addressof(segments), len(parts), heads, kv_heads, head_dim, head_dim ** -0.5,
+            torch.get_num_threads())
         return out
 
 

@@ -24,7 +24,8 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdec.kernels import SMALL_ROWS, attention_rows, packed_kernel
-from specdec.models.base import ForwardOutput, causal_attention_mask, sliding_window_mask
+from specdec.models.base import (ForwardOutput, ForwardRequest, causal_attention_mask, forward_each,
+                                 sliding_window_mask)
 from specdec.models.config import ModelConfig
 from specdec.models.cuda_graphs import CudaGraphs
 from specdec.models.kv_cache import KVCache
@@ -374,6 +375,58 @@ class LlamaForCausalLM(nn.Module):
         out = self.run(tokens, positions, cache, attn_mask, rows, hidden_layers, last_logits_only)
         cache.advance(num_new)
         return out
+
+    @torch.inference_mode()
+    def forward_batch(self, requests: Sequence[ForwardRequest], hidden_layers: Sequence[int] = ()) -> list[ForwardOutput]:
+        """Several requests' forwards (each its own cache, positions and mask: a ragged batch) in one pass over
+        the weights, where the CPU kernels run them (packed float32 or quantized layers, a few rows each);
+        else one after another. Either way each request's outputs are bit-identical to its own forward: the
+        weights' kernels compute a row the same at any row count, and attention stays per request."""
+        batch = self._batch_plan(requests)
+        if batch is None:
+            return forward_each(self, requests, hidden_layers)
+        plan, parts = batch
+        c = self.config
+        x = self.model.embed_tokens(torch.cat([r.tokens for r in requests], dim=1))  # (1, R, C)
+        cos, sin = rope_cos_sin(self.inv_freq, torch.cat([r.positions for r in requests], dim=1), self.dtype)
+        wanted, hidden, start = set(hidden_layers), {}, 0
+        for stop in sorted({index + 1 for index in wanted if 0 <= index < c.num_layers} | {c.num_layers}):
+            x = plan.run_batch(x, cos, sin, parts, start, stop, c.num_heads, c.num_kv_heads, c.head_dim)
+            if stop - 1 in wanted:
+                hidden[stop - 1] = x
+            start = stop
+        x = self.model.norm(x)
+        if c.num_layers in wanted:
+            hidden[c.num_layers] = x
+        logits = self.lm_head(x).float()  # (1, R, V)
+        outputs, row = [], 0
+        for request, (cache, _, count) in zip(requests, parts):
+            rows = slice(row, row + count)
+            outputs.append(ForwardOutput(logits[:, rows], {layer: state[:, rows] for layer, state in hidden.items()}))
+            cache.advance(count)
+            row += count
+        return outputs
+
+    def _batch_plan(self, requests: Sequence[ForwardRequest]) -> tuple[LayerPlan, list] | None:
+        """(the layer plan, [(cache, RowAttention, rows) per request]) where one pass can run `requests`."""
+        c = self.config
+        if len(requests) < 2 or self.graphs is not None or c.sliding_window or not c.runs_layer_plan:
+            return None
+        if c.final_logit_softcap is not None or c.embedding_scale is not None:
+            return None
+        plan, parts = None, []
+        for request in requests:
+            count = request.tokens.shape[1]
+            if request.tokens.shape[0] != 1 or not 1 <= count <= ROW_BY_ROW_MAX:
+                return None
+            request.cache.check_room(count)
+            rows = RowAttention.for_forward(request.attn_mask, request.cache.length, count)
+            probe = torch.empty(1, 1, c.hidden_size, dtype=self.dtype, device=self.device)
+            plan = self.layer_plan(probe, request.cache, rows) if self.layers_are_packed() else None
+            if plan is None:
+                return None
+            parts.append((request.cache, rows, count))
+        return plan, parts
 
     def layer_plan(self, x: torch.Tensor, cache, rows: RowAttention | None) -> LayerPlan | None:
         """The one-call path through the layers (models/layer_plan.py) where it applies, else None."""

@@ -1,10 +1,13 @@
-"""One worker thread runs every generation, interleaved round by round.
+"""One worker thread runs every generation, their rounds batched.
 
 Why one thread: the model's forward already uses every core, so running two
 forwards at once only makes both slower; and keeping the model, the tokenizer
-and the caches on one thread needs no locks. Interleaving rounds (up to
-`max_active` generations at a time) lets many streaming clients see tokens
-early instead of waiting for whole generations ahead of them in line.
+and the caches on one thread needs no locks. Each worker step runs one round of
+every active generation (up to `max_active`) with their verify forwards as one
+batched pass over the weights (engine.run_round_together; on a memory-bound
+machine B requests' rows cost far less than B forwards), and requests join and
+leave between steps (continuous batching). A new request's prompt is prefilled
+on its own before it joins.
 
 Isolation: each job gets its own engine (KV cache, drafter state from
 `Drafter.fresh()`, random generator); only the weights and the adaptive-K cost
@@ -25,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specdec.commit import StopCriteria
+from specdec.engine import run_round_together
+from specdec.rounds import StreamChunk
 from specdec.errors import SpecdecError
 from specdec.generator import Prompt, SpeculativeGenerator
 from specdec.sampling import SamplingParams
@@ -69,7 +74,7 @@ class Scheduler:
         self.max_active, self.max_queue = max_active, max_queue
         self.on_finished = on_finished or (lambda job, result: None)
         self.waiting: deque[Job] = deque()
-        self.active: list[tuple[Job, object, object]] = []  # (job, generation, chunk iterator)
+        self.active: list[tuple[Job, object]] = []  # (job, its prefilled generation)
         self.wake = threading.Condition()
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="specdec-scheduler", daemon=True)
@@ -93,7 +98,7 @@ class Scheduler:
         with self.wake:
             for job in self.waiting:
                 job.cancel()
-            for job, _, _ in self.active:
+            for job, _ in self.active:
                 job.cancel()
             self.wake.notify()
 
@@ -126,8 +131,7 @@ class Scheduler:
                     admitted.append(self.waiting.popleft())
             for job in admitted:
                 self._admit(job)
-            for entry in list(self.active):
-                self._step(entry)
+            self._round()
 
     def _admit(self, job: Job) -> None:
         if job.cancelled:
@@ -142,9 +146,14 @@ class Scheduler:
         except Exception as exc:  # a bug, not bad input: report it to this request only
             job.emit("failed", exc)
             return
+        try:
+            generation.begin()  # the prefill: one request's prompt at a time, before it joins the batch
+        except Exception as exc:
+            job.emit("failed", exc)
+            return
         job.emit("started", len(generation.prompt_ids))
         with self.wake:
-            self.active.append((job, generation, generation.chunks()))
+            self.active.append((job, generation))
 
     def prompt_ids(self, job: Job) -> list[int]:
         """The job's prompt as checked token ids. Thread-safe: the server calls it off the worker thread,
@@ -161,26 +170,40 @@ class Scheduler:
         return ids, job.params, criteria
 
 
-    def _step(self, entry) -> None:
-        job, generation, chunks = entry
-        done = job.cancelled
-        if done:
+    def _round(self) -> None:
+        """One round of every active generation, their verify forwards batched (engine.run_round_together);
+        then each job gets its new text, or its result when it is done. Cancelled jobs leave first."""
+        for entry in [entry for entry in self.active if entry[0].cancelled or entry[1].finished]:
+            self._finish(entry, cancelled=entry[0].cancelled)
+        running = list(self.active)
+        if not running:
+            return
+        try:
+            outcomes = run_round_together([generation for _, generation in running])
+        except Exception as exc:  # a bug, not bad input: the requests of this round fail, the server goes on
+            for entry in running:
+                entry[0].emit("failed", exc)
+                self._remove(entry)
+            return
+        for (job, generation), outcome in zip(running, outcomes):
+            if outcome.tokens or outcome.text_chunk:
+                job.emit("chunk", StreamChunk(outcome.text_chunk, outcome.tokens))
+            if generation.finished:
+                self._finish((job, generation), cancelled=False)
+
+    def _finish(self, entry, cancelled: bool) -> None:
+        job, generation = entry
+        if cancelled:
             job.emit("cancelled", None)
         else:
-            try:
-                chunk = next(chunks)
-                job.emit("chunk", chunk)
-            except StopIteration:
-                result = generation.result()
-                self.on_finished(job, result)
-                job.emit("done", result)
-                done = True
-            except Exception as exc:
-                job.emit("failed", exc)
-                done = True
-        if done:
-            with self.wake:
-                self.active.remove(entry)
+            result = generation.result()
+            self.on_finished(job, result)
+            job.emit("done", result)
+        self._remove(entry)
+
+    def _remove(self, entry) -> None:
+        with self.wake:
+            self.active.remove(entry)
 
 
 def _is_token_ids(prompt) -> bool:

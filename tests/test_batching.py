@@ -1,0 +1,116 @@
+"""Batched rounds: several requests' verify forwards in one pass (forward_batch) compute, row for row, what
+each request's own forward computes, so a generation's tokens do not depend on what runs beside it."""
+
+import pytest
+import torch
+
+from head_fixtures import eagle_drafter
+from specdec.generator import SpeculativeGenerator
+from specdec.kernels import packed_kernel
+from specdec.models.base import ForwardRequest, positions_after, tree_attention_mask
+from specdec.models.sources.loading import load_model
+from tiny_models import save_tiny_model
+
+pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="batched passes run on the CPU kernels")
+
+PROMPTS = ["hello hello the world", "x", "in the beginning was the word", "a b a b a b", "the cat sat", "zz"]
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batching")
+    llama = save_tiny_model(root / "llama", "llama", seed=41)
+    qwen2 = save_tiny_model(root / "qwen2", "qwen2", seed=42)
+    return {"llama": load_model(str(llama)), "llama-int4": load_model(str(llama), weights="int4"),
+            "qwen2": load_model(str(qwen2))}
+
+
+def prefilled(model, length: int, seed: int):
+    cache = model.new_cache(1, 128)
+    tokens = torch.randint(0, model.vocab_size, (1, length), generator=torch.Generator().manual_seed(seed))
+    model.forward(tokens, positions_after(0, length, 1, "cpu"), cache)
+    return cache
+
+
+def requests_for(model, seed: int) -> list[tuple[int, torch.Tensor, torch.Tensor | None]]:
+    """(cached length, new tokens, tree mask or None) of requests of other lengths: chains and a tree."""
+    gen = torch.Generator().manual_seed(seed)
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    shapes = [(7, 1, None), (30, 5, None), (2, 3, None), (19, 4, tree), (44, 8, None)]
+    return [(past, torch.randint(0, model.vocab_size, (1, rows), generator=gen), mask) for past, rows, mask in shapes]
+
+
+def forward_request(model, past, tokens, mask, seed):
+    cache = prefilled(model, past, seed)
+    if mask is None:
+        return ForwardRequest(tokens, positions_after(past, tokens.shape[1], 1, "cpu"), cache)
+    depth = mask.sum(1) - 1
+    return ForwardRequest(tokens, (past + depth).unsqueeze(0), cache, tree_attention_mask(past, mask))
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-int4", "qwen2"])
+def test_a_batched_pass_is_bit_identical_to_each_requests_own_forward(targets, name):
+    model = targets[name].model
+    layers = (0, model.num_layers)
+    shapes = requests_for(model, seed=1)
+    alone = []
+    for index, (past, tokens, mask) in enumerate(shapes):
+        request = forward_request(model, past, tokens, mask, index)
+        alone.append((model.forward(request.tokens, request.positions, request.cache, request.attn_mask,
+                                    hidden_layers=layers), request.cache))
+    batch = [forward_request(model, past, tokens, mask, index) for index, (past, tokens, mask) in enumerate(shapes)]
+    assert model._batch_plan(batch) is not None  # the one-pass path, not the fallback
+    together = model.forward_batch(batch, hidden_layers=layers)
+    for (out, cache), got, request in zip(alone, together, batch):
+        assert torch.equal(got.logits, out.logits)
+        assert all(torch.equal(got.hidden_states[i], out.hidden_states[i]) for i in layers)
+        assert request.cache.length == cache.length
+        assert torch.equal(request.cache.keys[:, :, :, :cache.length], cache.keys[:, :, :, :cache.length])
+
+
+def test_the_identity_check_catches_a_batch_that_mixes_up_requests(targets, monkeypatch):
+    """Control: a batched pass that hands each request the cache of its neighbour fails the comparison."""
+    from specdec.models.layer_plan import LayerPlan
+
+    model = targets["llama"].model
+    shapes = requests_for(model, seed=2)[:3]
+    shapes = [(past, tokens[:, :1], None) for past, tokens, _ in shapes]  # one row each: caches swap cleanly
+    alone = [model.forward(r.tokens, r.positions, r.cache).logits
+             for r in (forward_request(model, *shape, i) for i, shape in enumerate(shapes))]
+    real = LayerPlan.run_batch
+
+    def mixed_up(self, x, cos, sin, parts, *args):
+        caches = [part[0] for part in parts]
+        return real(self, x, cos, sin, [(caches[i - 1], rows, n) for i, (_, rows, n) in enumerate(parts)], *args)
+
+    monkeypatch.setattr(LayerPlan, "run_batch", mixed_up)
+    batch = [forward_request(model, *shape, i) for i, shape in enumerate(shapes)]
+    together = model.forward_batch(batch)
+    assert not all(torch.equal(got.logits, out) for got, out in zip(together, alone))
+
+
+def generators(target):
+    return {"none": SpeculativeGenerator(target, None),
+            "ngram": SpeculativeGenerator.from_pretrained(str(target.path), drafter="ngram", k=4),
+            "eagle": SpeculativeGenerator(target, eagle_drafter(target.model), k=10)}
+
+
+@pytest.mark.parametrize("drafter", ["none", "ngram", "eagle"])
+def test_generate_batch_returns_each_prompts_own_generation(targets, drafter):
+    target = targets["llama"]
+    generator = generators(target)[drafter]
+    finished = []
+    together = generator.generate_batch(PROMPTS, 40, chat=False, max_batch=4,  # 6 prompts: some join later
+                                        on_result=lambda index, result: finished.append(index))
+    assert sorted(finished) == list(range(len(PROMPTS)))
+    for prompt, result in zip(PROMPTS, together):
+        alone = generator.generate(prompt, 40, chat=False)
+        assert result.token_ids == alone.token_ids and result.text == alone.text
+        assert result.finish_reason == alone.finish_reason
+
+
+def test_seeded_sampling_in_a_batch_is_the_seeds_text(targets):
+    generator = generators(targets["llama"])["ngram"]
+    options = dict(temperature=0.9, top_p=0.95, seed=11, chat=False)
+    together = generator.generate_batch(PROMPTS[:4], 32, **options)
+    assert [r.token_ids for r in together] == [generator.generate(p, 32, **options).token_ids for p in PROMPTS[:4]]
