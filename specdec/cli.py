@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser("generate", help="generate text from a prompt")
-    gen.add_argument("prompt", help="the prompt (use - to read it from standard input)")
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="the prompt (use - to read it from standard input; none with --input)")
     add_model_options(gen)
     add_speculation_options(gen)
     gen.add_argument("--max-new-tokens", type=int, default=256)
@@ -89,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--compare", action="store_true",
                      help="then decode the same prompt without speculation and print both speeds, the speedup "
                           "and whether the outputs are identical")
+    gen.add_argument("--input", default=None, help="a JSONL file of prompts ({\"prompt\": ...} or "
+                     "{\"messages\": [...]} a line, optional \"id\"), generated in batches; needs --output")
+    gen.add_argument("--output", default=None, help="with --input: the JSONL file results are appended to; a rerun "
+                     "skips the prompts it already holds")
+    gen.add_argument("--batch", type=int, default=16, help="with --input: generations run together")
 
     from specdec.certify.command import add_certify_parser
 
@@ -225,6 +231,10 @@ def cmd_generate(args) -> int:
     SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                    repetition_penalty=args.repetition_penalty)
     check_seed(args.seed)
+    if args.input is not None or args.output is not None:
+        return generate_file(args)
+    if args.prompt is None:
+        raise InvalidParameterError("give a prompt (or - for standard input), or --input FILE --output FILE")
     try:
         prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     except UnicodeDecodeError:
@@ -258,6 +268,33 @@ def cmd_generate(args) -> int:
         hint = speculation_hint(s)
         if hint is not None and take_unshown(hint[0]):
             print(f"specdec: hint: {hint[1]}", file=sys.stderr)
+    return 0
+
+
+def generate_file(args) -> int:
+    """`generate --input prompts.jsonl --output out.jsonl` (specdec.batch_file)."""
+    from pathlib import Path
+
+    from specdec.batch_file import read_prompts, run_batch_file
+    from specdec.generator import SpeculativeGenerator
+
+    if args.input is None or args.output is None or args.prompt is not None:
+        raise InvalidParameterError("--input and --output go together, without a prompt argument")
+    if args.compare or args.json:
+        raise InvalidParameterError("--compare and --json apply to one prompt, not to --input")
+    if args.batch < 1:
+        raise InvalidParameterError("--batch must be at least 1")
+    read_prompts(Path(args.input))  # a bad file is one line before the model loads
+    generator = SpeculativeGenerator.from_pretrained(
+        args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
+        weights=args.weights, cuda_graphs=args.cuda_graphs, acceptance=args.acceptance,
+    )
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                    repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed, chat=args.chat)
+    generated, skipped = run_batch_file(generator, Path(args.input), Path(args.output), args.max_new_tokens,
+                                        sampling, args.batch)
+    print(f"specdec: wrote {generated} results to {args.output}"
+          + (f" ({skipped} already there)" if skipped else ""), file=sys.stderr)
     return 0
 
 

@@ -114,3 +114,42 @@ def test_seeded_sampling_in_a_batch_is_the_seeds_text(targets):
     options = dict(temperature=0.9, top_p=0.95, seed=11, chat=False)
     together = generator.generate_batch(PROMPTS[:4], 32, **options)
     assert [r.token_ids for r in together] == [generator.generate(p, 32, **options).token_ids for p in PROMPTS[:4]]
+
+
+def test_cli_generates_a_prompt_file_in_batches_and_resumes(targets, tmp_path, capsys):
+    import json
+
+    from specdec.cli import main
+
+    target = targets["llama"]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p, "id": f"p{i}"}) + "\n" for i, p in enumerate(PROMPTS[:5])))
+    out = tmp_path / "out.jsonl"
+    command = ["generate", "--input", str(prompts), "--output", str(out), "--target", str(target.path), "--drafter",
+               "ngram", "--no-chat", "--max-new-tokens", "24", "--batch", "2"]
+    assert main(command) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    alone = SpeculativeGenerator(target, None)
+    assert sorted(line["index"] for line in lines) == list(range(5))
+    for line in lines:
+        assert line["id"] == f"p{line['index']}"
+        assert line["token_ids"] == alone.generate(PROMPTS[line["index"]], 24, chat=False).token_ids
+    # an interrupted run: two lines written, a third cut short; the rerun writes the other three, once each
+    kept = out.read_text().splitlines()[:2]
+    out.write_text("\n".join(kept) + "\n" + '{"index": 4, "te')
+    assert main(command) == 0
+    indices = [json.loads(line)["index"] for line in out.read_text().splitlines()]
+    assert sorted(indices) == list(range(5))
+    assert "3 results" in capsys.readouterr().err
+
+
+def test_cli_prompt_file_errors_are_one_line(tmp_path, capsys):
+    from specdec.cli import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\nnot json\n')
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", "--input", str(bad), "--output", str(out)]) == 2
+    assert "bad.jsonl:2: not JSON" in capsys.readouterr().err and not out.exists()
+    assert main(["generate", "--input", str(bad)]) == 2
+    assert "--input and --output go together" in capsys.readouterr().err
