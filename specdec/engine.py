@@ -84,7 +84,14 @@ class _PreparedRound:
     draft_seconds: float
 
 
-def run_round_together(generations: Sequence["_Generation"]) -> list[CommitOutcome]:
+@dataclass
+class BatchedRound:
+    outcomes: list[CommitOutcome]  # one per generation, in order
+    rows: int  # target rows verified, all generations together
+    passes: int  # target forwards it took (generations reading other hidden layers go in passes of their own)
+
+
+def run_round_together(generations: Sequence["_Generation"]) -> BatchedRound:
     """One round of each of several prefilled, unfinished generations of one target, with the target's
     verify forwards run as one batched pass (`forward_batch`: each request's rows, positions, cache and
     mask as its own, the weights read once). Each generation drafts, accepts and commits as in its own
@@ -100,7 +107,7 @@ def run_round_together(generations: Sequence["_Generation"]) -> list[CommitOutco
         outs = target.forward_batch([prepared[i].request for i in members], hidden_layers)
         for index, out in zip(members, outs):
             outcomes[index] = generations[index]._finish_round(prepared[index], out, started)
-    return outcomes
+    return BatchedRound(outcomes, sum(p.request.tokens.shape[1] for p in prepared), len(groups))
 
 
 class _Generation:

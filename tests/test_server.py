@@ -201,6 +201,25 @@ def test_models_health_and_metrics(server):
     assert after["specdec_queue_length"] == 0 and after["specdec_active_generations"] == 0
 
 
+def test_concurrent_requests_run_in_batched_rounds_and_each_gets_its_own_output(server, tiny_generator):
+    """The worker verifies the active generations' drafts in one pass per round (/metrics shows rounds of
+    several generations); each request still gets exactly its own greedy output."""
+    import concurrent.futures
+
+    prompts = ["abc", "hello hello", "the world", "x y z x y z", "again and again"]
+    expected = [tiny_generator.generate(p, 40, chat=False).text for p in prompts]
+    before = server.metrics()
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        replies = list(pool.map(lambda p: server.client.completions.create(model="tiny", prompt=p, max_tokens=40,
+                                                                           temperature=0), prompts))
+    assert [r.choices[0].text for r in replies] == expected
+    after = server.metrics()
+    rounds = after["specdec_batch_generations_count"] - before["specdec_batch_generations_count"]
+    generations = after["specdec_batch_generations_sum"] - before["specdec_batch_generations_sum"]
+    assert rounds > 0 and generations / rounds > 1.2  # most rounds carried more than one request
+    assert after["specdec_batch_rows_sum"] - before["specdec_batch_rows_sum"] >= generations
+
+
 LONG_PROMPT = "x" * 600  # the tiny model's context is 512 tokens; one byte = one token here
 BAD_REQUESTS = {
     "malformed json": ("/v1/chat/completions", '{"messages": ['),

@@ -91,7 +91,8 @@ def endpoint_label(path: str) -> str:
 def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> FastAPI:
     # `metrics` is bound below, before the worker starts, so the callback finds it.
     scheduler = Scheduler(generator, settings.max_active, settings.max_queue,
-                          on_finished=lambda job, result: metrics.record_generation(result))
+                          on_finished=lambda job, result: metrics.record_generation(result),
+                          on_round=lambda generations, rows: metrics.record_round(generations, rows))
     metrics = ServerMetrics(lambda: scheduler.queue_length, lambda: scheduler.active_count)
 
     @asynccontextmanager

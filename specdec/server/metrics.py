@@ -39,10 +39,21 @@ class ServerMetrics:
                                              "From request arrival to the first generated text",
                                              buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
                                              registry=registry)
+        sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+        self.batch_generations = Histogram("specdec_batch_generations",
+                                           "Generations in one batched round (one pass over the weights)",
+                                           buckets=sizes, registry=registry)
+        self.batch_rows = Histogram("specdec_batch_rows", "Target rows (tokens verified) in one batched round",
+                                    buckets=sizes, registry=registry)
         Gauge("specdec_queue_length", "Requests waiting for a generation slot",
               registry=registry).set_function(queue_length)
         Gauge("specdec_active_generations", "Generations in progress",
               registry=registry).set_function(active_count)
+
+    def record_round(self, generations: int, rows: int) -> None:
+        """One step of the worker: a round of `generations` requests, `rows` target rows verified together."""
+        self.batch_generations.observe(generations)
+        self.batch_rows.observe(rows)
 
     def record_generation(self, result: GenerationResult) -> None:
         s = result.stats

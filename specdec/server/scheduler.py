@@ -67,12 +67,13 @@ class Job:
 
 class Scheduler:
     def __init__(self, generator: SpeculativeGenerator, max_active: int = 4, max_queue: int = 64,
-                 on_finished: Callable | None = None):
+                 on_finished: Callable | None = None, on_round: Callable | None = None):
         if max_active < 1 or max_queue < 0:
             raise SpecdecError("max_active must be >= 1 and max_queue >= 0")
         self.generator = generator
         self.max_active, self.max_queue = max_active, max_queue
         self.on_finished = on_finished or (lambda job, result: None)
+        self.on_round = on_round or (lambda generations, rows: None)  # after each batched round
         self.waiting: deque[Job] = deque()
         self.active: list[tuple[Job, object]] = []  # (job, its prefilled generation)
         self.wake = threading.Condition()
@@ -179,13 +180,14 @@ class Scheduler:
         if not running:
             return
         try:
-            outcomes = run_round_together([generation for _, generation in running])
+            batch = run_round_together([generation for _, generation in running])
+            self.on_round(len(running), batch.rows)
         except Exception as exc:  # a bug, not bad input: the requests of this round fail, the server goes on
             for entry in running:
                 entry[0].emit("failed", exc)
                 self._remove(entry)
             return
-        for (job, generation), outcome in zip(running, outcomes):
+        for (job, generation), outcome in zip(running, batch.outcomes):
             if outcome.tokens or outcome.text_chunk:
                 job.emit("chunk", StreamChunk(outcome.text_chunk, outcome.tokens))
             if generation.finished:
