@@ -157,14 +157,20 @@ class LayerPlan:
         return out
 
 
+def plan_applies(x: torch.Tensor, cache, rows) -> bool:
+    """Whether a forward of x over `cache` attended as `rows` can go through a plan (see layer_plan)."""
+    if rows is None or not rows.uses_kernel(x) or x.shape[0] != 1 or not isinstance(cache, KVCache):
+        return False
+    keys = cache.keys
+    return keys.dtype == torch.float32 and keys.shape[1] == 1 and keys.stride(-1) == 1 and \
+        keys.stride(-2) == keys.shape[-1]
+
+
 def layer_plan(owner: nn.Module, layers: Sequence[nn.Module], x: torch.Tensor, cache, rows) -> LayerPlan | None:
     """The plan of `layers` (packed decoder layers of `owner`: a model, an EAGLE head) where the one-call path
     applies to this forward: float32 rows on the CPU attended row by row (`rows`, llama.RowAttention), batch
     1, a contiguous float32 KV cache. Built on first use and rebuilt after the layers change; else None."""
-    if rows is None or not rows.uses_kernel(x) or x.shape[0] != 1 or not isinstance(cache, KVCache):
-        return None
-    keys = cache.keys
-    if keys.dtype != torch.float32 or keys.shape[1] != 1 or keys.stride(-1) != 1 or keys.stride(-2) != keys.shape[-1]:
+    if not plan_applies(x, cache, rows):
         return None
     plan = owner.__dict__.get("_layer_plan")
     if plan is None or not plan.matches(layers):

@@ -29,7 +29,7 @@ from specdec.models.base import (ForwardOutput, ForwardRequest, causal_attention
 from specdec.models.config import ModelConfig
 from specdec.models.cuda_graphs import CudaGraphs
 from specdec.models.kv_cache import KVCache
-from specdec.models.layer_plan import LayerPlan, layer_plan
+from specdec.models.layer_plan import LayerPlan, layer_plan, plan_applies
 from specdec.models.rope import apply_rope, rope_cos_sin, rope_inverse_frequencies
 
 
@@ -414,19 +414,19 @@ class LlamaForCausalLM(nn.Module):
             return None
         if c.final_logit_softcap is not None or c.embedding_scale is not None:
             return None
-        plan, parts = None, []
+        probe = torch.empty(1, 1, c.hidden_size, dtype=self.dtype, device=self.device)
+        parts = []
         for request in requests:
             count = request.tokens.shape[1]
             if request.tokens.shape[0] != 1 or not 1 <= count <= ROW_BY_ROW_MAX:
                 return None
             request.cache.check_room(count)
             rows = RowAttention.for_forward(request.attn_mask, request.cache.length, count)
-            probe = torch.empty(1, 1, c.hidden_size, dtype=self.dtype, device=self.device)
-            plan = self.layer_plan(probe, request.cache, rows) if self.layers_are_packed() else None
-            if plan is None:
+            if not plan_applies(probe, request.cache, rows):
                 return None
             parts.append((request.cache, rows, count))
-        return plan, parts
+        plan = self.layer_plan(probe, parts[0][0], parts[0][1]) if self.layers_are_packed() else None
+        return None if plan is None else (plan, parts)
 
     def layer_plan(self, x: torch.Tensor, cache, rows: RowAttention | None) -> LayerPlan | None:
         """The one-call path through the layers (models/layer_plan.py) where it applies, else None."""
