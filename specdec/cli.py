@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name)")
-    serve.add_argument("--max-active", type=int, default=4, help="generations interleaved round by round")
+    serve.add_argument("--max-active", type=int, default=16,
+                       help="generations run together, their rounds batched (more: throughput; fewer: per-stream speed)")
     serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get HTTP 503")
     serve.add_argument("--default-max-tokens", type=int, default=512, help="when a request sets no max_tokens")
     serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),

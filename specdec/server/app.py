@@ -46,7 +46,7 @@ RETRY_AFTER_SECONDS = "5"  # what a 503 (queue full, shutting down) suggests to 
 @dataclass
 class ServerSettings:
     model_name: str  # the id clients send as `model`
-    max_active: int = 4  # generations interleaved round by round
+    max_active: int = 16  # generations whose rounds run batched together
     max_queue: int = 64  # requests waiting beyond those; more get HTTP 503
     default_max_tokens: int = 512
     api_key: str | None = None  # required as 'Authorization: Bearer KEY' on /v1 routes when set

@@ -65,6 +65,10 @@ class Job:
             pass  # the event loop is closed: the server has stopped and nobody is listening
 
 
+# Prompt tokens prefilled per worker step while other generations are running (one request at least).
+PREFILL_TOKENS_PER_STEP = 512
+
+
 class Scheduler:
     def __init__(self, generator: SpeculativeGenerator, max_active: int = 4, max_queue: int = 64,
                  on_finished: Callable | None = None, on_round: Callable | None = None):
@@ -127,34 +131,46 @@ class Scheduler:
                     self.wake.wait()
                 if self.stopping and not self.waiting and not self.active:
                     return
-                admitted = []
-                while self.waiting and len(self.active) + len(admitted) < self.max_active:
-                    admitted.append(self.waiting.popleft())
-            for job in admitted:
-                self._admit(job)
+            self._admit_some()
             self._round()
 
-    def _admit(self, job: Job) -> None:
+    def _admit_some(self) -> None:
+        """Prefill waiting requests into free slots, up to PREFILL_TOKENS_PER_STEP prompt tokens while others
+        are running (at least one request): a burst of new prompts delays the running streams by a bounded
+        amount per step instead of by all their prefills at once."""
+        budget = PREFILL_TOKENS_PER_STEP if self.active else None
+        while budget is None or budget > 0:
+            with self.wake:
+                if not self.waiting or len(self.active) >= self.max_active:
+                    return
+                job = self.waiting.popleft()
+            prompt_tokens = self._admit(job)
+            if budget is not None:
+                budget -= max(1, prompt_tokens)
+
+    def _admit(self, job: Job) -> int:
+        """Start the job's generation (its prefill) and add it to the active ones; its prompt's tokens."""
         if job.cancelled:
             job.emit("cancelled", None)
-            return
+            return 0
         try:
             engine = self.generator.request_engine(job.speculative, job.k)
             generation = engine.start(*self._encode(job), self.generator.target.tokenizer, job.seed)
         except SpecdecError as exc:
             job.emit("error", exc)
-            return
+            return 0
         except Exception as exc:  # a bug, not bad input: report it to this request only
             job.emit("failed", exc)
-            return
+            return 0
         try:
             generation.begin()  # the prefill: one request's prompt at a time, before it joins the batch
         except Exception as exc:
             job.emit("failed", exc)
-            return
+            return len(generation.prompt_ids)
         job.emit("started", len(generation.prompt_ids))
         with self.wake:
             self.active.append((job, generation))
+        return len(generation.prompt_ids)
 
     def prompt_ids(self, job: Job) -> list[int]:
         """The job's prompt as checked token ids. Thread-safe: the server calls it off the worker thread,
