@@ -84,6 +84,14 @@ class _PreparedRound:
     draft_seconds: float
 
 
+def default_row_budget(device: torch.device) -> int | None:
+    """Target rows a batched round verifies on this device, all requests together. On the CPU kernels a pass
+    over a few rows costs about one row's, but past a few dozen its cost grows with its rows; there, about
+    two dozen rows is where drafting for a batch stops paying (batched plain decoding wins). A GPU pass of
+    hundreds of rows costs about one row's: no limit."""
+    return None if device.type == "cuda" else 32
+
+
 @dataclass
 class BatchedRound:
     outcomes: list[CommitOutcome]  # one per generation, in order
@@ -91,12 +99,15 @@ class BatchedRound:
     passes: int  # target forwards it took (generations reading other hidden layers go in passes of their own)
 
 
-def run_round_together(generations: Sequence["_Generation"]) -> BatchedRound:
+def run_round_together(generations: Sequence["_Generation"], row_budget: int | None = None) -> BatchedRound:
     """One round of each of several prefilled, unfinished generations of one target, with the target's
     verify forwards run as one batched pass (`forward_batch`: each request's rows, positions, cache and
     mask as its own, the weights read once). Each generation drafts, accepts and commits as in its own
     round, on outputs identical to its own forward's, so its tokens are those it produces alone."""
-    prepared = [generation._prepare_round() for generation in generations]
+    # Rows compete: past a few dozen rows a pass costs about its rows, and a request's draft tokens then cost
+    # what other requests' next tokens would; so the drafts shrink as the batch grows (K 0: batched plain).
+    cap = None if row_budget is None or len(generations) < 2 else max(0, row_budget // len(generations) - 1)
+    prepared = [generation._prepare_round(cap) for generation in generations]
     outcomes: list[CommitOutcome | None] = [None] * len(generations)
     groups: dict[tuple, list[int]] = {}  # generations asking for the same hidden layers share one pass
     for index, generation in enumerate(generations):
@@ -202,10 +213,11 @@ class _Generation:
                                   hidden_layers=self.hidden_layers)
         return self._finish_round(prepared, out, t1)
 
-    def _prepare_round(self) -> "_PreparedRound":
-        """Draft, and the verify forward's inputs (which a batched round runs together with others')."""
+    def _prepare_round(self, max_draft: int | None = None) -> "_PreparedRound":
+        """Draft (at most max_draft tokens), and the verify forward's inputs (which a batched round runs
+        together with others')."""
         t0 = time.perf_counter()
-        draft = self._draft()
+        draft = self._draft(max_draft)
         tree = None if draft.is_chain else TokenTree.from_draft(draft.tokens, draft.parents)
         return _PreparedRound(draft, tree, self._verify_request(draft, tree), time.perf_counter() - t0)
 
@@ -225,12 +237,12 @@ class _Generation:
                                       prepared.draft_seconds, verify_seconds, t3 - t2))
         return outcome
 
-    def _draft(self) -> Draft:
+    def _draft(self, max_draft: int | None = None) -> Draft:
         # Never draft past what may still be committed or what the cache can hold.
         remaining = self.committer.criteria.max_new_tokens - len(self.committer.token_ids)
         room = self.cache.max_length - self.cache.length - 1 - self.side_capacity
         self._k = self.engine.speculation.next_k()
-        k = min(self._k, remaining - 1, room)
+        k = min(self._k, remaining - 1, room, self._k if max_draft is None else max_draft)
         self._drafted = self.drafter is not None and k > 0
         if not self._drafted:
             return Draft.empty()

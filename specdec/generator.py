@@ -168,13 +168,20 @@ class SpeculativeGenerator:
     def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 128, *, temperature: float = 0.0,
                        top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                        stop: Sequence[str] | str | None = None, seed: int | None = None, chat: bool | None = None,
-                       max_batch: int = 16, on_result=None) -> list[GenerationResult]:
+                       max_batch: int = 16, row_budget: int | None | str = "auto",
+                       on_result=None) -> list[GenerationResult]:
         """Generations of many prompts, run together: every round, the verify forwards of up to `max_batch`
         running generations go through the target as one batched pass, and a finished generation's place
         goes to the next prompt (continuous batching). Each result is the one generate() returns for its
         prompt with the same arguments (greedy: token for token; with a seed: the seed's text), each
-        generation with its own drafter state. on_result(index, result) is called as each one finishes."""
-        from specdec.engine import run_round_together
+        generation with its own drafter state. row_budget: target rows a round may verify, all generations
+        together (drafts shrink to fit as the batch grows; "auto": the device's default, None: no limit).
+        on_result(index, result) is
+        called as each one finishes."""
+        from specdec.engine import default_row_budget, run_round_together
+
+        if row_budget == "auto":
+            row_budget = default_row_budget(self.target.model.device)
 
         if max_batch < 1:
             raise InvalidParameterError("max_batch must be at least 1")
@@ -192,7 +199,7 @@ class SpeculativeGenerator:
                 running.append((index, generation))
             ready = [generation for _, generation in running if not generation.finished]
             if ready:
-                run_round_together(ready)
+                run_round_together(ready, row_budget)
             for index, generation in [entry for entry in running if entry[1].finished]:
                 results[index] = generation.result()
                 if on_result is not None:

@@ -153,3 +153,14 @@ def test_cli_prompt_file_errors_are_one_line(tmp_path, capsys):
     assert "bad.jsonl:2: not JSON" in capsys.readouterr().err and not out.exists()
     assert main(["generate", "--input", str(bad)]) == 2
     assert "--input and --output go together" in capsys.readouterr().err
+
+
+def test_a_row_budget_shrinks_the_drafts_of_a_batch_not_its_outputs(targets):
+    generator = generators(targets["llama"])["ngram"]
+    prompts = ["a b a b a b a b", "hello hello hello hello", "x y x y x y", "the the the the"]  # lookup hits
+    free = generator.generate_batch(prompts, 32, chat=False, row_budget=None)
+    tight = generator.generate_batch(prompts, 32, chat=False, row_budget=8)  # 4 requests: 1 draft token each
+    plain = generator.generate_batch(prompts, 32, chat=False, row_budget=4)  # no room for drafts at all
+    assert [r.token_ids for r in free] == [r.token_ids for r in tight] == [r.token_ids for r in plain]
+    assert sum(r.stats.drafted for r in free) > sum(r.stats.drafted for r in tight) > 0
+    assert sum(r.stats.drafted for r in plain) == 0

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specdec.commit import StopCriteria
-from specdec.engine import run_round_together
+from specdec.engine import default_row_budget, run_round_together
 from specdec.rounds import StreamChunk
 from specdec.errors import SpecdecError
 from specdec.generator import Prompt, SpeculativeGenerator
@@ -78,6 +78,7 @@ class Scheduler:
         self.max_active, self.max_queue = max_active, max_queue
         self.on_finished = on_finished or (lambda job, result: None)
         self.on_round = on_round or (lambda generations, rows: None)  # after each batched round
+        self.row_budget = default_row_budget(generator.target.model.device)
         self.waiting: deque[Job] = deque()
         self.active: list[tuple[Job, object]] = []  # (job, its prefilled generation)
         self.wake = threading.Condition()
@@ -196,7 +197,7 @@ class Scheduler:
         if not running:
             return
         try:
-            batch = run_round_together([generation for _, generation in running])
+            batch = run_round_together([generation for _, generation in running], self.row_budget)
             self.on_round(len(running), batch.rows)
         except Exception as exc:  # a bug, not bad input: the requests of this round fail, the server goes on
             for entry in running:
