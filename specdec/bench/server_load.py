@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 import openai
 
+from specdec.errors import SpecdecError
 from specdec.bench.tasks import load_prompts
 
 
@@ -102,7 +103,10 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args()
-    report, runs = run_load(args.url, args.clients, args.max_tokens)
+    try:
+        report, runs = run_load(args.url, args.clients, args.max_tokens)
+    except SpecdecError as exc:
+        raise SystemExit(f"server_load: error: {exc}") from None
     print(json.dumps(asdict(report), indent=1))
     for run in runs:
         if not run.ok:
