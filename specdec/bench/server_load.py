@@ -107,6 +107,8 @@ def main() -> None:
         report, runs = run_load(args.url, args.clients, args.max_tokens)
     except SpecdecError as exc:
         raise SystemExit(f"server_load: error: {exc}") from None
+    except (openai.APIConnectionError, OSError) as exc:
+        raise SystemExit(f"server_load: error: cannot reach {args.url} ({exc})") from None
     print(json.dumps(asdict(report), indent=1))
     for run in runs:
         if not run.ok:
