@@ -175,6 +175,33 @@ def test_import_drafts_as_the_specdec_head_did(tiny, exported):
         assert same >= 0.8 * len(drafts_before), (same, len(drafts_before))
 
 
+def test_the_eagle_repository_layout_imports_as_its_speculators_conversion(tiny, tmp_path):
+    """The EAGLE repository's EAGLE-3 layout (a Llama config with draft_vocab_size, `midlayer.` weights in
+    pytorch_model.bin, default layer ids) drafts exactly as the same head in speculators' layout."""
+    from safetensors.torch import load_file
+
+    from specdec.heads.eagle3 import default_feature_layers
+
+    target = tiny["target"]
+    head = random_eagle3(target.model, seed=6, layers=default_feature_layers(target.model.num_layers))
+    save_head(tmp_path / "head", "eagle3", head.module, head.draft_vocab, TargetIdentity.of(target), {})
+    export_speculators(tmp_path / "head", target, tmp_path / "spec")
+    config = json.loads((tmp_path / "spec" / "config.json").read_text())
+    repository = tmp_path / "repo"
+    repository.mkdir()
+    (repository / "config.json").write_text(json.dumps({**config["transformer_layer_config"],
+                                                        "architectures": ["LlamaForCausalLMEagle3"],
+                                                        "draft_vocab_size": config["draft_vocab_size"]}))
+    weights = {name.replace("layers.0.", "midlayer.", 1): value
+               for name, value in load_file(str(tmp_path / "spec" / "model.safetensors")).items()}
+    torch.save(weights, repository / "pytorch_model.bin")
+    shape = TreeShape(4, 3, 10)
+    speculators_drafter = EagleDrafter(load_speculators_head(tmp_path / "spec", target), target.model, shape, "s")
+    repository_drafter = EagleDrafter(load_speculators_head(repository, target), target.model, shape, "r")
+    for prompt in PROMPTS:
+        assert drafts_of(speculators_drafter, target, prompt) == drafts_of(repository_drafter, target, prompt)
+
+
 def test_imports_are_checked_against_the_target_and_refuse_what_they_cannot_compute(tiny, exported, tmp_path):
     with pytest.raises(InvalidParameterError, match="hidden size 64"):
         load_speculators_head(exported["out"], tiny["other"])

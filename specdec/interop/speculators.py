@@ -6,6 +6,9 @@ verifier's name) and model.safetensors: the head's weights under their module na
 embeddings and draft-vocabulary LM head, and the vocabulary maps (`d2t[i]` = target id of draft id i,
 minus i; `t2d` a boolean mask over the target's vocabulary). Checked against speculators 0.9.0.
 
+The EAGLE repository's own EAGLE-3 layout (and SpecForge's) imports too: the same tensors, the layer under
+`midlayer.`, its config the layer's Llama config with `draft_vocab_size`, the default target layers.
+
 specdec's EAGLE-3 head is that layout (heads/eagle3.py), so an export is a renaming plus the parts our
 heads borrow from the target (embeddings, LM-head rows). EAGLE (EAGLE-2 style) and Medusa heads have no
 speculators counterpart and are refused with the difference named. Imports accept the options our head
@@ -22,7 +25,7 @@ import torch
 
 from specdec.errors import CorruptModelError, InvalidParameterError
 from specdec.heads.checkpoint import LoadedHead, load_head, read_head_info
-from specdec.heads.eagle3 import Eagle3Head, Eagle3Shape
+from specdec.heads.eagle3 import Eagle3Head, Eagle3Shape, default_feature_layers
 from specdec.heads.target_parts import embed, lm_head_rows, native_model
 from specdec.models.config import RopeConfig
 from specdec.models.fingerprint import tokenizer_sha256
@@ -44,14 +47,26 @@ NO_COUNTERPART = {
 }
 
 
-def is_speculators_checkpoint(path: Path) -> bool:
+def checkpoint_format(path: Path) -> str | None:
+    """"speculators" (config.json with `speculators_model_type`), "eagle" (the EAGLE repository's EAGLE-3
+    layout, as SpecForge also writes it: a Llama config with `draft_vocab_size`, the layer's weights under
+    `midlayer.`), or None."""
     config = Path(path) / "config.json"
     if not config.is_file():
-        return False
+        return None
     try:
-        return "speculators_model_type" in json.loads(config.read_text())
+        data = json.loads(config.read_text())
     except (OSError, json.JSONDecodeError):
-        return False
+        return None
+    if not isinstance(data, dict):
+        return None
+    if "speculators_model_type" in data:
+        return "speculators"
+    return "eagle" if "draft_vocab_size" in data else None
+
+
+def is_speculators_checkpoint(path: Path) -> bool:
+    return checkpoint_format(path) is not None
 
 
 def rope_parameters(rope: RopeConfig) -> dict:
@@ -164,16 +179,31 @@ def _check_layer(layer: dict, where: str) -> None:
                                     "EAGLE-3 head does not compute")
 
 
-def load_speculators_head(path: Path, target) -> LoadedHead:
-    """A speculators eagle3 checkpoint at `path`, checked against `target` (a LoadedModel)."""
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors, or the EAGLE repository's pytorch_model.bin (read as plain tensors only)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    try:
+        if (path / "model.safetensors").is_file() or not (path / "pytorch_model.bin").is_file():
+            return load_file(str(path / "model.safetensors"))
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    except (SafetensorError, OSError, RuntimeError, EOFError) as exc:
+        raise CorruptModelError(f"{path}: the head's weights are unreadable ({exc})") from None
+
+
+def load_speculators_head(path: Path, target) -> LoadedHead:
+    """A speculators eagle3 checkpoint (or the EAGLE repository's layout) at `path`, checked against
+    `target` (a LoadedModel)."""
     path = Path(path).expanduser()
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CorruptModelError(f"{path}/config.json: unreadable ({exc})") from None
+    repository_layout = "speculators_model_type" not in config
+    if repository_layout:  # the EAGLE repository's config is the layer's own Llama config
+        config = {"speculators_model_type": "eagle3", "draft_vocab_size": config.get("draft_vocab_size"),
+                  "transformer_layer_config": {**config, "model_type": "llama"}}
     kind = config.get("speculators_model_type")
     if kind != "eagle3":
         raise InvalidParameterError(f"{path}: a speculators {kind!r} checkpoint; specdec drafts with eagle3 ones")
@@ -192,10 +222,9 @@ def load_speculators_head(path: Path, target) -> LoadedHead:
     if recorded.get("tokenizer_sha256") not in (None, tokenizer_sha256(target.tokenizer)):
         raise InvalidParameterError(f"{path}: this head was made for {recorded.get('name')!r}, whose tokenizer "
                                     f"differs from {target.name!r}'s")
-    try:
-        tensors = load_file(str(path / "model.safetensors"))
-    except (SafetensorError, OSError) as exc:
-        raise CorruptModelError(f"{path}/model.safetensors: unreadable ({exc})") from None
+    tensors = _read_weights(path)
+    if repository_layout:
+        tensors = {name.replace("midlayer.", "layers.0.", 1): value for name, value in tensors.items()}
     count = int(config.get("draft_vocab_size", 0))
     d2t = tensors.pop("d2t", None)
     if d2t is None:  # a head scoring the whole vocabulary
@@ -205,7 +234,8 @@ def load_speculators_head(path: Path, target) -> LoadedHead:
     draft_vocab = d2t.to(torch.int64) + torch.arange(count)
     if count and (int(draft_vocab.min()) < 0 or int(draft_vocab.max()) >= vocab_size):
         raise CorruptModelError(f"{path}: d2t maps outside the target's vocabulary of {vocab_size}")
-    ids = config.get("eagle_aux_hidden_state_layer_ids") or []
+    # the EAGLE repository (and speculators without explicit ids) fuse the default low, middle, high layers
+    ids = config.get("eagle_aux_hidden_state_layer_ids") or default_feature_layers(model.num_layers)
     shape = Eagle3Shape(int(layer.get("intermediate_size", 0)), tuple(ids), bool(config.get("norm_before_residual")))
     rope = rope_config(layer.get("rope_parameters") or {"rope_theta": layer.get("rope_theta", 10000.0)}, str(path))
     head_geometry = dict(num_heads=int(layer["num_attention_heads"]),
