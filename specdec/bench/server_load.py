@@ -13,6 +13,7 @@ import argparse
 import json
 import statistics
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -48,7 +49,10 @@ class LoadReport:
 
 def resident_mb(base_url: str) -> float:
     root = base_url.rstrip("/").removesuffix("/v1")
-    text = urllib.request.urlopen(f"{root}/metrics", timeout=30).read().decode()
+    try:
+        text = urllib.request.urlopen(f"{root}/metrics", timeout=30).read().decode()
+    except urllib.error.HTTPError:  # a peer server without Prometheus metrics (llama.cpp's by default)
+        return float("nan")
     for line in text.splitlines():
         if line.startswith("process_resident_memory_bytes "):
             return float(line.split()[1]) / 1e6
