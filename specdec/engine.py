@@ -116,8 +116,11 @@ def run_round_together(generations: Sequence["_Generation"], row_budget: int | N
         target = generations[members[0]].target
         started = time.perf_counter()
         outs = target.forward_batch([prepared[i].request for i in members], hidden_layers)
+        if outs and outs[0].logits.device.type == "cuda":
+            torch.cuda.synchronize(outs[0].logits.device)
+        ended = time.perf_counter()
         for index, out in zip(members, outs):
-            outcomes[index] = generations[index]._finish_round(prepared[index], out, started)
+            outcomes[index] = generations[index]._finish_round(prepared[index], out, started, ended)
     return BatchedRound(outcomes, sum(p.request.tokens.shape[1] for p in prepared), len(groups))
 
 
@@ -221,8 +224,10 @@ class _Generation:
         tree = None if draft.is_chain else TokenTree.from_draft(draft.tokens, draft.parents)
         return _PreparedRound(draft, tree, self._verify_request(draft, tree), time.perf_counter() - t0)
 
-    def _finish_round(self, prepared: "_PreparedRound", out, verify_started: float) -> CommitOutcome:
-        """Accept and commit from the verify forward's output `out` (started at verify_started)."""
+    def _finish_round(self, prepared: "_PreparedRound", out, verify_started: float,
+                      verify_ended: float | None = None) -> CommitOutcome:
+        """Accept and commit from the verify forward's output `out` (run from verify_started to verify_ended;
+        None: until now)."""
         draft, tree = prepared.draft, prepared.tree
         logits = self._verify_outputs(out, draft)
         if logits.device.type == "cuda":  # kernels run asynchronously: let verify time be the GPU's verify time
@@ -231,7 +236,7 @@ class _Generation:
         result = self._accept(logits, draft, tree)
         outcome = self._commit(draft, result, tree)
         t3 = time.perf_counter()
-        verify_seconds = t2 - verify_started
+        verify_seconds = (verify_ended or t2) - verify_started
         self.engine.speculation.observe(len(draft), result.num_accepted, prepared.draft_seconds, verify_seconds)
         self.rounds.append(RoundStats(self._k, len(draft), result.num_accepted, len(outcome.tokens),
                                       prepared.draft_seconds, verify_seconds, t3 - t2))
