@@ -34,8 +34,9 @@ def test_native_logits_equal_transformers_past_the_window(gemma3):
     positions = positions_after(0, ids.shape[1], 1, "cpu")
     ours = native.model.forward(ids, positions, native.model.new_cache(1, 600)).logits
     theirs = reference.model.forward(ids, positions, reference.model.new_cache(1, 600)).logits
-    # 18 float32 layers summed in another order than MKL's (the packed kernel), logits of ~30-40
-    assert (ours - theirs).abs().max() < 1e-3
+    # 18 float32 layers summed in another order than the BLAS transformers calls (which picks its kernels by the
+    # CPU: 0.8e-3 to 1.2e-3 here across machines), logits of ~30-40; a wrong window is off by units
+    assert (ours - theirs).abs().max() < 1e-4 * theirs.abs().max()
     assert torch.equal(ours[0].argmax(-1), theirs[0].argmax(-1))
 
 
