@@ -96,7 +96,6 @@ def default_row_budget(device: torch.device) -> int | None:
 class BatchedRound:
     outcomes: list[CommitOutcome]  # one per generation, in order
     rows: int  # target rows verified, all generations together
-    passes: int  # target forwards it took (generations reading other hidden layers go in passes of their own)
 
 
 def run_round_together(generations: Sequence["_Generation"], row_budget: int | None = None) -> BatchedRound:
@@ -121,7 +120,7 @@ def run_round_together(generations: Sequence["_Generation"], row_budget: int | N
         ended = time.perf_counter()
         for index, out in zip(members, outs):
             outcomes[index] = generations[index]._finish_round(prepared[index], out, started, ended)
-    return BatchedRound(outcomes, sum(p.request.tokens.shape[1] for p in prepared), len(groups))
+    return BatchedRound(outcomes, sum(p.request.tokens.shape[1] for p in prepared))
 
 
 class _Generation:
