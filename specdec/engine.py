@@ -20,7 +20,7 @@ import torch
 from specdec.commit import Committer, CommitOutcome, StopCriteria
 from specdec.drafters.base import Drafter
 from specdec.errors import ContextLengthError
-from specdec.models.base import CausalLM, ForwardRequest, positions_after, tree_attention_mask
+from specdec.models.base import CausalLM, ForwardRequest, positions_after, reusable_prefix, tree_attention_mask
 from specdec.rounds import Draft, GenerationResult, SideInputs, StreamChunk, VerifyResult
 from specdec.randomness import PositionalNoise, Purpose, random_seed
 from specdec.sampling import SamplingParams, check_seed, processed_probs, tree_processed_probs
@@ -96,6 +96,7 @@ def default_row_budget(device: torch.device) -> int | None:
 class BatchedRound:
     outcomes: list[CommitOutcome]  # one per generation, in order
     rows: int  # target rows verified, all generations together
+    drafted: list[int]  # draft tokens each generation verified (its K this round), in order
 
 
 def run_round_together(generations: Sequence["_Generation"], row_budget: int | None = None) -> BatchedRound:
@@ -120,7 +121,7 @@ def run_round_together(generations: Sequence["_Generation"], row_budget: int | N
         ended = time.perf_counter()
         for index, out in zip(members, outs):
             outcomes[index] = generations[index]._finish_round(prepared[index], out, started, ended)
-    return BatchedRound(outcomes, sum(p.request.tokens.shape[1] for p in prepared))
+    return BatchedRound(outcomes, sum(p.request.tokens.shape[1] for p in prepared), [len(p.draft) for p in prepared])
 
 
 class _Generation:
@@ -155,14 +156,19 @@ class _Generation:
         capacity = min(target.max_context,
                        len(prompt_ids) + criteria.max_new_tokens + engine.speculation.max_k + 1 + self.side_capacity)
         self.cache = target.new_cache(1, capacity)
+        # A target cache whose first `length` slots hold prompt_ids[:length] (a cached prefix; at most the
+        # prompt's head), copied instead of computed at the prefill's start.
         self.prompt_cache = prompt_cache
+        self.reused_prompt_tokens = 0
+        self._prefill_done = False
+        self._prompt_features: list[torch.Tensor] = []  # feature drafters: each prefill chunk's (n, C x layers)
         self.rounds: list[RoundStats] = []
         self.started = time.perf_counter()
         self.prefill_seconds = 0.0
         self.seconds: float | None = None  # wall time, set when the generation ends
 
     def chunks(self) -> Iterator[StreamChunk]:
-        self._prefill()
+        self.begin()
         while self.committer.finish_reason is None:
             outcome = self._round()
             if outcome.tokens or outcome.text_chunk:
@@ -175,7 +181,40 @@ class _Generation:
 
     def begin(self) -> None:
         """Prefill, for a driver that runs the rounds itself (run_round_together) instead of chunks()."""
-        self._prefill()
+        while not self.prefilled:
+            self.prefill_step()
+
+    @property
+    def prefilled(self) -> bool:
+        return self._prefill_done
+
+    def prefill_step(self, max_tokens: int | None = None) -> int:
+        """Prefill up to about max_tokens more prompt tokens (None: the rest); the tokens prefilled. A scheduler
+        spreads a long prompt over several steps this way, so that it does not stall the running streams.
+        Chunks end where the target's prefill can stop without changing its keys and values
+        (`reusable_prefix`), so a chunked prompt decodes exactly as one prefilled at once; where the target
+        has no such points (a GPU, a sliding window), the whole prompt goes at once."""
+        head = self.prompt_ids[:-1]
+        start = self.cache.length
+        if start == 0 and self.prompt_cache is not None:
+            start = self._reuse_prompt_cache(head)
+        stop = len(head)
+        if max_tokens is not None and stop - start > max_tokens:
+            step = max(1, max_tokens)
+            point = reusable_prefix(self.target, start + step)
+            while point <= start and start + step < stop:  # the next stopping point lies further on
+                step *= 2
+                point = reusable_prefix(self.target, start + step)
+            stop = point if start < point < stop else stop
+        if stop > start:
+            tokens = torch.tensor([head[start:stop]], device=self.target.device)  # (1, n)
+            out = self.target.forward(tokens, positions_after(start, stop - start, 1, tokens.device), self.cache,
+                                      hidden_layers=self.hidden_layers, last_logits_only=True)
+            if self.hidden_layers:
+                self._prompt_features.append(self._features_of(out))  # (n, C x layers)
+        if stop == len(head):
+            self._finish_prefill()
+        return stop - start
 
     def result(self) -> GenerationResult:
         memory = 0 if self.drafter is None else self.drafter.memory_bytes()
@@ -187,24 +226,36 @@ class _Generation:
         return GenerationResult(c.text, list(c.token_ids), c.finish_reason or "length", stats)
 
     # -- the phases -------------------------------------------------------------------------
-    def _prefill(self) -> None:
-        """Put every prompt token but the last into the target's cache; let the drafter prepare."""
-        head = self.prompt_ids[:-1]
-        out = None
-        given = self.prompt_cache
-        # a given prompt cache serves drafters that need no prefill features (those come from the forward)
-        if (given is not None and not self.hidden_layers and getattr(given, "length", -1) == len(head)
-                and hasattr(self.cache, "can_copy_from") and self.cache.can_copy_from(given)):
-            self.cache.copy_prefix_from(given, len(head))
-        elif head:
-            tokens = torch.tensor([head], device=self.target.device)  # (1, P-1)
-            out = self.target.forward(tokens, positions_after(0, len(head), 1, tokens.device), self.cache,
-                                      hidden_layers=self.hidden_layers, last_logits_only=True)
+    def use_prompt_cache(self, cache) -> None:
+        """Before the prefill: copy the first `cache.length` slots of `cache` (keys and values of the prompt's
+        first tokens, a prefix cache's hit) instead of computing them. None: compute them all."""
+        if self.cache.length or self._prefill_done:
+            raise RuntimeError("a prompt cache is taken before the prefill starts")
+        self.prompt_cache = cache
+
+    def _reuse_prompt_cache(self, head: list[int]) -> int:
+        """Copy the given prompt cache's slots (keys and values of head's first tokens, `prompt_cache.length`
+        of them) instead of computing them; the tokens reused. Feature drafters need the prompt's features,
+        which a cache does not hold: they prefill it all."""
+        given, self.prompt_cache = self.prompt_cache, None
+        length = min(getattr(given, "length", 0), len(head))
+        if self.hidden_layers or length == 0 or not (hasattr(self.cache, "can_copy_from") and self.cache.can_copy_from(given)):
+            return 0
+        if length < len(head) and reusable_prefix(self.target, length) != length:
+            return 0  # the rest of the prompt, computed after it, would not be what one prefill computes
+        self.cache.copy_prefix_from(given, length)
+        self.reused_prompt_tokens = length
+        return length
+
+    def _finish_prefill(self) -> None:
+        """The prompt is in the target's cache (every token but the last): let the drafter prepare."""
+        self._prefill_done = True
         if self.drafter is not None:
             self.drafter.take_prompt_cache(self.cache)  # self-drafts of the target's layout reuse its prefill
             self.drafter.begin(self.prompt_ids, self.params, self.cache.max_length)
-            if self.hidden_layers and out is not None:
-                self.drafter.take_features(self._features_of(out))  # (P-1, C x layers)
+            if self._prompt_features:
+                self.drafter.take_features(torch.cat(self._prompt_features))  # (P-1, C x layers)
+        self._prompt_features = []
         self.prefill_seconds = time.perf_counter() - self.started
 
     def _round(self) -> CommitOutcome:

@@ -70,6 +70,14 @@ class CausalLM(Protocol):
         ...
 
 
+def reusable_prefix(model, length: int, prefilled: int | None = None) -> int:
+    """The longest prefix of a cache's `length` slots (the first `prefilled` of them from a prefill, None:
+    all) that a prefill may stop at and go on from with the same keys and values as one prefill (chunked
+    prefill, cached prefixes); 0 for models without such points."""
+    method = getattr(model, "reusable_prefix", None)
+    return 0 if method is None else method(length, prefilled)
+
+
 def causal_attention_mask(past_length: int, num_new: int, device: torch.device | str) -> torch.Tensor:
     """(1, T, past + T) bool: every new token sees the whole prefix and the new tokens up to itself."""
     new = torch.ones(num_new, num_new, dtype=torch.bool, device=device).tril()

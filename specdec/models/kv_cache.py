@@ -40,6 +40,11 @@ class KVCache:
         cache.keys, cache.values, cache.length, cache.max_length = keys, values, 0, max_length
         return cache
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the keys' and values' storage (all max_length slots, filled or not)."""
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store keys/values (B, H_kv, T, D) at [length, length+T); return the views [0, length+T).
 

@@ -114,6 +114,14 @@ def gpu_attention_backends(device: torch.device, backends: Sequence[SDPBackend] 
 # batch-invariant range, so such a forward is row-invariant end to end.
 ROW_BY_ROW_MAX = SMALL_ROWS
 
+# Prefill on the CPU kernels is chunk-invariant: prompt rows at positions below this attend row by row too,
+# later rows in blocks aligned to multiples of it (one attention call per block over the cache). So the keys
+# and values of a prompt's first n tokens come out bit-identical whether it is prefilled in one forward, in
+# chunks that end at `reusable_prefix` positions, or after a cached prefix: what chunked prefill and prefix
+# caching rest on. Why not row by row throughout: past about a thousand keys the row kernel costs several
+# times torch's attention per row, while below it costs about the same.
+PREFILL_ROW_LIMIT = 1024
+
 
 @dataclass
 class RowAttention:
@@ -362,6 +370,8 @@ class LlamaForCausalLM(nn.Module):
         cache.check_room(num_new)
         if self.graphs is not None and self.graphs.serves(tokens, cache):
             return self.graphs.forward(tokens, positions, cache, attn_mask, hidden_layers, last_logits_only)
+        if attn_mask is None and num_new > ROW_BY_ROW_MAX and tokens.shape[0] == 1 and self.prefill_is_chunk_invariant:
+            return self._prefill_in_pieces(tokens, positions, cache, hidden_layers, last_logits_only)
         # A first prefill keeps attn_mask None: attention then runs torch's causal kernel, which skips the
         # masked half of the scores (a 1k-token prompt's attention 1.4 -> 1.0 s on the 135M model)
         causal_prefill = attn_mask is None and cache.length == 0 and num_new > ROW_BY_ROW_MAX
@@ -375,6 +385,50 @@ class LlamaForCausalLM(nn.Module):
         out = self.run(tokens, positions, cache, attn_mask, rows, hidden_layers, last_logits_only)
         cache.advance(num_new)
         return out
+
+    @property
+    def prefill_is_chunk_invariant(self) -> bool:
+        """Whether a prompt's keys and values do not depend on how its prefill is split (PREFILL_ROW_LIMIT):
+        the CPU kernels compute a row the same at any row count (not int8 panels, dequantized for long
+        prefills; not torch's matmuls on a GPU), and no sliding window (its layers attend per window)."""
+        return (self.device.type == "cpu" and RowAttention.uses_kernel(self.model.norm.weight) and self.graphs is None
+                and self.layers_are_packed() and self.weight_format != "int8" and not self.config.sliding_window)
+
+    def reusable_prefix(self, length: int, prefilled: int | None = None) -> int:
+        """The longest prefix of a cache's `length` slots that a prefill can stop at and go on from (a cached
+        prefix, a chunk boundary) with the same keys and values as one prefill; 0 where none can. `prefilled`:
+        how many of the slots a prefill computed (None: all); the others came from decoding steps, which
+        attend row by row, as a prefill does only below PREFILL_ROW_LIMIT."""
+        if not self.prefill_is_chunk_invariant:
+            return 0
+        if prefilled is not None and length > prefilled:
+            length = max(prefilled, min(length, PREFILL_ROW_LIMIT))
+        return length if length <= PREFILL_ROW_LIMIT else length // PREFILL_ROW_LIMIT * PREFILL_ROW_LIMIT
+
+    def _prefill_in_pieces(self, tokens, positions, cache: KVCache, hidden_layers: Sequence[int],
+                           last_logits_only: bool) -> ForwardOutput:
+        """A causal forward of many rows as the pieces PREFILL_ROW_LIMIT fixes: rows below the limit, and any
+        piece of at most ROW_BY_ROW_MAX rows, attend row by row; later blocks, aligned to multiples of the
+        limit, each in one attention call over the cache."""
+        num_new, done, outs = tokens.shape[1], 0, []
+        while done < num_new:
+            position = cache.length
+            end = PREFILL_ROW_LIMIT if position < PREFILL_ROW_LIMIT else (position // PREFILL_ROW_LIMIT + 1) * PREFILL_ROW_LIMIT
+            count = min(end - position, num_new - done)
+            piece = slice(done, done + count)
+            if position < PREFILL_ROW_LIMIT or count <= ROW_BY_ROW_MAX:
+                mask, rows = None, RowAttention.for_forward(None, position, count)
+            else:
+                mask, rows = causal_attention_mask(position, count, tokens.device), None
+            outs.append(self.run(tokens[:, piece], positions[:, piece], cache, mask, rows, hidden_layers,
+                                 last_logits_only))
+            cache.advance(count)
+            done += count
+        if len(outs) == 1:
+            return outs[0]
+        logits = outs[-1].logits if last_logits_only else torch.cat([out.logits for out in outs], dim=1)
+        hidden = {layer: torch.cat([out.hidden_states[layer] for out in outs], dim=1) for layer in outs[0].hidden_states}
+        return ForwardOutput(logits, hidden)
 
     @torch.inference_mode()
     def forward_batch(self, requests: Sequence[ForwardRequest], hidden_layers: Sequence[int] = ()) -> list[ForwardOutput]:

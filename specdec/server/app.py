@@ -33,6 +33,7 @@ from specdec.server.protocol import (
     parse_request,
     usage,
 )
+from specdec.prefix_cache import PrefixCache
 from specdec.server.scheduler import Job, QueueFullError, Scheduler
 
 
@@ -54,6 +55,8 @@ class ServerSettings:
     allowed_hosts: tuple[str, ...] | None = None  # Host names served (None: any); loopback binds set these
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed by CORS (none by default)
     max_prompt_tokens: int | None = None  # longer prompts get 400 (None: up to the model's context)
+    kv_memory_bytes: int | None = None  # running generations' KV caches at most (more wait); None: no limit
+    prefix_cache_bytes: int = 512 << 20  # prompts' keys and values kept for later prompts; 0: off
 
 
 ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "object", "properties": {
@@ -90,10 +93,15 @@ def endpoint_label(path: str) -> str:
 
 def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> FastAPI:
     # `metrics` is bound below, before the worker starts, so the callback finds it.
+    prefix_cache = PrefixCache(generator.target.model, settings.prefix_cache_bytes)
     scheduler = Scheduler(generator, settings.max_active, settings.max_queue,
                           on_finished=lambda job, result: metrics.record_generation(result),
-                          on_round=lambda generations, rows: metrics.record_round(generations, rows))
-    metrics = ServerMetrics(lambda: scheduler.queue_length, lambda: scheduler.active_count)
+                          on_round=lambda batch: metrics.record_round(batch),
+                          kv_budget_bytes=settings.kv_memory_bytes,
+                          prefix_cache=prefix_cache if prefix_cache.enabled else None)
+    metrics = ServerMetrics(lambda: scheduler.queue_length, lambda: scheduler.active_count,
+                            lambda: scheduler.kv_bytes_in_use, settings.kv_memory_bytes,
+                            prefix_cache if prefix_cache.enabled else None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -11,7 +11,8 @@ from specdec.rounds import GenerationResult
 class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, queue_length, active_count):
+    def __init__(self, queue_length, active_count, kv_bytes_in_use=lambda: 0, kv_budget_bytes: int | None = None,
+                 prefix_cache=None):
         self.registry = registry = CollectorRegistry()
         ProcessCollector(registry=registry)  # process_resident_memory_bytes, cpu seconds, open fds
         self.requests = Counter("specdec_requests", "HTTP requests by endpoint and status code",
@@ -45,15 +46,36 @@ class ServerMetrics:
                                            buckets=sizes, registry=registry)
         self.batch_rows = Histogram("specdec_batch_rows", "Target rows (tokens verified) in one batched round",
                                     buckets=sizes, registry=registry)
+        self.draft_tokens_per_request = Histogram(
+            "specdec_request_draft_tokens", "Draft tokens one request verified in one round (its K there)",
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64), registry=registry)
+        Gauge("specdec_kv_cache_bytes", "Bytes of the running generations' target KV caches",
+              registry=registry).set_function(kv_bytes_in_use)
+        Gauge("specdec_kv_cache_budget_bytes", "The KV memory budget (--kv-memory; 0: none)",
+              registry=registry).set(kv_budget_bytes or 0)
+        if prefix_cache is not None:
+            stats = prefix_cache.stats
+            for name, what, read in [
+                ("specdec_prefix_cache_lookups", "Prompts looked up in the prefix cache", lambda: stats.lookups),
+                ("specdec_prefix_cache_hits", "Prompts that reused a cached prefix", lambda: stats.hits),
+                ("specdec_prefix_cache_reused_tokens", "Prompt tokens copied from the prefix cache instead of "
+                 "computed", lambda: stats.reused_tokens),
+                ("specdec_prefix_cache_entries", "Prefixes held", lambda: stats.entries),
+                ("specdec_prefix_cache_bytes", "Bytes of the prefixes' keys and values", lambda: stats.bytes),
+            ]:
+                Gauge(name, what, registry=registry).set_function(read)
         Gauge("specdec_queue_length", "Requests waiting for a generation slot",
               registry=registry).set_function(queue_length)
         Gauge("specdec_active_generations", "Generations in progress",
               registry=registry).set_function(active_count)
 
-    def record_round(self, generations: int, rows: int) -> None:
-        """One step of the worker: a round of `generations` requests, `rows` target rows verified together."""
-        self.batch_generations.observe(generations)
-        self.batch_rows.observe(rows)
+    def record_round(self, batch) -> None:
+        """One step of the worker: a round of several requests, their target rows verified together
+        (engine.BatchedRound)."""
+        self.batch_generations.observe(len(batch.outcomes))
+        self.batch_rows.observe(batch.rows)
+        for drafted in batch.drafted:
+            self.draft_tokens_per_request.observe(drafted)
 
     def record_generation(self, result: GenerationResult) -> None:
         s = result.stats

@@ -6,13 +6,23 @@ and the caches on one thread needs no locks. Each worker step runs one round of
 every active generation (up to `max_active`) with their verify forwards as one
 batched pass over the weights (engine.run_round_together; on a memory-bound
 machine B requests' rows cost far less than B forwards), and requests join and
-leave between steps (continuous batching). A new request's prompt is prefilled
-on its own before it joins.
+leave between steps (continuous batching).
+
+New requests: a request starts when a slot is free and its KV cache fits in the
+KV memory budget (`kv_budget_bytes`; else it waits in the queue). Its prompt is
+prefilled before it joins the rounds, in chunks while other streams run (about
+PREFILL_TOKENS_PER_STEP prompt tokens per step: a burst of new or long prompts
+delays the running streams by a bounded amount per step), all at once when
+nothing else runs. A prompt that shares a prefix with an earlier one (a system
+prompt, a chat history resent with one more turn) copies that prefix's keys
+and values from the prefix cache instead of computing them; each finished
+prefill and each finished generation is offered to it.
 
 Isolation: each job gets its own engine (KV cache, drafter state from
-`Drafter.fresh()`, random generator); only the weights and the adaptive-K cost
-model are shared. A cancelled job (client gone, server stopping) is dropped
-before its next round and its cache is freed with it.
+`Drafter.fresh()`, random generator); only the weights, the prefix cache's
+read-only copies and the adaptive-K cost model are shared. A cancelled job
+(client gone, server stopping) is dropped before its next step and its cache is
+freed with it.
 
 Events go back to the asyncio side through `loop.call_soon_threadsafe`:
 ("started", prompt_tokens), ("chunk", StreamChunk), ("done", GenerationResult),
@@ -32,6 +42,7 @@ from specdec.engine import default_row_budget, run_round_together
 from specdec.rounds import StreamChunk
 from specdec.errors import SpecdecError
 from specdec.generator import Prompt, SpeculativeGenerator
+from specdec.prefix_cache import PrefixCache
 from specdec.sampling import SamplingParams
 
 
@@ -54,6 +65,7 @@ class Job:
     cancelled: bool = False
     encoded: bool = False  # prompt already holds checked token ids (Scheduler.prompt_ids)
     connection_checked: float = 0.0  # when the server last asked whether the client is still there
+    kv_bytes: int = 0  # its KV cache's size, once known (a job waiting for KV memory is not sized again)
 
     def cancel(self) -> None:
         self.cancelled = True  # read by the worker before each round
@@ -65,22 +77,27 @@ class Job:
             pass  # the event loop is closed: the server has stopped and nobody is listening
 
 
-# Prompt tokens prefilled per worker step while other generations are running (one request at least).
+# Prompt tokens prefilled per worker step while other generations are running (one chunk at least).
 PREFILL_TOKENS_PER_STEP = 512
 
 
 class Scheduler:
     def __init__(self, generator: SpeculativeGenerator, max_active: int = 4, max_queue: int = 64,
-                 on_finished: Callable | None = None, on_round: Callable | None = None):
+                 on_finished: Callable | None = None, on_round: Callable | None = None,
+                 kv_budget_bytes: int | None = None, prefix_cache: PrefixCache | None = None):
+        """kv_budget_bytes: the running generations' target KV caches together, at most (None: no limit);
+        prefix_cache: where prompts' keys and values are kept for later prompts (None: none)."""
         if max_active < 1 or max_queue < 0:
             raise SpecdecError("max_active must be >= 1 and max_queue >= 0")
         self.generator = generator
         self.max_active, self.max_queue = max_active, max_queue
+        self.kv_budget_bytes = kv_budget_bytes
+        self.prefix_cache = prefix_cache
         self.on_finished = on_finished or (lambda job, result: None)
-        self.on_round = on_round or (lambda generations, rows: None)  # after each batched round
+        self.on_round = on_round or (lambda batch: None)  # after each batched round (engine.BatchedRound)
         self.row_budget = default_row_budget(generator.target.model.device)
         self.waiting: deque[Job] = deque()
-        self.active: list[tuple[Job, object]] = []  # (job, its prefilled generation)
+        self.active: list[tuple[Job, object]] = []  # (job, its generation), prefilling or running
         self.wake = threading.Condition()
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="specdec-scheduler", daemon=True)
@@ -124,6 +141,13 @@ class Scheduler:
     def active_count(self) -> int:
         return len(self.active)
 
+    @property
+    def kv_bytes_in_use(self) -> int:
+        """Bytes of the target KV caches of the generations started and not yet finished."""
+        with self.wake:
+            entries = list(self.active)
+        return sum(generation.cache.nbytes for _, generation in entries)
+
     # -- worker thread ---------------------------------------------------------------------
     def _run(self) -> None:
         while True:
@@ -133,45 +157,87 @@ class Scheduler:
                 if self.stopping and not self.waiting and not self.active:
                     return
             self._admit_some()
+            self._prefill_some()
             self._round()
 
     def _admit_some(self) -> None:
-        """Prefill waiting requests into free slots, up to PREFILL_TOKENS_PER_STEP prompt tokens while others
-        are running (at least one request): a burst of new prompts delays the running streams by a bounded
-        amount per step instead of by all their prefills at once."""
-        budget = PREFILL_TOKENS_PER_STEP if self.active else None
-        while budget is None or budget > 0:
+        """Start waiting requests, first come first served, while a slot is free and the next one's KV cache
+        fits in the budget (else it waits, first in line, until running ones finish)."""
+        while True:
             with self.wake:
                 if not self.waiting or len(self.active) >= self.max_active:
                     return
-                job = self.waiting.popleft()
-            prompt_tokens = self._admit(job)
-            if budget is not None:
-                budget -= max(1, prompt_tokens)
+                job = self.waiting[0]
+            if job.cancelled:
+                self._dequeue(job)
+                job.emit("cancelled", None)
+                continue
+            if job.kv_bytes and self.active and not self._kv_fits(job.kv_bytes):
+                return
+            generation = self._start(job)
+            if generation is None:
+                self._dequeue(job)
+                continue
+            job.kv_bytes = generation.cache.nbytes
+            if not self._kv_fits(job.kv_bytes):
+                if self.active:
+                    return  # its cache is dropped here; it is allocated again once memory is free
+                self._dequeue(job)
+                job.emit("error", SpecdecError(
+                    f"this request needs {_mib(job.kv_bytes)} MiB of KV cache, more than the server's KV memory "
+                    f"({_mib(self.kv_budget_bytes)} MiB); send a shorter prompt or a smaller max_tokens"))
+                continue
+            self._dequeue(job)
+            with self.wake:
+                self.active.append((job, generation))
 
-    def _admit(self, job: Job) -> int:
-        """Start the job's generation (its prefill) and add it to the active ones; its prompt's tokens."""
-        if job.cancelled:
-            job.emit("cancelled", None)
-            return 0
+    def _kv_fits(self, size: int) -> bool:
+        return self.kv_budget_bytes is None or self.kv_bytes_in_use + size <= self.kv_budget_bytes
+
+    def _dequeue(self, job: Job) -> None:
+        with self.wake:
+            if self.waiting and self.waiting[0] is job:
+                self.waiting.popleft()
+
+    def _start(self, job: Job):
+        """The job's generation (its cache allocated, nothing computed), or None when it could not start
+        (the job got its event)."""
         try:
             engine = self.generator.request_engine(job.speculative, job.k)
-            generation = engine.start(*self._encode(job), self.generator.target.tokenizer, job.seed)
+            return engine.start(*self._encode(job), self.generator.target.tokenizer, job.seed)
         except SpecdecError as exc:
             job.emit("error", exc)
-            return 0
         except Exception as exc:  # a bug, not bad input: report it to this request only
             job.emit("failed", exc)
-            return 0
-        try:
-            generation.begin()  # the prefill: one request's prompt at a time, before it joins the batch
-        except Exception as exc:
-            job.emit("failed", exc)
-            return len(generation.prompt_ids)
-        job.emit("started", len(generation.prompt_ids))
+        return None
+
+    def _prefill_some(self) -> None:
+        """Prefill started requests, oldest first: all of their prompts when no stream is running, else about
+        PREFILL_TOKENS_PER_STEP prompt tokens this step (a long prompt in chunks). A request whose prefill is
+        done gets its "started" event and joins the next round."""
         with self.wake:
-            self.active.append((job, generation))
-        return len(generation.prompt_ids)
+            entries = list(self.active)
+        budget = PREFILL_TOKENS_PER_STEP if any(generation.prefilled for _, generation in entries) else None
+        for entry in entries:
+            job, generation = entry
+            if generation.prefilled or job.cancelled:
+                continue
+            try:
+                if generation.cache.length == 0 and self.prefix_cache is not None:
+                    generation.use_prompt_cache(self.prefix_cache.lookup(generation.prompt_ids[:-1]))
+                done = generation.prefill_step(budget)
+            except Exception as exc:
+                job.emit("failed", exc)
+                self._remove(entry)
+                continue
+            if generation.prefilled:
+                if self.prefix_cache is not None:
+                    self.prefix_cache.store(generation.prompt_ids[:-1], generation.cache)
+                job.emit("started", len(generation.prompt_ids))
+            if budget is not None:
+                budget -= max(1, done)
+                if budget <= 0:
+                    return
 
     def prompt_ids(self, job: Job) -> list[int]:
         """The job's prompt as checked token ids. Thread-safe: the server calls it off the worker thread,
@@ -189,16 +255,16 @@ class Scheduler:
 
 
     def _round(self) -> None:
-        """One round of every active generation, their verify forwards batched (engine.run_round_together);
+        """One round of every prefilled generation, their verify forwards batched (engine.run_round_together);
         then each job gets its new text, or its result when it is done. Cancelled jobs leave first."""
         for entry in [entry for entry in self.active if entry[0].cancelled or entry[1].finished]:
             self._finish(entry, cancelled=entry[0].cancelled)
-        running = list(self.active)
+        running = [entry for entry in self.active if entry[1].prefilled]
         if not running:
             return
         try:
             batch = run_round_together([generation for _, generation in running], self.row_budget)
-            self.on_round(len(running), batch.rows)
+            self.on_round(batch)
         except Exception as exc:  # a bug, not bad input: the requests of this round fail, the server goes on
             for entry in running:
                 entry[0].emit("failed", exc)
@@ -216,6 +282,9 @@ class Scheduler:
             job.emit("cancelled", None)
         else:
             result = generation.result()
+            if self.prefix_cache is not None:  # the conversation so far: the next turn's history
+                kept = generation.cache.length
+                self.prefix_cache.store(generation.context[:kept], generation.cache, len(generation.prompt_ids) - 1)
             self.on_finished(job, result)
             job.emit("done", result)
         self._remove(entry)
@@ -223,6 +292,10 @@ class Scheduler:
     def _remove(self, entry) -> None:
         with self.wake:
             self.active.remove(entry)
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f}"
 
 
 def _is_token_ids(prompt) -> bool:
