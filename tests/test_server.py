@@ -220,6 +220,61 @@ def test_concurrent_requests_run_in_batched_rounds_and_each_gets_its_own_output(
     assert after["specdec_batch_rows_sum"] - before["specdec_batch_rows_sum"] >= generations
 
 
+def test_a_shared_prefix_is_computed_once_and_changes_nothing(tiny_generator):
+    """A second prompt with the same system prompt, and the next turn of a conversation (its history resent),
+    copy the shared prefix's keys and values (/metrics counts them) and get exactly the library's output."""
+    running = RunningServer(tiny_generator, max_active=4)
+    try:
+        system = {"role": "system", "content": "You answer in short sentences, and you never make things up."}
+        first = [system, {"role": "user", "content": "hello there"}]
+        second = [system, {"role": "user", "content": "what is new"}]
+
+        def ask(messages):
+            reply = running.client.chat.completions.create(model="tiny", messages=messages, max_tokens=30,
+                                                           temperature=0)
+            return reply.choices[0].message.content
+
+        answer = ask(first)
+        assert running.metrics()["specdec_prefix_cache_hits"] == 0
+        assert ask(second) == tiny_generator.generate(second, 30).text
+        after_second = running.metrics()
+        assert after_second["specdec_prefix_cache_hits"] == 1 and after_second["specdec_prefix_cache_reused_tokens"] >= 16
+        third = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "and then?"}]
+        assert ask(third) == tiny_generator.generate(third, 30).text
+        after_third = running.metrics()
+        first_prompt = len(tiny_generator.encode(first))
+        assert after_third["specdec_prefix_cache_reused_tokens"] - after_second["specdec_prefix_cache_reused_tokens"] >= first_prompt
+        assert after_third["specdec_prefix_cache_bytes"] > 0
+    finally:
+        running.stop()
+
+
+def test_kv_memory_budget_queues_requests_refuses_one_too_large_and_frees_every_byte(tiny_generator):
+    from specdec.commit import StopCriteria
+    from specdec.sampling import SamplingParams
+
+    prompt = "a budget for one"
+    ids = tiny_generator.encode(prompt, chat=False)
+    one = tiny_generator.request_engine().start(ids, SamplingParams(), StopCriteria(24, frozenset()),
+                                               tiny_generator.target.tokenizer).cache.nbytes
+    running = RunningServer(tiny_generator, max_active=4, kv_memory_bytes=one + one // 2, prefix_cache_bytes=0)
+    try:
+        expected = tiny_generator.generate(prompt, 24, chat=False).text
+        with ThreadPoolExecutor(3) as pool:  # only one fits at a time: the others wait, none is refused
+            replies = list(pool.map(lambda _: running.client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=24, temperature=0), range(3)))
+        assert [r.choices[0].text for r in replies] == [expected] * 3
+        metrics = running.metrics()
+        assert metrics["specdec_batch_generations_sum"] == metrics["specdec_batch_generations_count"]  # one at a time
+        assert metrics["specdec_kv_cache_bytes"] == 0 and metrics["specdec_kv_cache_budget_bytes"] == one + one // 2
+        assert "specdec_prefix_cache_hits" not in metrics  # --prefix-cache 0: off
+        status, text = running.request("POST", "/v1/completions",
+                                       json.dumps({"prompt": prompt, "max_tokens": 300}))
+        assert status == 400 and "KV cache" in json.loads(text)["error"]["message"]
+    finally:
+        running.stop()
+
+
 LONG_PROMPT = "x" * 600  # the tiny model's context is 512 tokens; one byte = one token here
 BAD_REQUESTS = {
     "malformed json": ("/v1/chat/completions", '{"messages": ['),
@@ -373,6 +428,7 @@ def test_disconnect_mid_stream_cancels_and_frees_the_slot(tiny_generator):
             assert time.monotonic() < deadline, "the cancelled generation still holds its slot"
             time.sleep(0.05)
         assert running.metrics()["specdec_generated_tokens_total"] == 0  # cancelled, not run to the end
+        assert running.metrics()["specdec_kv_cache_bytes"] == 0  # its cache went with it
         reply = running.client.completions.create(model="tiny", prompt="a", max_tokens=3, temperature=0)
         assert reply.usage.completion_tokens == 3
     finally:
