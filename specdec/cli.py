@@ -159,6 +159,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--roofline-mb", type=int, default=1024,
                        help="buffer for the bandwidth measurement in MB (0 skips the roofline)")
 
+    bench_serve = commands.add_parser(
+        "bench-serve", help="`specdec bench serve`: concurrent streaming clients against our server and "
+        "llama.cpp's on the same model: throughput, TTFT, time per token")
+    bench_serve.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
+    bench_serve.add_argument("--server-args", default="", help="more `specdec serve` options, e.g. "
+                             "'--max-active 64 --drafter ngram'")
+    bench_serve.add_argument("--url", default=None, help="measure this running server (…/v1) instead of starting ours")
+    bench_serve.add_argument("--clients", default="1,64", help="comma-separated concurrent client counts")
+    bench_serve.add_argument("--max-tokens", type=int, default=128)
+    bench_serve.add_argument("--system-prompt", default=None, help="a system message every client sends first")
+    bench_serve.add_argument("--peers", default="", help="llamacpp: llama.cpp's llama-server on the target's GGUF "
+                             "file (from $SPECDEC_LLAMA_CPP or PATH)")
+    bench_serve.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's threads")
+    bench_serve.add_argument("--slot-context", type=int, default=1024, help="llama-server's context per slot")
+    bench_serve.add_argument("--json", dest="json_out", default=None, help="write the reports to this JSON file")
+
     analyze = commands.add_parser("analyze", help="the theory as a calculator: expected tokens per round, "
                                   "speedup, best K; or fit it to a bench run")
     analyze.add_argument("--k", type=int, default=5, help="draft tokens per round")
@@ -209,9 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["bench", "serve"]:  # `bench` itself takes options only: `bench serve` is its own command
+        argv = ["bench-serve", *argv[2:]]
     args = build_parser().parse_args(argv)
     try:
         commands = {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models, "bench": cmd_bench,
+                    "bench-serve": cmd_bench_serve,
                     "serve": cmd_serve, "analyze": cmd_analyze, "train": cmd_train,
                     "datastore": cmd_datastore, "certify": cmd_certify, "export": cmd_export}
         return commands[args.command](args)
@@ -221,6 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specdec: interrupted", file=sys.stderr)
         return 130
+
+
+def cmd_bench_serve(args) -> int:
+    from specdec.bench.serve_bench import run_serve_bench
+
+    return run_serve_bench(args)
 
 
 def cmd_certify(args) -> int:

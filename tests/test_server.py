@@ -435,6 +435,25 @@ def test_disconnect_mid_stream_cancels_and_frees_the_slot(tiny_generator):
         running.stop()
 
 
+def test_bench_serve_starts_a_server_drives_clients_and_reports(tiny_dirs, tmp_path, server, capsys):
+    from specdec.cli import main
+
+    out = tmp_path / "serve.json"
+    assert main(["bench", "serve", "--target", str(tiny_dirs["llama"]), "--server-args", "--drafter ngram",
+                 "--clients", "1,3", "--max-tokens", "6", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["server"], r["clients"], r["errors"]) for r in rows] == [("specdec serve --drafter ngram", 1, 0),
+                                                                         ("specdec serve --drafter ngram", 3, 0)]
+    assert all(r["completion_tokens"] == 6 * r["clients"] and r["tokens_per_second"] > 0 for r in rows)
+    assert all(r["ttft_p50"] > 0 and r["tpot_p50"] > 0 for r in rows)
+    assert "| specdec serve --drafter ngram | 3 |" in capsys.readouterr().out
+    # a running server (the module's) by URL; a server that cannot start is one line, not a traceback
+    assert main(["bench", "serve", "--url", f"http://127.0.0.1:{server.port}/v1", "--clients", "2",
+                 "--max-tokens", "3"]) == 0
+    assert main(["bench", "serve", "--target", str(tmp_path / "missing"), "--clients", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("specdec: error: the server exited")
+
+
 def test_graceful_shutdown_finishes_in_flight_requests(tiny_generator):
     running = slow_server(tiny_generator, pause=0.01, max_active=2)
     with ThreadPoolExecutor(1) as pool:

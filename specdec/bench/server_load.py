@@ -1,10 +1,13 @@
-"""Load check for `specdec serve`: many concurrent streaming clients, TTFT percentiles, throughput, memory.
+"""Load check for an OpenAI-compatible server: many concurrent streaming clients; throughput, time to first
+token, time per output token and inter-chunk latency percentiles, memory.
 
     specdec serve --target smollm2-135m-instruct &
     python -m specdec.bench.server_load --url http://127.0.0.1:8000/v1 --clients 64 --max-tokens 64
 
-Prompts come from the benchmark tasks (Spec-Bench + code), cycled. Memory is the server's resident set
-size from its /metrics (process_resident_memory_bytes), read before and after.
+(`specdec bench serve` starts the servers itself, ours and llama.cpp's, and runs this against each.)
+Prompts come from the benchmark tasks (Spec-Bench + code), cycled; `--system-prompt` puts the same system
+message before each (what a served application sends, and what a prefix cache serves). Memory is the
+server's resident set size from its /metrics (process_resident_memory_bytes), read before and after.
 """
 
 from __future__ import annotations
@@ -31,6 +34,14 @@ class ClientRun:
     time_to_first_token: float
     seconds: float
     completion_tokens: int
+    chunk_gaps: tuple[float, ...] = ()  # seconds between the stream's text chunks
+
+    @property
+    def time_per_output_token(self) -> float:
+        """Seconds per token after the first (a speculative chunk carries several tokens)."""
+        if self.completion_tokens < 2:
+            return float("nan")
+        return (self.seconds - self.time_to_first_token) / (self.completion_tokens - 1)
 
 
 @dataclass
@@ -45,6 +56,10 @@ class LoadReport:
     per_client_tokens_per_second_p50: float
     rss_before_mb: float
     rss_after_mb: float
+    tpot_p50: float = float("nan")  # time per output token after the first, per client
+    tpot_p99: float = float("nan")
+    itl_p50: float = float("nan")  # gaps between streamed chunks, all clients together
+    itl_p99: float = float("nan")
 
 
 def resident_mb(base_url: str) -> float:
@@ -65,40 +80,58 @@ def one_client(client: openai.OpenAI, model: str, messages: list[dict], max_toke
     try:
         stream = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
                                                 temperature=0, stream=True, stream_options={"include_usage": True})
-        tokens = 0
+        tokens, last, gaps = 0, None, []
         for chunk in stream:
-            if first is None and chunk.choices and chunk.choices[0].delta.content:
-                first = time.perf_counter() - started
+            if chunk.choices and chunk.choices[0].delta.content:
+                now = time.perf_counter()
+                if first is None:
+                    first = now - started
+                else:
+                    gaps.append(now - last)
+                last = now
             if chunk.usage is not None:
                 tokens = chunk.usage.completion_tokens
-        return ClientRun(True, "", first or float("nan"), time.perf_counter() - started, tokens)
+        return ClientRun(True, "", first or float("nan"), time.perf_counter() - started, tokens, tuple(gaps))
     except openai.OpenAIError as exc:
         return ClientRun(False, str(exc), float("nan"), time.perf_counter() - started, 0)
 
 
-def run_load(base_url: str, clients: int, max_tokens: int) -> tuple[LoadReport, list[ClientRun]]:
+def run_load(base_url: str, clients: int, max_tokens: int, system_prompt: str | None = None
+             ) -> tuple[LoadReport, list[ClientRun]]:
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=3600)
     model = client.models.list().data[0].id
     prompts = load_prompts(["code", "mt_bench", "qa", "summarization"], 16)
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+
+    def messages(i: int) -> list[dict]:
+        return [*system, {"role": "user", "content": prompts[i % len(prompts)].prompt}]
+
     rss_before = resident_mb(base_url)
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        runs = list(pool.map(lambda i: one_client(client, model, [{"role": "user", "content":
-                                                                  prompts[i % len(prompts)].prompt}], max_tokens),
-                             range(clients)))
+        runs = list(pool.map(lambda i: one_client(client, model, messages(i), max_tokens), range(clients)))
     seconds = time.perf_counter() - started
     ok = [r for r in runs if r.ok]
-    ttfts = sorted(r.time_to_first_token for r in ok)
     tokens = sum(r.completion_tokens for r in ok)
+    ttft_p50, ttft_p99 = percentiles([r.time_to_first_token for r in ok])
+    tpot_p50, tpot_p99 = percentiles([r.time_per_output_token for r in ok])
+    itl_p50, itl_p99 = percentiles([gap for r in ok for gap in r.chunk_gaps])
     report = LoadReport(
-        clients=clients, errors=len(runs) - len(ok),
-        ttft_p50=statistics.median(ttfts) if ttfts else float("nan"),
-        ttft_p99=ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else float("nan"),
+        clients=clients, errors=len(runs) - len(ok), ttft_p50=ttft_p50, ttft_p99=ttft_p99,
         seconds=seconds, completion_tokens=tokens, tokens_per_second=tokens / seconds,
         per_client_tokens_per_second_p50=statistics.median(r.completion_tokens / r.seconds for r in ok) if ok else 0,
         rss_before_mb=rss_before, rss_after_mb=resident_mb(base_url),
+        tpot_p50=tpot_p50, tpot_p99=tpot_p99, itl_p50=itl_p50, itl_p99=itl_p99,
     )
     return report, runs
+
+
+def percentiles(values: list[float]) -> tuple[float, float]:
+    """(median, 99th percentile, nearest rank) of the values that are numbers; NaN when there are none."""
+    values = sorted(v for v in values if v == v)
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.median(values), values[min(len(values) - 1, int(0.99 * len(values)))]
 
 
 def main() -> None:
@@ -106,9 +139,10 @@ def main() -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000/v1")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--system-prompt", default=None, help="a system message every client sends first")
     args = parser.parse_args()
     try:
-        report, runs = run_load(args.url, args.clients, args.max_tokens)
+        report, runs = run_load(args.url, args.clients, args.max_tokens, args.system_prompt)
     except SpecdecError as exc:
         raise SystemExit(f"server_load: error: {exc}") from None
     except (openai.APIConnectionError, OSError) as exc:
