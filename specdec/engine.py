@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from specdec.batch_drafts import PassCost, acceptance_rate, draft_caps
 from specdec.commit import Committer, CommitOutcome, StopCriteria
 from specdec.drafters.base import Drafter
 from specdec.errors import ContextLengthError
@@ -99,15 +100,21 @@ class BatchedRound:
     drafted: list[int]  # draft tokens each generation verified (its K this round), in order
 
 
-def run_round_together(generations: Sequence["_Generation"], row_budget: int | None = None) -> BatchedRound:
+def run_round_together(generations: Sequence["_Generation"], row_budget: int | None = None,
+                       pass_cost: PassCost | None = None) -> BatchedRound:
     """One round of each of several prefilled, unfinished generations of one target, with the target's
     verify forwards run as one batched pass (`forward_batch`: each request's rows, positions, cache and
     mask as its own, the weights read once). Each generation drafts, accepts and commits as in its own
-    round, on outputs identical to its own forward's, so its tokens are those it produces alone."""
-    # Rows compete: past a few dozen rows a pass costs about its rows, and a request's draft tokens then cost
-    # what other requests' next tokens would; so the drafts shrink as the batch grows (K 0: batched plain).
-    cap = None if row_budget is None or len(generations) < 2 else max(0, row_budget // len(generations) - 1)
-    prepared = [generation._prepare_round(cap) for generation in generations]
+    round, on outputs identical to its own forward's, so its tokens are those it produces alone.
+
+    Rows compete: a request's draft tokens cost what other requests' next tokens would. At most row_budget
+    rows are verified; with `pass_cost` (the caller's record of its passes, updated here) the draft rows go to
+    the generations whose drafts are accepted most, while they raise the round's tokens per second
+    (batch_drafts.draft_caps); without it, every generation gets an even share."""
+    wanted = [generation._plan_k() for generation in generations]
+    rates = [acceptance_rate(generation.rounds) for generation in generations]
+    caps = draft_caps(rates, wanted, row_budget, None if pass_cost is None else pass_cost.fit())
+    prepared = [generation._prepare_round(cap) for generation, cap in zip(generations, caps)]
     outcomes: list[CommitOutcome | None] = [None] * len(generations)
     groups: dict[tuple, list[int]] = {}  # generations asking for the same hidden layers share one pass
     for index, generation in enumerate(generations):
@@ -119,6 +126,8 @@ def run_round_together(generations: Sequence["_Generation"], row_budget: int | N
         if outs and outs[0].logits.device.type == "cuda":
             torch.cuda.synchronize(outs[0].logits.device)
         ended = time.perf_counter()
+        if pass_cost is not None:
+            pass_cost.observe(sum(prepared[i].request.tokens.shape[1] for i in members), ended - started)
         for index, out in zip(members, outs):
             outcomes[index] = generations[index]._finish_round(prepared[index], out, started, ended)
     return BatchedRound(outcomes, sum(p.request.tokens.shape[1] for p in prepared), [len(p.draft) for p in prepared])
@@ -160,6 +169,7 @@ class _Generation:
         # prompt's head), copied instead of computed at the prefill's start.
         self.prompt_cache = prompt_cache
         self.reused_prompt_tokens = 0
+        self._planned_k: int | None = None  # K chosen ahead of the round (_plan_k), used by its _draft
         self._prefill_done = False
         self._prompt_features: list[torch.Tensor] = []  # feature drafters: each prefill chunk's (n, C x layers)
         self.rounds: list[RoundStats] = []
@@ -292,11 +302,19 @@ class _Generation:
                                       prepared.draft_seconds, verify_seconds, t3 - t2))
         return outcome
 
+    def _plan_k(self) -> int:
+        """The K this round asks of the drafter (its speculation length's choice, once per round), for a
+        batched round's planner; 0 without a drafter."""
+        if self._planned_k is None:
+            self._planned_k = self.engine.speculation.next_k()
+        return self._planned_k if self.drafter is not None else 0
+
     def _draft(self, max_draft: int | None = None) -> Draft:
         # Never draft past what may still be committed or what the cache can hold.
         remaining = self.committer.criteria.max_new_tokens - len(self.committer.token_ids)
         room = self.cache.max_length - self.cache.length - 1 - self.side_capacity
-        self._k = self.engine.speculation.next_k()
+        self._k = self._planned_k if self._planned_k is not None else self.engine.speculation.next_k()
+        self._planned_k = None
         k = min(self._k, remaining - 1, room, self._k if max_draft is None else max_draft)
         self._drafted = self.drafter is not None and k > 0
         if not self._drafted:

@@ -175,9 +175,10 @@ class SpeculativeGenerator:
         goes to the next prompt (continuous batching). Each result is the one generate() returns for its
         prompt with the same arguments (greedy: token for token; with a seed: the seed's text), each
         generation with its own drafter state. row_budget: target rows a round may verify, all generations
-        together (drafts shrink to fit as the batch grows; "auto": the device's default, None: no limit).
-        on_result(index, result) is
-        called as each one finishes."""
+        together ("auto": the device's default, None: no limit); within it, draft rows go to the generations
+        whose drafts are accepted most, while they pay (batch_drafts.py). on_result(index, result) is called
+        as each one finishes."""
+        from specdec.batch_drafts import PassCost
         from specdec.engine import default_row_budget, run_round_together
 
         if row_budget == "auto":
@@ -191,6 +192,7 @@ class SpeculativeGenerator:
         results: list[GenerationResult | None] = [None] * len(jobs)
         waiting = list(range(len(jobs)))[::-1]
         running: list[tuple[int, object]] = []
+        pass_cost = PassCost()
         while waiting or running:
             while waiting and len(running) < max_batch:
                 index = waiting.pop()
@@ -199,7 +201,7 @@ class SpeculativeGenerator:
                 running.append((index, generation))
             ready = [generation for _, generation in running if not generation.finished]
             if ready:
-                run_round_together(ready, row_budget)
+                run_round_together(ready, row_budget, pass_cost)
             for index, generation in [entry for entry in running if entry[1].finished]:
                 results[index] = generation.result()
                 if on_result is not None:

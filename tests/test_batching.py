@@ -164,3 +164,35 @@ def test_a_row_budget_shrinks_the_drafts_of_a_batch_not_its_outputs(targets):
     assert [r.token_ids for r in free] == [r.token_ids for r in tight] == [r.token_ids for r in plain]
     assert sum(r.stats.drafted for r in free) > sum(r.stats.drafted for r in tight) > 0
     assert sum(r.stats.drafted for r in plain) == 0
+
+
+def test_pass_cost_fits_seconds_against_rows_once_the_passes_differ():
+    from specdec.batch_drafts import PassCost
+
+    cost = PassCost()
+    for _ in range(6):
+        cost.observe(8, 0.013)
+    assert cost.fit() is None  # all passes alike: no slope to tell
+    for rows in (4, 12, 20, 28, 16, 8, 24):
+        cost.observe(rows, 0.005 + 0.001 * rows)
+    t0, slope = cost.fit()
+    assert slope == pytest.approx(0.001, rel=0.05) and t0 == pytest.approx(0.005, rel=0.1)
+
+
+def test_draft_rows_go_where_drafts_are_accepted_and_only_while_they_pay():
+    from specdec.batch_drafts import acceptance_rate, draft_caps, even_caps
+    from specdec.stats import RoundStats
+
+    rates, wanted = [0.9, 0.2, 0.6], [8, 8, 8]
+    assert draft_caps(rates, wanted, 32, None) == even_caps(3, 32) == [9, 9, 9]  # cost unknown: an even share
+    assert draft_caps(rates, wanted, None, None) == [None] * 3
+    cheap = draft_caps(rates, wanted, 12, (0.010, 0.0001))  # rows nearly free: the budget's 9 spare rows fill up
+    assert sum(cheap) == 9 and cheap[0] > cheap[2] > cheap[1]
+    steep = draft_caps(rates, wanted, 32, (0.001, 0.01))  # a row costs ten times a pass without rows: none
+    assert steep == [0, 0, 0]
+    middling = draft_caps(rates, wanted, 64, (0.005, 0.0005))
+    assert middling[0] >= 3 and middling[1] == 0 and sum(middling) < sum(wanted)  # a^k falls below the row cost
+    assert draft_caps(rates, [2, 8, 0], 64, (0.010, 0.0)) == [2, 8, 0]  # never past a generation's own K
+    assert draft_caps([0.9], [5], 32, (0.01, 0.001)) == [None]  # alone: its own K, as without batching
+    rounds = [RoundStats(4, 4, 3, 4, 0, 0, 0), RoundStats(4, 0, 0, 1, 0, 0, 0), RoundStats(4, 4, 1, 2, 0, 0, 0)]
+    assert acceptance_rate(rounds) == pytest.approx((4 + 1) / (8 + 2)) and acceptance_rate([]) == 0.5

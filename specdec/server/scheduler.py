@@ -37,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from specdec.batch_drafts import PassCost
 from specdec.commit import StopCriteria
 from specdec.engine import default_row_budget, run_round_together
 from specdec.rounds import StreamChunk
@@ -96,6 +97,7 @@ class Scheduler:
         self.on_finished = on_finished or (lambda job, result: None)
         self.on_round = on_round or (lambda batch: None)  # after each batched round (engine.BatchedRound)
         self.row_budget = default_row_budget(generator.target.model.device)
+        self.pass_cost = PassCost()  # what this target's batched passes cost by rows: sizes each request's K
         self.waiting: deque[Job] = deque()
         self.active: list[tuple[Job, object]] = []  # (job, its generation), prefilling or running
         self.wake = threading.Condition()
@@ -263,7 +265,8 @@ class Scheduler:
         if not running:
             return
         try:
-            batch = run_round_together([generation for _, generation in running], self.row_budget)
+            batch = run_round_together([generation for _, generation in running], self.row_budget,
+                                       self.pass_cost)
             self.on_round(batch)
         except Exception as exc:  # a bug, not bad input: the requests of this round fail, the server goes on
             for entry in running:

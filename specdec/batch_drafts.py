@@ -1,0 +1,94 @@
+"""How many draft tokens each generation of a batched round may verify: rows are shared, so they go where
+they pay.
+
+In a batched round every generation verifies its last token (one row) plus its draft tokens (one row each),
+all in one pass whose time grows with its rows: about t(R) = t0 + r * R past a few rows on a CPU, nearly
+flat on a GPU. A draft row pays when the tokens it adds per second beat what the round already makes: the
+k-th draft token of a generation whose drafts are accepted at rate a is accepted with probability about
+a^k, so it is worth a row while a^k * t(R) > r * (expected tokens of the round). Rows go one at a time to the
+draft token with the best such gain, within the row budget and each generation's own K (its adaptive K,
+as when it runs alone). With one generation, or until the pass's cost has been measured, every generation
+gets the same share of the budget.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Sequence
+
+# A pass-time sample loses this much weight per later sample (old batch sizes fade as the load changes).
+DECAY = 0.97
+# Until the samples span this many rows (in weighted spread), the slope is not trusted.
+MIN_ROW_SPREAD = 2.0
+
+
+class PassCost:
+    """An online least-squares fit of a batched pass's seconds against its rows (recent passes weigh more)."""
+
+    def __init__(self):
+        self.weight = self.rows = self.seconds = self.rows_sq = self.rows_seconds = 0.0
+
+    def observe(self, rows: int, seconds: float) -> None:
+        for name in ("weight", "rows", "seconds", "rows_sq", "rows_seconds"):
+            setattr(self, name, getattr(self, name) * DECAY)
+        self.weight += 1.0
+        self.rows += rows
+        self.seconds += seconds
+        self.rows_sq += rows * rows
+        self.rows_seconds += rows * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """(t0, r): seconds = t0 + r * rows, r >= 0; None while the passes seen are too alike to tell."""
+        if self.weight < 4:
+            return None
+        mean_rows, mean_seconds = self.rows / self.weight, self.seconds / self.weight
+        variance = self.rows_sq / self.weight - mean_rows ** 2
+        if variance < MIN_ROW_SPREAD ** 2:
+            return None
+        slope = max(0.0, (self.rows_seconds / self.weight - mean_rows * mean_seconds) / variance)
+        return max(mean_seconds - slope * mean_rows, 1e-9), slope
+
+
+def even_caps(count: int, row_budget: int | None) -> list[int | None]:
+    """The same cap for each of `count` generations: the budget's rows shared out (None: no cap)."""
+    if row_budget is None or count < 2:
+        return [None] * count
+    return [max(0, row_budget // count - 1)] * count
+
+
+def draft_caps(rates: Sequence[float], wanted: Sequence[int], row_budget: int | None,
+               cost: tuple[float, float] | None) -> list[int | None]:
+    """Each generation's most draft tokens this round. rates: each one's draft acceptance rate; wanted: the
+    K each would draft alone; cost: PassCost.fit() (None: share the budget evenly)."""
+    count = len(rates)
+    if cost is None or count < 2:
+        return even_caps(count, row_budget)
+    t0, slope = cost
+    spare = (row_budget - count) if row_budget is not None else sum(wanted)
+    rows, tokens = count, float(count)  # each generation's own row yields a token
+    caps = [0] * count
+    best = [(-rate, index) for index, rate in enumerate(rates) if wanted[index] > 0]
+    heapq.heapify(best)
+    while spare > 0 and best:
+        negative_gain, index = heapq.heappop(best)
+        gain = -negative_gain
+        if gain * (t0 + slope * rows) <= slope * tokens:
+            break  # the best remaining draft row would lower the round's tokens per second
+        caps[index] += 1
+        rows, tokens, spare = rows + 1, tokens + gain, spare - 1
+        if caps[index] < wanted[index]:
+            heapq.heappush(best, (-(rates[index] ** (caps[index] + 1)), index))
+    return caps
+
+
+def acceptance_rate(rounds, recent: int = 8) -> float:
+    """A generation's draft acceptance rate over its last `recent` rounds that drafted, with one accepted and
+    one rejected draft of prior (0.5 before any)."""
+    drafted = accepted = 0
+    seen = 0
+    for stats in reversed(rounds):
+        if stats.drafted:
+            drafted, accepted, seen = drafted + stats.drafted, accepted + stats.accepted, seen + 1
+            if seen == recent:
+                break
+    return (accepted + 1) / (drafted + 2)
