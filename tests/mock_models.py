@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdec.models.base import ForwardOutput
+from specdec.models.base import ForwardOutput, forward_each
 from specdec.models.sources.loading import LoadedModel
 
 
@@ -66,6 +66,9 @@ class MockLM:
                 prefixes.append(prefix)
         logits = torch.stack([self.logits_after(prefix) for prefix in prefixes])
         return ForwardOutput(logits=logits.unsqueeze(0), hidden_states={})
+
+    def forward_batch(self, requests, hidden_layers=()):
+        return forward_each(self, requests, hidden_layers)
 
 
 @lru_cache(maxsize=None)

@@ -106,6 +106,44 @@ def test_loop_follows_target_distribution(kind, k, params, acceptance, n):
                         what=f"{kind} K={k} {acceptance}")
 
 
+def _count_batched_in_worker(args) -> np.ndarray:
+    """Generations run 16 at a time in batched rounds (engine.run_round_together) with a tight row budget
+    and a pass-cost model, so each generation's K changes from round to round with what runs beside it."""
+    from specdec.batch_drafts import PassCost
+    from specdec.engine import run_round_together
+
+    kind, k, params, acceptance, seeds = args
+    torch.set_num_threads(1)
+    template, _ = engine_for(kind, k, acceptance)
+    criteria, tokenizer = StopCriteria(NEW_TOKENS), MockTokenizer()
+    counts, pass_cost, seeds = np.zeros(len(OUTCOMES)), PassCost(), list(seeds)
+    for start in range(0, len(seeds), 16):
+        batch = []
+        for seed in seeds[start:start + 16]:
+            engine = SpeculativeEngine(template.target, template.drafter.fresh(), template.speculation, acceptance)
+            generation = engine.start(PROMPT, params, criteria, tokenizer, seed=seed)
+            generation.begin()
+            batch.append(generation)
+        while any(not g.finished for g in batch):
+            run_round_together([g for g in batch if not g.finished], 24, pass_cost)
+        for generation in batch:
+            ids = generation.committer.token_ids
+            counts[ids[0] * 16 + ids[1] * 4 + ids[2]] += 1
+    return counts
+
+
+@pytest.mark.statistical
+def test_sampling_inside_batched_rounds_follows_target_distribution():
+    import multiprocessing
+
+    params, n = SamplingParams(temperature=1.0), 16_000
+    halves = [("draft", "auto", params, "rejection", range(0, n // 2)),
+              ("draft", "auto", params, "rejection", range(n // 2, n))]
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        counts = sum(pool.map(_count_batched_in_worker, halves))
+    assert_distribution(counts, exact_law(engine_for("draft", "auto")[1], params), what="draft in batched rounds")
+
+
 @pytest.mark.statistical
 def test_a_uniform_reused_across_positions_fails_through_the_loop(monkeypatch):
     """The match rule with one uniform for every position (a counter that ignores the position) couples
