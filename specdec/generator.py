@@ -169,16 +169,18 @@ class SpeculativeGenerator:
                        top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                        stop: Sequence[str] | str | None = None, seed: int | None = None, chat: bool | None = None,
                        max_batch: int = 16, row_budget: int | None | str = "auto",
-                       on_result=None) -> list[GenerationResult]:
+                       prefix_cache_bytes: int = 256 << 20, on_result=None) -> list[GenerationResult]:
         """Generations of many prompts, run together: every round, the verify forwards of up to `max_batch`
         running generations go through the target as one batched pass, and a finished generation's place
         goes to the next prompt (continuous batching). Each result is the one generate() returns for its
         prompt with the same arguments (greedy: token for token; with a seed: the seed's text), each
         generation with its own drafter state. row_budget: target rows a round may verify, all generations
         together ("auto": the device's default, None: no limit); within it, draft rows go to the generations
-        whose drafts are accepted most, while they pay (batch_drafts.py). on_result(index, result) is called
-        as each one finishes."""
+        whose drafts are accepted most, while they pay (batch_drafts.py). Prompts that share a prefix (a
+        few-shot header) compute it once: up to prefix_cache_bytes of prompts' keys and values are kept
+        (prefix_cache.py; 0: none). on_result(index, result) is called as each one finishes."""
         from specdec.batch_drafts import PassCost
+        from specdec.prefix_cache import PrefixCache
         from specdec.engine import default_row_budget, run_round_together
 
         if row_budget == "auto":
@@ -192,12 +194,15 @@ class SpeculativeGenerator:
         results: list[GenerationResult | None] = [None] * len(jobs)
         waiting = list(range(len(jobs)))[::-1]
         running: list[tuple[int, object]] = []
-        pass_cost = PassCost()
+        pass_cost, prefixes = PassCost(), PrefixCache(self.target.model, prefix_cache_bytes)
         while waiting or running:
             while waiting and len(running) < max_batch:
                 index = waiting.pop()
                 generation = self.request_engine().start(*jobs[index], self.target.tokenizer, seed)
+                head = jobs[index][0][:-1]
+                generation.use_prompt_cache(prefixes.lookup(head))
                 generation.begin()
+                prefixes.store(head, generation.cache)
                 running.append((index, generation))
             ready = [generation for _, generation in running if not generation.finished]
             if ready:

@@ -109,6 +109,20 @@ def test_generate_batch_returns_each_prompts_own_generation(targets, drafter):
         assert result.finish_reason == alone.finish_reason
 
 
+def test_generate_batch_computes_a_shared_header_once_and_changes_nothing(targets, monkeypatch):
+    from specdec.prefix_cache import PrefixCache
+
+    hits = []
+    real = PrefixCache.lookup
+    monkeypatch.setattr(PrefixCache, "lookup", lambda self, head: hits.append(real(self, head)) or hits[-1])
+    generator = generators(targets["llama"])["ngram"]
+    header = "Answer briefly and exactly, in the same words as the question. "
+    prompts = [header + question for question in ("what is a cat", "where is the sea", "who sat", "why")]
+    together = generator.generate_batch(prompts, 24, chat=False, max_batch=2)
+    assert [r.token_ids for r in together] == [generator.generate(p, 24, chat=False).token_ids for p in prompts]
+    assert sum(hit is not None for hit in hits) == 3 and all(hit.length >= 16 for hit in hits[1:])
+
+
 def test_seeded_sampling_in_a_batch_is_the_seeds_text(targets):
     generator = generators(targets["llama"])["ngram"]
     options = dict(temperature=0.9, top_p=0.95, seed=11, chat=False)
