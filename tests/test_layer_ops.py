@@ -78,5 +78,7 @@ def test_fused_layers_match_operator_by_operator(tmp_path, monkeypatch):
     fused = logits()
     monkeypatch.setattr(llama.LlamaForCausalLM, "layers_are_packed", lambda self: False)
     unfused = logits()
-    assert torch.equal(fused[0], unfused[0])  # the prefill takes the operators either way
+    # the prefill (> 64 rows) runs layer by layer either way; packed, its attention goes row by row (the
+    # chunk-invariant prefill), else torch's: float32 noise apart
+    assert torch.allclose(fused[0], unfused[0], atol=1e-4)
     assert torch.allclose(fused[1], unfused[1], atol=1e-4) and not torch.equal(fused[1], unfused[1])
