@@ -186,6 +186,8 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
         if first_kind == "error":
             code = "context_length_exceeded" if isinstance(first, ContextLengthError) else None
             return error(400, str(first), "invalid_request_error", endpoint, code=code)
+        if first_kind == "cancelled" and await request.is_disconnected():  # gone while queued or prefilling
+            return error(499, "the client closed the request", "invalid_request_error", endpoint)
         if first_kind != "started":
             return error(500 if first_kind == "failed" else 503, f"generation {first_kind}: {first}",
                          "server_error", endpoint)
