@@ -166,13 +166,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_argument("--server-args", default="", help="more `specdec serve` options, e.g. "
                              "'--max-active 64 --drafter ngram'")
     bench_serve.add_argument("--url", default=None, help="measure this running server (…/v1) instead of starting ours")
+    bench_serve.add_argument("--ours", action=argparse.BooleanOptionalAction, default=True,
+                             help="start and measure our server (--no-ours: the peers only)")
     bench_serve.add_argument("--clients", default="1,64", help="comma-separated concurrent client counts")
     bench_serve.add_argument("--max-tokens", type=int, default=128)
     bench_serve.add_argument("--system-prompt", default=None, help="a system message every client sends first")
     bench_serve.add_argument("--peers", default="", help="llamacpp: llama.cpp's llama-server on the target's GGUF "
                              "file (from $SPECDEC_LLAMA_CPP or PATH)")
     bench_serve.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's threads")
-    bench_serve.add_argument("--slot-context", type=int, default=1024, help="llama-server's context per slot")
+    bench_serve.add_argument("--slot-context", type=int, default=2048, help="llama-server's context per slot")
     bench_serve.add_argument("--json", dest="json_out", default=None, help="write the reports to this JSON file")
 
     analyze = commands.add_parser("analyze", help="the theory as a calculator: expected tokens per round, "

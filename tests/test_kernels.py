@@ -200,6 +200,9 @@ def test_attention_rows_match_float64_reference_and_single_rows(heads, kv_heads,
             k, v = keys[0, h // group, seen].double(), values[0, h // group, seen].double()
             weights = torch.softmax(k @ q[0, h, t].double() / dim ** 0.5, dim=0)
             assert torch.allclose(out[0, t, h * dim:(h + 1) * dim].double(), weights @ v, atol=1e-5)
+        # each row as the only row of its call (rows are computed in pairs, sharing key loads): the same bits
+        single = attention_rows(q[:, :, t:t + 1], keys, values, visible[t:t + 1].to(torch.uint8), prefix)
+        assert torch.equal(single[0, 0], out[0, t])
         if bool(visible[t, :t + 1].all()):  # a chain row: alone, a one-token step over prefix + t + 1 keys
             one = torch.ones(1, 1, dtype=torch.uint8)
             alone = attention_rows(q[:, :, t:t + 1], keys[:, :, :prefix + t + 1], values[:, :, :prefix + t + 1],

@@ -138,10 +138,7 @@ def run_serve_bench(args) -> int:
     peers = [p for p in args.peers.split(",") if p]
     if any(p != "llamacpp" for p in peers):
         raise InvalidParameterError(f"unknown serve peers {peers}: the one known is llamacpp")
-    if args.url:
-        servers = []
-    else:
-        servers = [ours(args.target, args.server_args, free_port())]
+    servers = [ours(args.target, args.server_args, free_port())] if args.ours and not args.url else []
     if "llamacpp" in peers:  # checked before anything starts: the program and the GGUF file exist
         servers.append(llama_server(args.target, max(clients), args.threads, args.slot_context, free_port()))
     progress = (lambda text: print(f"specdec: {text}", file=sys.stderr))
