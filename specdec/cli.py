@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-memory", type=float, default=None, metavar="MIB",
                        help="MiB of KV cache the running generations may hold together; more requests wait "
                             "(default: no limit beyond --max-active)")
+    serve.add_argument("--prefill-chunk", type=int, default=512, metavar="TOKENS",
+                       help="prompt tokens prefilled per step while other streams run (more: batches refill "
+                            "sooner; fewer: shorter stalls of running streams; default 512)")
     serve.add_argument("--prefix-cache", type=float, default=512, metavar="MIB",
                        help="MiB of prompts' keys and values kept so that later prompts sharing a prefix "
                             "(a system prompt, a chat history) skip computing it; 0: off (default 512)")
@@ -369,8 +372,8 @@ def cmd_serve(args) -> int:
     if args.max_active < 1 or args.max_queue < 0 or args.default_max_tokens < 1 or args.max_request_bytes < 1:
         raise InvalidParameterError("--max-active, --default-max-tokens and --max-request-bytes must be >= 1, "
                                     "--max-queue >= 0")
-    if (args.kv_memory is not None and args.kv_memory <= 0) or args.prefix_cache < 0:
-        raise InvalidParameterError("--kv-memory must be > 0 and --prefix-cache >= 0 (MiB)")
+    if (args.kv_memory is not None and args.kv_memory <= 0) or args.prefix_cache < 0 or args.prefill_chunk < 1:
+        raise InvalidParameterError("--kv-memory must be > 0 and --prefix-cache >= 0 (MiB), --prefill-chunk >= 1")
     if args.replicas < 0 or (args.autoscaling and not args.replicas):
         raise InvalidParameterError("--replicas must be >= 0, and --autoscaling needs --replicas")
     sock = bind_socket(args.host, args.port)
@@ -388,7 +391,8 @@ def cmd_serve(args) -> int:
                               allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o),
                               max_prompt_tokens=args.max_prompt_tokens,
                               kv_memory_bytes=None if args.kv_memory is None else int(args.kv_memory * 2**20),
-                              prefix_cache_bytes=int(args.prefix_cache * 2**20))
+                              prefix_cache_bytes=int(args.prefix_cache * 2**20),
+                              prefill_tokens_per_step=args.prefill_chunk)
     if args.replicas:  # Ray's proxy listens instead: the socket only checked that the port is free
         from specdec.server.ray_app import ReplicaSpec, parse_autoscaling, run_replicas
 

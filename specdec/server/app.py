@@ -34,7 +34,7 @@ from specdec.server.protocol import (
     usage,
 )
 from specdec.prefix_cache import PrefixCache
-from specdec.server.scheduler import Job, QueueFullError, Scheduler
+from specdec.server.scheduler import PREFILL_TOKENS_PER_STEP, Job, QueueFullError, Scheduler
 
 
 DISCONNECT_POLL_SECONDS = 0.25
@@ -57,6 +57,7 @@ class ServerSettings:
     max_prompt_tokens: int | None = None  # longer prompts get 400 (None: up to the model's context)
     kv_memory_bytes: int | None = None  # running generations' KV caches at most (more wait); None: no limit
     prefix_cache_bytes: int = 512 << 20  # prompts' keys and values kept for later prompts; 0: off
+    prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP  # prompt tokens prefilled per step while streams run
 
 
 ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "object", "properties": {
@@ -98,7 +99,8 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
                           on_finished=lambda job, result: metrics.record_generation(result),
                           on_round=lambda batch: metrics.record_round(batch),
                           kv_budget_bytes=settings.kv_memory_bytes,
-                          prefix_cache=prefix_cache if prefix_cache.enabled else None)
+                          prefix_cache=prefix_cache if prefix_cache.enabled else None,
+                          prefill_tokens_per_step=settings.prefill_tokens_per_step)
     metrics = ServerMetrics(lambda: scheduler.queue_length, lambda: scheduler.active_count,
                             lambda: scheduler.kv_bytes_in_use, settings.kv_memory_bytes,
                             prefix_cache if prefix_cache.enabled else None)

@@ -85,15 +85,19 @@ PREFILL_TOKENS_PER_STEP = 512
 class Scheduler:
     def __init__(self, generator: SpeculativeGenerator, max_active: int = 4, max_queue: int = 64,
                  on_finished: Callable | None = None, on_round: Callable | None = None,
-                 kv_budget_bytes: int | None = None, prefix_cache: PrefixCache | None = None):
+                 kv_budget_bytes: int | None = None, prefix_cache: PrefixCache | None = None,
+                 prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP):
         """kv_budget_bytes: the running generations' target KV caches together, at most (None: no limit);
-        prefix_cache: where prompts' keys and values are kept for later prompts (None: none)."""
+        prefix_cache: where prompts' keys and values are kept for later prompts (None: none);
+        prefill_tokens_per_step: prompt tokens prefilled per step while streams run (more: new requests
+        start sooner and batches refill faster; fewer: shorter stalls of the running streams)."""
         if max_active < 1 or max_queue < 0:
             raise SpecdecError("max_active must be >= 1 and max_queue >= 0")
         self.generator = generator
         self.max_active, self.max_queue = max_active, max_queue
         self.kv_budget_bytes = kv_budget_bytes
         self.prefix_cache = prefix_cache
+        self.prefill_tokens_per_step = max(1, prefill_tokens_per_step)
         self.on_finished = on_finished or (lambda job, result: None)
         self.on_round = on_round or (lambda batch: None)  # after each batched round (engine.BatchedRound)
         self.row_budget = default_row_budget(generator.target.model.device)
@@ -215,11 +219,11 @@ class Scheduler:
 
     def _prefill_some(self) -> None:
         """Prefill started requests, oldest first: all of their prompts when no stream is running, else about
-        PREFILL_TOKENS_PER_STEP prompt tokens this step (a long prompt in chunks). A request whose prefill is
+        prefill_tokens_per_step prompt tokens this step (a long prompt in chunks). A request whose prefill is
         done gets its "started" event and joins the next round."""
         with self.wake:
             entries = list(self.active)
-        budget = PREFILL_TOKENS_PER_STEP if any(generation.prefilled for _, generation in entries) else None
+        budget = self.prefill_tokens_per_step if any(generation.prefilled for _, generation in entries) else None
         for entry in entries:
             job, generation = entry
             if generation.prefilled or job.cancelled:
