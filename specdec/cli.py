@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_argument("--clients", default="1,64", help="comma-separated concurrent client counts")
     bench_serve.add_argument("--max-tokens", type=int, default=128)
     bench_serve.add_argument("--system-prompt", default=None, help="a system message every client sends first")
+    bench_serve.add_argument("--tasks", default="code,mt_bench,qa,summarization",
+                             help="prompt sets the clients cycle through (all but code need Spec-Bench's "
+                                  "question.jsonl: --tasks code works without it)")
     bench_serve.add_argument("--peers", default="", help="llamacpp: llama.cpp's llama-server on the target's GGUF "
                              "file (from $SPECDEC_LLAMA_CPP or PATH)")
     bench_serve.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's threads")

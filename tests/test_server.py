@@ -440,7 +440,7 @@ def test_bench_serve_starts_a_server_drives_clients_and_reports(tiny_dirs, tmp_p
 
     out = tmp_path / "serve.json"
     assert main(["bench", "serve", "--target", str(tiny_dirs["llama"]), "--server-args", "--drafter ngram",
-                 "--clients", "1,3", "--max-tokens", "6", "--json", str(out)]) == 0
+                 "--clients", "1,3", "--max-tokens", "6", "--tasks", "code", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [(r["server"], r["clients"], r["errors"]) for r in rows] == [("specdec serve --drafter ngram", 1, 0),
                                                                          ("specdec serve --drafter ngram", 3, 0)]
@@ -449,8 +449,8 @@ def test_bench_serve_starts_a_server_drives_clients_and_reports(tiny_dirs, tmp_p
     assert "| specdec serve --drafter ngram | 3 |" in capsys.readouterr().out
     # a running server (the module's) by URL; a server that cannot start is one line, not a traceback
     assert main(["bench", "serve", "--url", f"http://127.0.0.1:{server.port}/v1", "--clients", "2",
-                 "--max-tokens", "3"]) == 0
-    assert main(["bench", "serve", "--target", str(tmp_path / "missing"), "--clients", "1"]) == 2
+                 "--max-tokens", "3", "--tasks", "code"]) == 0
+    assert main(["bench", "serve", "--target", str(tmp_path / "missing"), "--clients", "1", "--tasks", "code"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("specdec: error: the server exited")
 
 

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specdec.bench.server_load import LoadReport, run_load
+from specdec.bench.tasks import load_prompts
 from specdec.errors import InvalidParameterError, SpecdecError
 
 STARTUP_SECONDS = 900  # loading and converting a model the first time takes minutes on a small CPU
@@ -93,7 +94,7 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def measure(server: ServerUnderTest, clients: list[int], max_tokens: int, system_prompt: str | None,
-            progress=print) -> list[ServeBenchRow]:
+            tasks: tuple[str, ...], progress=print) -> list[ServeBenchRow]:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "server.log"
@@ -104,9 +105,9 @@ def measure(server: ServerUnderTest, clients: list[int], max_tokens: int, system
             progress(f"{server.name}: starting")
             wait_until_ready(process, server.port, log)
             url = f"http://127.0.0.1:{server.port}/v1"
-            run_load(url, 1, 4, system_prompt)  # a warm-up request: first-call costs are not the load's
+            run_load(url, 1, 4, system_prompt, tasks)  # a warm-up request: first-call costs are not the load's
             for count in clients:
-                report, _ = run_load(url, count, max_tokens, system_prompt)
+                report, _ = run_load(url, count, max_tokens, system_prompt, tasks)
                 progress(f"{server.name}: {count} clients, {report.tokens_per_second:.1f} tokens/s")
                 rows.append(ServeBenchRow(server.name, report))
         finally:
@@ -135,6 +136,8 @@ def run_serve_bench(args) -> int:
     if not clients or min(clients) < 1 or args.max_tokens < 1 or args.threads < 1 or args.slot_context < 1:
         raise InvalidParameterError("--clients takes positive counts, e.g. 1,64; --max-tokens, --threads and "
                                     "--slot-context must be >= 1")
+    tasks = tuple(t for t in args.tasks.split(",") if t)
+    load_prompts(list(tasks), 1)  # a missing Spec-Bench file or an unknown task: one line, before any start
     peers = [p for p in args.peers.split(",") if p]
     if any(p != "llamacpp" for p in peers):
         raise InvalidParameterError(f"unknown serve peers {peers}: the one known is llamacpp")
@@ -145,10 +148,10 @@ def run_serve_bench(args) -> int:
     rows: list[ServeBenchRow] = []
     if args.url:
         for count in clients:
-            report, _ = run_load(args.url, count, args.max_tokens, args.system_prompt)
+            report, _ = run_load(args.url, count, args.max_tokens, args.system_prompt, tasks)
             rows.append(ServeBenchRow(args.url, report))
     for server in servers:
-        rows += measure(server, clients, args.max_tokens, args.system_prompt, progress)
+        rows += measure(server, clients, args.max_tokens, args.system_prompt, tasks, progress)
     print(format_table(rows))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps([{"server": r.server, **asdict(r.report)} for r in rows], indent=1))

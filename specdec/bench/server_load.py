@@ -96,11 +96,14 @@ def one_client(client: openai.OpenAI, model: str, messages: list[dict], max_toke
         return ClientRun(False, str(exc), float("nan"), time.perf_counter() - started, 0)
 
 
-def run_load(base_url: str, clients: int, max_tokens: int, system_prompt: str | None = None
-             ) -> tuple[LoadReport, list[ClientRun]]:
+DEFAULT_TASKS = ("code", "mt_bench", "qa", "summarization")  # all but code need Spec-Bench's questions
+
+
+def run_load(base_url: str, clients: int, max_tokens: int, system_prompt: str | None = None,
+             tasks: tuple[str, ...] = DEFAULT_TASKS) -> tuple[LoadReport, list[ClientRun]]:
+    prompts = load_prompts(list(tasks), 16)  # before any request: a missing data file is one clear error
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=3600)
     model = client.models.list().data[0].id
-    prompts = load_prompts(["code", "mt_bench", "qa", "summarization"], 16)
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
 
     def messages(i: int) -> list[dict]:
