@@ -81,12 +81,13 @@ def draft_caps(rates: Sequence[float], wanted: Sequence[int], row_budget: int | 
     return caps
 
 
-def acceptance_rate(rounds, recent: int = 8) -> float:
-    """A generation's draft acceptance rate over its last `recent` rounds that drafted, with one accepted and
-    one rejected draft of prior (0.5 before any)."""
+def acceptance_rate(rounds, recent: int = 8, window: int = 32) -> float:
+    """A generation's draft acceptance rate over its last `recent` rounds that drafted (looking back at most
+    `window` rounds: this runs every round), with one accepted and one rejected draft of prior (0.5 before
+    any)."""
     drafted = accepted = 0
     seen = 0
-    for stats in reversed(rounds):
+    for stats in reversed(rounds[-window:]):
         if stats.drafted:
             drafted, accepted, seen = drafted + stats.drafted, accepted + stats.accepted, seen + 1
             if seen == recent:

@@ -112,8 +112,9 @@ def run_round_together(generations: Sequence["_Generation"], row_budget: int | N
     the generations whose drafts are accepted most, while they raise the round's tokens per second
     (batch_drafts.draft_caps); without it, every generation gets an even share."""
     wanted = [generation._plan_k() for generation in generations]
-    rates = [acceptance_rate(generation.rounds) for generation in generations]
-    caps = draft_caps(rates, wanted, row_budget, None if pass_cost is None else pass_cost.fit())
+    cost = None if pass_cost is None or len(generations) < 2 else pass_cost.fit()
+    rates = [acceptance_rate(g.rounds) if cost is not None and k else 0.0 for g, k in zip(generations, wanted)]
+    caps = draft_caps(rates, wanted, row_budget, cost)
     prepared = [generation._prepare_round(cap) for generation, cap in zip(generations, caps)]
     outcomes: list[CommitOutcome | None] = [None] * len(generations)
     groups: dict[tuple, list[int]] = {}  # generations asking for the same hidden layers share one pass
