@@ -265,7 +265,7 @@ def cmd_certify(args) -> int:
 
 def cmd_generate(args) -> int:
     from specdec.generator import SpeculativeGenerator
-    from specdec.hints import speculation_hint, take_unshown
+    from specdec.hints import comparison_hint, speculation_hint, take_unshown
     from specdec.sampling import SamplingParams, check_seed
 
     # every option a user can get wrong is checked before the model loads (seconds to minutes)
@@ -307,6 +307,8 @@ def cmd_generate(args) -> int:
         if comparison is not None:
             print(comparison_line(comparison), file=sys.stderr)
         hint = speculation_hint(s)
+        if hint is None and comparison is not None:
+            hint = comparison_hint(comparison, s)
         if hint is not None and take_unshown(hint[0]):
             print(f"specdec: hint: {hint[1]}", file=sys.stderr)
     return 0

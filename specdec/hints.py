@@ -10,6 +10,10 @@ from specdec.stats import GenerationStats
 
 MIN_TOKENS = 32  # shorter generations say too little about a drafter
 LOW_ACCEPTANCE = 0.1
+NO_GAIN = 1.1  # a measured speedup below this is within a run's noise of none
+# Plain decoding faster than this means a small model: a step costs a few ms, so a draft must be almost free
+# and mostly accepted to pay, and what pays is text that repeats the prompt, or a larger target.
+FAST_PLAIN_TOKENS_PER_SECOND = 40.0
 
 
 def speculation_hint(stats: GenerationStats) -> tuple[str, str] | None:
@@ -27,6 +31,21 @@ def speculation_hint(stats: GenerationStats) -> tuple[str, str] | None:
                 "(--drafter draft:MODEL) or a quantized self-draft (--drafter quant:int7)")
     return ("low-acceptance", f"drafter {stats.drafter} had {stats.acceptance_rate:.0%} of its tokens accepted; "
             "a drafter closer to the target (a sibling model, a self-draft) would pay more")
+
+
+def comparison_hint(comparison: dict, stats: GenerationStats) -> tuple[str, str] | None:
+    """(key, advice) when `--compare` measured no real gain; None when it did or the run was too short."""
+    if stats.new_tokens < MIN_TOKENS or comparison["speedup"] >= NO_GAIN:
+        return None
+    plain = comparison["plain_tokens_per_second"]
+    if plain > FAST_PLAIN_TOKENS_PER_SECOND:
+        return ("compare-small-target", f"speculation gained {comparison['speedup']:.2f}x here: this model decodes "
+                f"{plain:.0f} tokens/s plainly ({1000 / plain:.0f} ms a token), so a draft must cost almost nothing "
+                "and be mostly accepted to pay. It pays where the answer repeats the prompt (code edits, quoting), "
+                "and on larger targets: `specdec pull qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct`, then "
+                "--target qwen2.5-coder-1.5b-instruct (its 0.5B sibling drafts; docs/performance.md)")
+    return ("compare-no-gain", f"speculation gained {comparison['speedup']:.2f}x here; `specdec bench --drafters "
+            "DRAFTER,...` compares drafters on this target over many prompts (docs/drafters.md says which fits)")
 
 
 def take_unshown(key: str) -> bool:
