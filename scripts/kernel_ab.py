@@ -27,7 +27,7 @@ SHAPES = [(8960, 1536), (1536, 8960), (2048, 1536)]
 
 def build_both(variant: Path):
     """(committed build, variant build) with this CPU's flags."""
-    flags = tuple(kernels.FLAGS + (kernels.AVX512_FLAGS if kernels.cpu_has_avx512_vnni() else []))
+    flags = kernels.default_builds()[0]
     return kernels.build_kernel(flags), kernels.build_kernel(flags, variant)
 
 

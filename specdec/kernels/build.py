@@ -39,6 +39,19 @@ AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mpref
 AVX512_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo's names for them
 
 
+# Added on AMD CPUs: the integer kernels' software prefetches fill L2 rather than L1 (integer_blocks.h).
+AMD_FLAGS = ["-DSPECDEC_PREFETCH_TO_L2"]
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD), or '' where there is none."""
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("vendor_id"))
+    except (OSError, StopIteration):
+        return ""
+    return line.split(":", 1)[1].strip()
+
+
 def cpu_flags() -> set[str]:
     """The x86 feature flags /proc/cpuinfo lists (empty elsewhere)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -63,7 +76,8 @@ def default_builds() -> list[tuple[str, ...]]:
     """The flags to try on this CPU, best first (none where the kernels cannot run or are switched off)."""
     if os.environ.get("SPECDEC_NO_KERNELS") or not cpu_has_avx2_fma_f16c():
         return []
-    return ([tuple(FLAGS + AVX512_FLAGS)] if cpu_has_avx512_vnni() else []) + [tuple(FLAGS)]
+    base = FLAGS + (AMD_FLAGS if cpu_vendor() == "AuthenticAMD" else [])
+    return ([tuple(base + AVX512_FLAGS)] if cpu_has_avx512_vnni() else []) + [tuple(base)]
 
 
 def choose_kernel(builds: Sequence[tuple[str, ...]]) -> ctypes.CDLL | None:
