@@ -43,24 +43,25 @@ AVX512_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/c
 AMD_FLAGS = ["-DSPECDEC_PREFETCH_TO_L2"]
 
 
-def cpu_vendor() -> str:
-    """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD), or '' where there is none."""
+def cpuinfo_field(name: str) -> str:
+    """The first value /proc/cpuinfo gives for `name` on an x86 CPU ('' elsewhere or where it has none)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ""
     try:
-        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("vendor_id"))
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(name))
     except (OSError, StopIteration):
         return ""
     return line.split(":", 1)[1].strip()
 
 
+def cpu_vendor() -> str:
+    """GenuineIntel, AuthenticAMD, or '' where unknown."""
+    return cpuinfo_field("vendor_id")
+
+
 def cpu_flags() -> set[str]:
     """The x86 feature flags /proc/cpuinfo lists (empty elsewhere)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return set()
-    try:
-        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return set()
-    return set(line.split(":", 1)[1].split())
+    return set(cpuinfo_field("flags").split())
 
 
 def cpu_has_avx2_fma_f16c() -> bool:
