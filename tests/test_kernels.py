@@ -208,3 +208,14 @@ def test_attention_rows_match_float64_reference_and_single_rows(heads, kv_heads,
             alone = attention_rows(q[:, :, t:t + 1], keys[:, :, :prefix + t + 1], values[:, :, :prefix + t + 1],
                                    one, prefix + t)
             assert torch.equal(alone[0, 0], out[0, t])
+
+
+def test_amd_cpus_build_with_prefetches_into_l2(monkeypatch):
+    """The build flags follow /proc/cpuinfo's vendor: AMD gets the L2 prefetch hint, Intel keeps L1."""
+    from specdec.kernels import build
+
+    monkeypatch.setattr(build, "cpu_has_avx2_fma_f16c", lambda: True)
+    monkeypatch.setattr(build, "cpu_vendor", lambda: "AuthenticAMD")
+    assert all("-DSPECDEC_PREFETCH_TO_L2" in flags for flags in build.default_builds())
+    monkeypatch.setattr(build, "cpu_vendor", lambda: "GenuineIntel")
+    assert not any("-DSPECDEC_PREFETCH_TO_L2" in flags for flags in build.default_builds())
