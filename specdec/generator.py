@@ -10,13 +10,14 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Iterator, Sequence
 
 from specdec.commit import StopCriteria
 from specdec.drafters import Drafter, make_drafter
 from specdec.engine import SpeculativeEngine
 from specdec.rounds import GenerationResult, StreamChunk
-from specdec.errors import InvalidParameterError
+from specdec.errors import InvalidParameterError, SpecdecError
 from specdec.models.sources.loading import LoadedModel, gguf_source, load_model
 from specdec.sampling import SamplingParams
 from specdec.speculation_length import AdaptiveK, FixedK, SpeculationLength
@@ -30,8 +31,8 @@ Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "co
 # float32 on the CPU kernel: its own quantized copy. The zoo's 1.5B is a GGUF file dequantized, so the file's
 # own blocks (quant:gguf) draft for it: nearly every token accepted, more than a 4-bit re-quantization gets,
 # at the same cost a step (~1.1 GB more memory, ~25 s to repack the blocks at the first use, then a cache).
-# On its GGUF blocks the 1.5B is served best by its 0.5B sibling re-quantized to 4 bits (taken where that
-# model is pulled: a default never downloads a second model), with an LM head over the first 32768 ids
+# On its GGUF blocks the 1.5B is served best by its 0.5B sibling re-quantized to 4 bits (pulled on first
+# use, as the target is: the default does the fastest exact thing without flags), with an LM head over the first 32768 ids
 # only: Qwen's 151,936-row head holds over a quarter of the 0.5B's weights, and byte-pair ids come roughly
 # in merge (frequency) order, so the rows cut rarely hold the target's next token. On smollm2 a self-draft
 # only ties n-gram.
@@ -85,8 +86,15 @@ def default_drafter(target: LoadedModel) -> str:
         return "ngram"
     if spec == "quant:gguf" and gguf_source(target.path) is None:
         return "quant:int4"  # its float32 weights did not come from a GGUF file at hand: a 4-bit copy
-    if spec.startswith("draft:") and not zoo.is_pulled(spec[len("draft:"):].partition("@")[0]):
-        return "ngram"
+    draft = spec[len("draft:"):].partition("@")[0] if spec.startswith("draft:") else None
+    if draft is not None and not zoo.is_pulled(draft):
+        print(f"specdec: {target.name}'s default draft is {draft} ({zoo.REGISTRY[draft].size_bytes / 1e6:.0f} MB; "
+              "--drafter ngram needs none)", file=sys.stderr)
+        try:
+            zoo.ensure_pulled(draft)
+        except SpecdecError as error:  # offline, say: still exact, only slower
+            print(f"specdec: could not pull {draft} ({error}); drafting with n-gram instead", file=sys.stderr)
+            return "ngram"
     return spec
 
 

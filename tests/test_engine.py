@@ -455,13 +455,22 @@ def test_default_drafter_is_a_self_draft_only_where_it_pays(models, monkeypatch)
     # bfloat16 on a CPU: torch's int4 self-draft lost to n-gram over seven tasks (the benchmark diary, section 21)
     monkeypatch.setitem(generator.DEFAULT_DRAFTERS, float32, "quant:int4")
     assert generator.default_drafter(load_model(str(target.path), dtype="bfloat16")) == "ngram"
-    # a draft model is the default only where it is pulled: a default never downloads a second model
-    monkeypatch.setitem(generator.DEFAULT_DRAFTERS, float32, "draft:qwen2.5-coder-0.5b-instruct@weights=int4")
+    # a default draft model is pulled on first use, as the target is; where it cannot be, n-gram drafts
+    draft = "draft:qwen2.5-coder-0.5b-instruct@weights=int4"
+    monkeypatch.setitem(generator.DEFAULT_DRAFTERS, float32, draft)
     monkeypatch.setattr(generator.zoo, "is_pulled", lambda name: False)
+    pulled = []
+    monkeypatch.setattr(generator.zoo, "ensure_pulled", pulled.append)
+    assert generator.default_drafter(target) == (draft if packed_kernel() is not None else "ngram")
+    assert pulled == (["qwen2.5-coder-0.5b-instruct"] if packed_kernel() is not None else [])
+
+    def offline(name):
+        raise SpecdecError("could not download")
+
+    monkeypatch.setattr(generator.zoo, "ensure_pulled", offline)
     assert generator.default_drafter(target) == "ngram"
     monkeypatch.setattr(generator.zoo, "is_pulled", lambda name: name == "qwen2.5-coder-0.5b-instruct")
-    assert generator.default_drafter(target) == ("draft:qwen2.5-coder-0.5b-instruct@weights=int4"
-                                                 if packed_kernel() is not None else "ngram")
+    assert generator.default_drafter(target) == (draft if packed_kernel() is not None else "ngram")
 
 
 @pytest.mark.parametrize("target_name", ["target", "gemma3"])

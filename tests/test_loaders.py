@@ -69,6 +69,26 @@ def test_gguf_round_trip(tmp_path, kind, quantization):
     assert sorted(p.name for p in loaded.path.parent.iterdir()) == cached
 
 
+def test_gguf_float32_weights_are_written_only_when_needed(tmp_path):
+    """A GGUF converts to config and tokenizer only: runs on its blocks and quantized loads never write the
+    float32 safetensors (4-8x the file); the first float32 load writes them, with the same values."""
+    from specdec.models.fingerprint import file_sha256, weights_identities, weights_sha256
+
+    path = write_tiny_gguf(tmp_path / "lazy.gguf", make_hf_model("qwen2", seed=6), "Q8_0")
+    blocks = load_model(str(path), weights="gguf")
+    int4 = load_model(str(path), weights="int4:32")
+    assert not list(blocks.path.glob("*.safetensors"))
+    assert weights_sha256(blocks.path) == file_sha256(path)  # a head's record does not depend on the write
+    float32 = load_model(str(path), kernels=False)
+    assert [p.name for p in blocks.path.glob("*.safetensors")] == ["model.safetensors"]
+    assert not list(blocks.path.glob(".*partial"))
+    assert weights_sha256(blocks.path) == file_sha256(path) and len(weights_identities(blocks.path)) == 2
+    with torch.no_grad():
+        assert (native_logits(load_model(str(path))) - native_logits(float32)).abs().max() < TOLERANCE
+        float32.model.pack_weights("int4:32")  # int4 was quantized in memory from the values written now
+        assert torch.equal(native_logits(int4), native_logits(float32))
+
+
 def test_corrupt_and_missing_files(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\x00" * 20)

@@ -20,7 +20,7 @@ from specdec.heads.eagle import EagleHead, EagleShape
 from specdec.heads.eagle3 import Eagle3Head, Eagle3Shape
 from specdec.heads.medusa import MedusaHeads, MedusaShape
 from specdec.heads.target_parts import native_model
-from specdec.models.fingerprint import tokenizer_sha256, weights_sha256
+from specdec.models.fingerprint import tokenizer_sha256, weights_identities, weights_sha256
 from specdec.paths import building_directory
 
 HEAD_KINDS = ("eagle", "eagle3", "medusa")
@@ -117,7 +117,7 @@ def check_target(info: dict, target, path: Path) -> None:
     if trained["tokenizer_sha256"] != tokenizer_sha256(target.tokenizer):
         raise InvalidParameterError(f"{path}: this head was trained for {trained['name']!r}, whose tokenizer "
                                     f"differs from {target.name!r}'s")
-    if trained["weights_sha256"] != weights_sha256(target.path):
+    if trained["weights_sha256"] not in weights_identities(target.path):
         raise InvalidParameterError(f"{path}: this head was trained for {trained['name']!r} (weights sha256 "
                                     f"{trained['weights_sha256'][:12]}...), not for {target.name!r}'s weights")
 

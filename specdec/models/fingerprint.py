@@ -32,7 +32,24 @@ def file_sha256(path: Path) -> str:
 
 
 def weights_sha256(model_dir: Path) -> str:
-    """One digest over the model's *.safetensors files (each file's digest, in name order)."""
+    """The GGUF file's digest for a model converted from one (its float32 safetensors, written only when
+    needed, are a function of it); else one digest over the *.safetensors files (each file's, in name order)."""
+    from specdec.models.sources.loading import gguf_source
+
+    source = gguf_source(Path(model_dir))
+    return file_sha256(source) if source is not None else safetensors_sha256(model_dir)
+
+
+def weights_identities(model_dir: Path) -> set[str]:
+    """Every digest a head trained on this model may have recorded: `weights_sha256`, and for a GGUF-sourced
+    model whose float32 safetensors exist, their digest too (what heads recorded before GGUF digests)."""
+    identities = {weights_sha256(model_dir)}
+    if any(Path(model_dir).glob("*.safetensors")):
+        identities.add(safetensors_sha256(model_dir))
+    return identities
+
+
+def safetensors_sha256(model_dir: Path) -> str:
     from specdec.models.sources.loading import safetensors_files
 
     digests = [f"{file.name}:{file_sha256(file)}" for file in safetensors_files(Path(model_dir))]

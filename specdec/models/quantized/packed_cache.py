@@ -33,7 +33,11 @@ _META_KEY = "specdec_packed_layouts"
 
 def packed_cache_path(model_dir: Path, weights: str) -> Path:
     """Where the `weights`-format packing of the checkpoint in `model_dir` lives."""
-    files = sorted(model_dir.glob("*.safetensors")) + [model_dir / "config.json"]
+    from specdec.models.sources.loading import gguf_source
+
+    # a GGUF-sourced checkpoint is its GGUF file, whether or not its float32 safetensors were written yet
+    gguf = gguf_source(model_dir)
+    files = ([gguf] if gguf is not None else sorted(model_dir.glob("*.safetensors"))) + [model_dir / "config.json"]
     source = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.exists()]
     identity = json.dumps([str(model_dir.resolve()), source, weights, LAYOUT_VERSION, PANEL, INTEGER_COLUMNS,
                            INTEGER_BLOCK])

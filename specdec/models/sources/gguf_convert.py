@@ -1,16 +1,20 @@
 """Convert a GGUF file into a Hugging Face model directory (config, tokenizer, safetensors).
 
-Weights are dequantized with the `gguf` package (numpy, seconds for small
-models); config and tokenizer are rebuilt from the GGUF metadata by
-transformers. The directory is written under a temporary name and renamed at
-the end, so an interrupted conversion leaves nothing half-written.
+Config and tokenizer are rebuilt from the GGUF metadata by transformers, under a
+temporary name renamed at the end, so an interrupted conversion leaves nothing
+half-written. The float32 weights (dequantized with the `gguf` package) are
+written only when something needs them as a file (`write_float32_weights`):
+a run on the GGUF's own blocks never does, and float32 is four to eight times
+the GGUF's size on disk.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -95,8 +99,8 @@ def gguf_field(reader, key: str, default=None):
     return default if field is None else field.contents()
 
 
-def dequantized_state_dict(reader) -> dict[str, torch.Tensor]:
-    """float32 tensors under Hugging Face names."""
+def dequantized_state_dict(reader, wanted: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+    """float32 tensors under Hugging Face names (those `wanted` accepts; the others are not dequantized)."""
     import gguf
 
     arch = gguf_field(reader, "general.architecture")
@@ -105,7 +109,7 @@ def dequantized_state_dict(reader) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name, arch)
-        if name is None:
+        if name is None or (wanted is not None and not wanted(name)):
             continue
         try:
             array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
@@ -125,7 +129,8 @@ def dequantized_state_dict(reader) -> dict[str, torch.Tensor]:
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
-    """Write `out_dir` (config.json, tokenizer files, model.safetensors) from a GGUF file."""
+    """Write `out_dir` (config.json, tokenizer files, specdec_source.json naming the GGUF) from a GGUF file.
+    The weights stay in the GGUF until `write_float32_weights` is asked for them."""
     from transformers import AutoConfig, AutoTokenizer
 
     gguf_path = Path(gguf_path)
@@ -135,10 +140,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         raise UnsupportedModelError(
             f"{gguf_path.name}: GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHITECTURES)})"
         )
-    state = dequantized_state_dict(reader)
+    names = [hf_tensor_name(tensor.name, arch) for tensor in reader.tensors]  # refuses unknown tensors up front
     with building_directory(out_dir) as tmp:
         config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        config.tie_word_embeddings = "lm_head.weight" not in state
+        config.tie_word_embeddings = "lm_head.weight" not in names
         # transformers' GGUF mapping drops key_length; Qwen3's heads are wider than hidden / heads
         head_dim = gguf_field(reader, f"{arch}.attention.key_length")
         if head_dim is not None:
@@ -155,6 +160,19 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         config.save_pretrained(tmp)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         tokenizer.save_pretrained(tmp)
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "specdec_source.json").write_text(json.dumps({"gguf": str(gguf_path.resolve())}))
     return out_dir
+
+
+def write_float32_weights(gguf_path: Path, out_dir: Path) -> Path:
+    """`out_dir`/model.safetensors: every tensor of the GGUF dequantized to float32, written under a
+    temporary name and renamed, so a crash (or a second process doing the same) leaves no partial file."""
+    state = dequantized_state_dict(read_gguf(Path(gguf_path)))
+    final = Path(out_dir) / "model.safetensors"
+    partial = final.with_name(f".model.safetensors.{os.getpid()}.partial")
+    try:
+        save_file(state, str(partial), metadata={"format": "pt"})
+        partial.replace(final)
+    finally:
+        partial.unlink(missing_ok=True)
+    return final

@@ -1,14 +1,18 @@
 """Load a model by zoo name, Hugging Face directory or GGUF file.
 
 Every source ends as a Hugging Face directory (config.json, tokenizer files,
-*.safetensors): zoo models and GGUF files are converted once and cached, so
-later loads only map the safetensors file.
+*.safetensors). Zoo models and GGUF files are converted once and cached, without
+weights: a run on the GGUF's own blocks reads them from the GGUF; other loads
+quantize from tensors dequantized in memory, and float32 loads (ours or
+transformers') write the float32 safetensors once (ensure_float32_weights), so
+later loads only map that file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -73,7 +77,7 @@ def gguf_cache_dir(gguf_path: Path) -> Path:
     stat = gguf_path.stat()
     key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     out = converted_dir() / f"{gguf_path.stem}-{key}"
-    if not (out / "model.safetensors").exists():
+    if not (out / "config.json").exists():
         convert_gguf(gguf_path, out)
     return out
 
@@ -123,7 +127,8 @@ def load_model(
         if model is None and weights == "gguf":
             model = load_native_gguf(name, model_dir, hf_config)
         if model is None:
-            model = load_native(model_dir, hf_config, device, DTYPES[dtype])
+            # a float32 model maps its safetensors on every load; a quantized one is cached packed instead
+            model = load_native(model_dir, hf_config, device, DTYPES[dtype], keep_float32=weights == "float32")
             if kernels and uses_packed_kernel(device, DTYPES[dtype]):
                 try:
                     model.pack_weights(weights)
@@ -172,14 +177,36 @@ def read_config(model_dir: Path) -> dict:
 def safetensors_files(model_dir: Path) -> list[Path]:
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise CorruptModelError(f"{model_dir}: no *.safetensors weights")
+        source = json.loads((model_dir / "specdec_source.json").read_text())["gguf"] \
+            if (model_dir / "specdec_source.json").exists() else None
+        raise CorruptModelError(f"{model_dir}: no *.safetensors weights"
+                                + (f" and the GGUF file it came from ({source}) is gone" if source else ""))
     return files
 
 
+def ensure_float32_weights(model_dir: Path) -> Path:
+    """`model_dir`, with float32 safetensors written from its GGUF file first if it has none yet
+    (what transformers and float32 loads read; runs on the GGUF's blocks never need it)."""
+    from specdec.models.sources.gguf_convert import write_float32_weights
+
+    source = gguf_source(model_dir)
+    if source is not None and not any(model_dir.glob("*.safetensors")):
+        print(f"specdec: writing {source.name} as float32 safetensors (once, for float32 or transformers loads)",
+              file=sys.stderr)
+        write_float32_weights(source, model_dir)
+    return model_dir
+
+
 def read_checkpoint(model_dir: Path, wanted: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors (those whose name `wanted` accepts), as stored."""
+    """The checkpoint's tensors (those whose name `wanted` accepts), as stored; for a GGUF-sourced directory
+    without float32 safetensors, dequantized from the GGUF in memory."""
     from safetensors import SafetensorError, safe_open
 
+    source = gguf_source(model_dir)
+    if source is not None and not any(model_dir.glob("*.safetensors")):
+        from specdec.models.sources.gguf_convert import dequantized_state_dict, read_gguf
+
+        return dequantized_state_dict(read_gguf(source), wanted)
     state: dict[str, torch.Tensor] = {}
     for file in safetensors_files(model_dir):
         try:
@@ -190,13 +217,15 @@ def read_checkpoint(model_dir: Path, wanted: Callable[[str], bool] | None = None
     return state
 
 
-def load_native(model_dir: Path, hf_config: dict, device: str, dtype: torch.dtype):
+def load_native(model_dir: Path, hf_config: dict, device: str, dtype: torch.dtype, keep_float32: bool = True):
+    """The full-precision model; `keep_float32` writes a GGUF-sourced directory's float32 safetensors for
+    the next load (else its tensors are dequantized in memory, for a caller that packs and caches them)."""
     from specdec.models.llama import LlamaForCausalLM
 
     config = ModelConfig.from_hf_dict(hf_config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    state = read_checkpoint(model_dir)
+    state = read_checkpoint(ensure_float32_weights(model_dir) if keep_float32 else model_dir)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
@@ -304,7 +333,7 @@ def load_transformers(model_dir: Path, device: str, dtype: torch.dtype):
     from specdec.models.hf_adapter import HFCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(str(ensure_float32_weights(model_dir)), dtype=dtype, attn_implementation="sdpa")
     except ValueError as exc:
         raise UnsupportedModelError(f"{model_dir}: transformers cannot load this model ({exc})".splitlines()[0]) from None
     return HFCausalLM(model.to(device))

