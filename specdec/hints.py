@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from specdec.models.sources.zoo import DEFAULT_MODEL
 from specdec.paths import specdec_home
 from specdec.stats import GenerationStats
 
@@ -42,8 +43,8 @@ def comparison_hint(comparison: dict, stats: GenerationStats) -> tuple[str, str]
         return ("compare-small-target", f"speculation gained {comparison['speedup']:.2f}x here: this model decodes "
                 f"{plain:.0f} tokens/s plainly ({1000 / plain:.0f} ms a token), so a draft must cost almost nothing "
                 "and be mostly accepted to pay. It pays where the answer repeats the prompt (code edits, quoting), "
-                "and on larger targets: `specdec pull qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct`, then "
-                "--target qwen2.5-coder-1.5b-instruct (its 0.5B sibling drafts; docs/performance.md)")
+                f"and on larger targets, such as the default model, {DEFAULT_MODEL} (with no --target; its 0.5B "
+                "sibling drafts; docs/performance.md)")
     return ("compare-no-gain", f"speculation gained {comparison['speedup']:.2f}x here; `specdec bench --drafters "
             "DRAFTER,...` compares drafters on this target over many prompts (docs/drafters.md says which fits)")
 

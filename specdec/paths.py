@@ -1,7 +1,7 @@
 """Where specdec keeps pulled and converted models.
 
 $SPECDEC_HOME if set, else ~/.cache/specdec. Layout:
-  models/NAME/        a pulled zoo model: NAME.gguf, hf/ (converted), manifest.json
+  models/NAME/        a pulled zoo model: NAME.gguf, hf/ (config, tokenizer; float32 weights once needed), manifest.json
   converted/STEM-KEY/ a GGUF file named by path, converted to a Hugging Face directory
   packed/NAME-FORMAT-KEY.safetensors  a checkpoint's linear layers quantized and packed for the CPU kernels
 """
@@ -25,6 +25,15 @@ def models_dir() -> Path:
 
 def converted_dir() -> Path:
     return specdec_home() / "converted"
+
+
+def replace_flushed(partial: Path, final: Path) -> None:
+    """Rename a fully written file into place after flushing it to disk: a crash cannot leave a renamed
+    file with missing blocks, and the gigabytes a cache write leaves dirty are written back now, during the
+    load, rather than competing with the first generation for the CPU."""
+    with open(partial, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(partial, final)
 
 
 @contextmanager

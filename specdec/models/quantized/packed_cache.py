@@ -24,7 +24,7 @@ import torch
 
 from specdec.kernels import INTEGER_BLOCK, INTEGER_COLUMNS, PANEL
 from specdec.models.quantized.packed_linear import PackedLinear
-from specdec.paths import specdec_home
+from specdec.paths import replace_flushed, specdec_home
 
 # Bump when a packed layout changes (panels, code order, scale layout): old files are then ignored.
 LAYOUT_VERSION = 1
@@ -61,7 +61,7 @@ def save_packed(model: torch.nn.Module, path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file(state, str(partial), metadata={_META_KEY: json.dumps(layouts)})
-        os.replace(partial, path)
+        replace_flushed(partial, path)
     except OSError as error:
         partial.unlink(missing_ok=True)
         warnings.warn(f"could not cache packed weights at {path}: {error}", RuntimeWarning, stacklevel=2)

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from specdec.errors import CorruptModelError, UnsupportedModelError
-from specdec.paths import building_directory
+from specdec.paths import building_directory, replace_flushed
 
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
 
@@ -172,7 +172,7 @@ def write_float32_weights(gguf_path: Path, out_dir: Path) -> Path:
     partial = final.with_name(f".model.safetensors.{os.getpid()}.partial")
     try:
         save_file(state, str(partial), metadata={"format": "pt"})
-        partial.replace(final)
+        replace_flushed(partial, final)
     finally:
         partial.unlink(missing_ok=True)
     return final
