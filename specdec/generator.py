@@ -32,10 +32,10 @@ Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "co
 # own blocks (quant:gguf) draft for it: nearly every token accepted, more than a 4-bit re-quantization gets,
 # at the same cost a step (~1.1 GB more memory, ~25 s to repack the blocks at the first use, then a cache).
 # On its GGUF blocks the 1.5B is served best by its 0.5B sibling re-quantized to 4 bits (pulled on first
-# use, as the target is: the default does the fastest exact thing without flags), with an LM head over the first 32768 ids
-# only: Qwen's 151,936-row head holds over a quarter of the 0.5B's weights, and byte-pair ids come roughly
-# in merge (frequency) order, so the rows cut rarely hold the target's next token. On smollm2 a self-draft
-# only ties n-gram.
+# use, as the target is: the default does the fastest exact thing without flags), with an LM head over the
+# first 32768 ids only: Qwen's 151,936-row head holds over a quarter of the 0.5B's weights, and byte-pair ids
+# come roughly in merge (frequency) order, so the rows cut rarely hold the target's next token. On smollm2 a
+# self-draft only ties n-gram.
 DEFAULT_DRAFTERS: dict[tuple[str, str], str] = {
     ("qwen2.5-coder-1.5b-instruct", "float32"): "quant:gguf",
     ("qwen2.5-coder-1.5b-instruct", "gguf"): "draft:qwen2.5-coder-0.5b-instruct@weights=int4,vocab=32768",

@@ -82,6 +82,12 @@ def gguf_cache_dir(gguf_path: Path) -> Path:
     return out
 
 
+def gguf_only_source(model_dir: Path) -> Path | None:
+    """The GGUF file of a directory converted from one whose float32 safetensors are not written (yet)."""
+    source = gguf_source(model_dir)
+    return source if source is not None and not any(model_dir.glob("*.safetensors")) else None
+
+
 def load_model(
     spec: str,
     device: str = "cpu",
@@ -189,8 +195,8 @@ def ensure_float32_weights(model_dir: Path) -> Path:
     (what transformers and float32 loads read; runs on the GGUF's blocks never need it)."""
     from specdec.models.sources.gguf_convert import write_float32_weights
 
-    source = gguf_source(model_dir)
-    if source is not None and not any(model_dir.glob("*.safetensors")):
+    source = gguf_only_source(model_dir)
+    if source is not None:
         print(f"specdec: writing {source.name} as float32 safetensors (once, for float32 or transformers loads)",
               file=sys.stderr)
         write_float32_weights(source, model_dir)
@@ -202,8 +208,8 @@ def read_checkpoint(model_dir: Path, wanted: Callable[[str], bool] | None = None
     without float32 safetensors, dequantized from the GGUF in memory."""
     from safetensors import SafetensorError, safe_open
 
-    source = gguf_source(model_dir)
-    if source is not None and not any(model_dir.glob("*.safetensors")):
+    source = gguf_only_source(model_dir)
+    if source is not None:
         from specdec.models.sources.gguf_convert import dequantized_state_dict, read_gguf
 
         return dequantized_state_dict(read_gguf(source), wanted)
@@ -333,7 +339,8 @@ def load_transformers(model_dir: Path, device: str, dtype: torch.dtype):
     from specdec.models.hf_adapter import HFCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(ensure_float32_weights(model_dir)), dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(str(ensure_float32_weights(model_dir)), dtype=dtype,
+                                                     attn_implementation="sdpa")
     except ValueError as exc:
         raise UnsupportedModelError(f"{model_dir}: transformers cannot load this model ({exc})".splitlines()[0]) from None
     return HFCausalLM(model.to(device))
