@@ -163,6 +163,16 @@ inline __m512 join(__m256 low, __m256 high) {
 }
 inline __m512i join(__m256i low, __m256i high) { return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1); }
 
+// A thread reads column blocks c and c + 1 side by side, then c + 2 and c + 3: two streams, each one column
+// block long (the codes: 6 KB at K = 1536). Prefetching straight ahead would run from the left block into
+// the right one (already on its way) and from the right block into the next pair's left one, so the next
+// pair's right stream would start cold. Near a block's end (`along` bytes into one of `stream_bytes`) the
+// prefetch jumps to the same side of the next pair instead.
+inline void prefetch_pair_stream(const void* at, int64_t along, int64_t stream_bytes, int64_t distance, int64_t size) {
+    const char* ahead = static_cast<const char*>(at) + distance + (along + distance >= stream_bytes ? stream_bytes : 0);
+    for (int64_t line = 0; line < size; line += 64) _mm_prefetch(ahead + line, SPECDEC_PREFETCH_HINT);
+}
+
 // Rows t0..t0+TB-1 times column blocks c and c + 1 (unsigned codes: NIBBLES and SIXBITS).
 template <int TB, int LAYOUT, int G>
 inline void column_pair(const int8_t* xq, const float* dx, const float* xsum, const uint8_t* codes,
@@ -180,8 +190,14 @@ inline void column_pair(const int8_t* xq, const float* dx, const float* xsum, co
         left.group_scales(g, S, d[0], dmin[0], scale[0], minimum[0]);
         right.group_scales(g, S, d[1], dmin[1], scale[1], minimum[1]);
         const __m512 scales = join(scale[0], scale[1]), minimums = join(minimum[0], minimum[1]);
-        prefetch_ahead(left.step(k0), G / 8 * bytes_per_step(LAYOUT));
-        prefetch_ahead(right.step(k0), G / 8 * bytes_per_step(LAYOUT));
+        const int64_t along = k0 / 8 * bytes_per_step(LAYOUT), block_bytes = K / 8 * bytes_per_step(LAYOUT);
+        prefetch_pair_stream(left.step(k0), along, block_bytes, PREFETCH_BYTES, G / 8 * bytes_per_step(LAYOUT));
+        prefetch_pair_stream(right.step(k0), along, block_bytes, PREFETCH_BYTES, G / 8 * bytes_per_step(LAYOUT));
+        if (g % 4 == 0) {  // the group codes: 16 bytes a group, a cache line every 4 groups
+            constexpr int64_t GROUP_CODES_AHEAD = 512;
+            prefetch_pair_stream(left.gc + g * 16, g * 16, groups * 16, GROUP_CODES_AHEAD, 64);
+            prefetch_pair_stream(right.gc + g * 16, g * 16, groups * 16, GROUP_CODES_AHEAD, 64);
+        }
         __m512i sum[TB];
 #pragma GCC unroll 16
         for (int t = 0; t < TB; t++) sum[t] = _mm512_setzero_si512();
