@@ -1,4 +1,4 @@
-"""One draft step of self-drafts against one step of their target, interleaved in one process (300-token
+"""One draft step of drafts (self-drafts, draft models) against one step of their target, interleaved in one process (300-token
 context, medians): the draft cost ratio c of each, and where a draft's bytes are (docs/notes/benchmarks-diary-2026.md section 20).
 
     python scripts/draft_step_cost.py qwen2.5-coder-1.5b-instruct 20 quant:int4 [quant:gguf ...]
@@ -31,7 +31,6 @@ def main() -> None:
     for label, model in models.items():
         caches[label] = model.new_cache(1, CONTEXT + 8)
         model.forward(prompt, positions_after(0, CONTEXT, 1, "cpu"), caches[label], last_logits_only=True)
-    hidden = torch.randn(1, 1, target.model.config.hidden_size)
     steps: dict[str, list[float]] = {label: [] for label in models}
     heads: dict[str, list[float]] = {label: [] for label in specs}
     for _ in range(rounds):
@@ -42,7 +41,7 @@ def main() -> None:
             caches[label].truncate(CONTEXT)
             if label in heads:
                 start = time.perf_counter()
-                model.lm_head(hidden)
+                model.lm_head(torch.randn(1, 1, model.config.hidden_size))
                 heads[label].append(time.perf_counter() - start)
     target_ms = statistics.median(steps["target"]) * 1e3
     print(f"target step {target_ms:.1f} ms")

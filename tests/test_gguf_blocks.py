@@ -13,6 +13,7 @@ from specdec.generator import SpeculativeGenerator
 from specdec.heads.target_parts import lm_head_rows
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
+from specdec.models.derived import head_prefix_copy
 from specdec.models.quantized.gguf_blocks import BlockWeights, concatenate, decode
 from specdec.models.quantized.gguf_linear import GgufLinear
 from specdec.models.sources.loading import load_model
@@ -177,6 +178,8 @@ def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
         # the second load maps the packed-weight cache and computes the same
         assert packed_cache_path(blocks.path, "gguf").exists()
         assert torch.equal(logits(load_model(str(path), weights="gguf").model), ours)
+        # a draft's head cut to the first ids (vocab=N) computes exactly those logits on the blocks too
+        assert torch.equal(logits(head_prefix_copy(blocks.model, 112)), ours[..., :112])
     prompt = "hello hello the world"
     expected = SpeculativeGenerator(blocks, None).generate(prompt, 24, chat=False).token_ids
     drafter = make_drafter(f"draft:{path}", blocks, "cpu", "float32")  # verifies several tokens a round

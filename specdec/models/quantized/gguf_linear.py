@@ -62,8 +62,10 @@ class GgufLinear(PackedLinear):
     def weight_format(self) -> str:
         return "gguf"
 
-    def first_outputs(self, count: int) -> "PackedLinear":
-        raise ValueError("a draft head over the first token ids is not available for GGUF block weights")
+    def first_outputs(self, count: int) -> "GgufLinear":
+        twin = super().first_outputs(count)  # codes and group codes: (C, ...), blocks of 8 output columns
+        twin.super_scales = self.super_scales[: count // INTEGER_COLUMNS]
+        return twin
 
     def unsplit(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
