@@ -1,5 +1,6 @@
-"""One draft step of drafts (self-drafts, draft models) against one step of their target, interleaved in one process (300-token
-context, medians): the draft cost ratio c of each, and where a draft's bytes are (docs/notes/benchmarks-diary-2026.md section 20).
+"""One step of each draft (self-drafts, draft models) against one step of their target, interleaved in one
+process (300-token context, medians): the draft cost ratio c of each, and where a draft's bytes are
+(docs/notes/benchmarks-diary-2026.md sections 20 and 27).
 
     python scripts/draft_step_cost.py qwen2.5-coder-1.5b-instruct 20 quant:int4 [quant:gguf ...]
 """
