@@ -29,9 +29,10 @@ def _k_value(text: str) -> int | str:
 
 
 WEIGHTS_HELP = ("auto (default: a model from a GGUF file runs on the file's own quantized blocks, as llama.cpp "
-                "runs them, where the CPU kernel serves it; else float32), float32, int8 (weight-only), int4[:GROUP] "
-                "or int7[:GROUP] (low-bit groups x int8 activations), gguf; the low-bit formats run on CPU kernels. "
-                "Speculation is exact to the model as loaded")
+                "runs them, a bf16/fp16 checkpoint on bf16/fp16 weights, where the CPU kernel serves it; else "
+                "float32), float32, bf16 or fp16 (two-byte weights widened to float32 in the kernel), int8 "
+                "(weight-only), int4[:GROUP] or int7[:GROUP] (low-bit groups x int8 activations), gguf; all but "
+                "float32 run on CPU kernels. Speculation is exact to the model as loaded")
 K_HELP = "draft tokens per round; 'auto' (default) chooses K <= 16 from measurements, 'auto:N' K <= N"
 
 

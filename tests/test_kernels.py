@@ -58,6 +58,20 @@ def test_avx512_build_is_bit_identical_to_the_avx2_build(rows, int8):
     assert torch.equal(results[0], results[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17, 70])
+def test_half_panels_compute_what_float32_panels_of_their_values_compute(dtype, rows):
+    """bf16 / fp16 panels are widened to float32 in registers (exactly: float32 holds every such value), so each
+    output is the float32 kernel's on the same values, bit for bit, in either build and at any row count."""
+    gen = torch.Generator().manual_seed(rows)
+    weight, x = torch.randn(100, 320, generator=gen).to(dtype), torch.randn(rows, 320, generator=gen)
+    for library in both_builds():
+        with kernels.using_kernel(library):
+            half = packed_matmul(x, pack_weight(weight, dtype), 100)
+            assert torch.equal(half, packed_matmul(x, pack_weight(weight.float()), 100))
+    assert torch.equal(unpack_rows(pack_weight(weight, dtype), torch.tensor([3, 99])), weight[[3, 99]].float())
+
+
 def test_a_compiler_without_the_avx512_flags_keeps_the_avx2_build(capsys):
     library = kernels.choose_kernel([tuple(kernels.FLAGS + ["-mno-such-option"]), tuple(kernels.FLAGS)])
     assert library is kernels.build_kernel(tuple(kernels.FLAGS))

@@ -58,7 +58,7 @@ def model_in(weights: str):
     return native
 
 
-@pytest.mark.parametrize("weights", ["float32", "int8", "int4", "int7", "gguf"])
+@pytest.mark.parametrize("weights", ["float32", "bf16", "int8", "int4", "int7", "gguf"])
 @pytest.mark.parametrize("shape", ["one", "chain", "tree"])
 def test_span_equals_the_kernels_called_one_by_one(weights, shape):
     native = model_in(weights)

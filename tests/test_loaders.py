@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specdec.errors import CorruptModelError, UnknownModelError
+from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model
 from tiny_models import SENTENCEPIECE_EOS, VOCAB, make_hf_model, make_tokenizer, write_tiny_gguf
@@ -37,6 +38,28 @@ def test_bfloat16_load_option(tiny_dirs):
     assert loaded.model.dtype == torch.bfloat16
     full = load_model(str(tiny_dirs["llama"]))
     assert (native_logits(loaded) - native_logits(full)).abs().max() < 0.5
+
+
+@pytest.mark.skipif(packed_kernel() is None, reason="bf16 / fp16 panels need the CPU kernel")
+@pytest.mark.parametrize("dtype,weights", [(torch.bfloat16, "bf16"), (torch.float16, "fp16")])
+def test_a_half_precision_checkpoint_runs_on_its_own_values_from_half_the_bytes(tmp_path, dtype, weights):
+    """weights="auto" keeps a bf16 / fp16 checkpoint in its stored type (the kernel widens it exactly): the same
+    logits, to the bit, as the float32 load of the same file, and speculation on it equals its plain decoding."""
+    from specdec import SpeculativeGenerator
+    from specdec.drafters import make_drafter
+
+    path = tmp_path / weights
+    make_hf_model("qwen2", seed=5).to(dtype).save_pretrained(path)
+    make_tokenizer().save_pretrained(path)
+    half, full = load_model(str(path), weights="auto"), load_model(str(path), weights="float32")
+    assert half.model.weight_format == weights and half.model.lm_head.weight_format == weights
+    assert full.model.weight_format == "float32"
+    assert torch.equal(native_logits(half), native_logits(full))
+    plain = SpeculativeGenerator(half, None).generate("hello the world", 24, chat=False).token_ids
+    drafter = make_drafter("quant:int4", half, "cpu", "float32")
+    assert SpeculativeGenerator(half, drafter, 4).generate("hello the world", 24, chat=False).token_ids == plain
+    rounded = load_model(str(tmp_path / weights), weights="bf16")  # any float checkpoint can be loaded rounded
+    assert rounded.model.weight_format == "bf16"
 
 
 @pytest.mark.parametrize("kind,quantization", [("llama", "F32"), ("qwen2", "F32"), ("qwen3", "F32"), ("llama", "Q8_0"),

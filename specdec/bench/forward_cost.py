@@ -42,6 +42,7 @@ def forward_costs(model: CausalLM, context: int = 300, sizes=(1, 2, 4, 8, 16), r
 
 RUNTIMES = {
     "packed": ("native, packed kernel, float32", {}),
+    "bf16": ("native, packed kernel, bf16 weights", {"weights": "bf16"}),
     "int8": ("native, packed kernel, int8 weights", {"weights": "int8"}),
     "int4": ("native, int4 weights (7-bit head), integer kernel", {"weights": "int4"}),
     "int7": ("native, int7 weights, integer kernel", {"weights": "int7"}),

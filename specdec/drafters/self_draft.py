@@ -18,6 +18,7 @@ from torch import nn
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_options import DraftOptions, parse_draft_options, with_head_vocab
 from specdec.errors import InvalidParameterError
+from specdec.kernels import FLOAT_PANEL_DTYPES
 from specdec.models.sources.loading import LoadedModel
 from specdec.models.derived import cached_quantized_copy, layer_subset_copy, quantized_copy
 from specdec.models.llama import LlamaForCausalLM
@@ -41,15 +42,16 @@ def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     except ValueError as error:
         raise InvalidParameterError(f"quant drafter: {error}") from None
     if kind == "float32":
-        raise InvalidParameterError("quant drafter: choose a quantized format (int8, int4[:GROUP], int7[:GROUP], gguf)")
+        raise InvalidParameterError("quant drafter: choose a smaller format (bf16, fp16, int8, int4[:GROUP], "
+                                    "int7[:GROUP], gguf)")
     model = target.model
     if not isinstance(model, LlamaForCausalLM):
         raise InvalidParameterError("quant drafter: needs the native backend (--backend native)")
     if not isinstance(model.lm_head, PackedLinear):  # stock torch layers: torch's own low-bit operators
         return torch_quantized_self_draft(target, weights, kind, options, spec)
-    if model.lm_head.weight_format != "float32":
+    if model.lm_head.weight_format not in FLOAT_PANEL_DTYPES:
         raise InvalidParameterError(f"quant drafter: the target already has {model.lm_head.weight_format} weights; "
-                                    "a quantized self-draft is made from a float32 target")
+                                    "a quantized self-draft is made from a float32, bf16 or fp16 target")
     # the blocks of the GGUF the target was converted from, where the cache does not have them yet
     source_layers = (lambda: gguf_block_layers(target)) if kind == "gguf" else None
     try:

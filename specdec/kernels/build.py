@@ -153,6 +153,9 @@ def build_kernel(flags: tuple[str, ...], source_dir: Path = KERNEL_DIR) -> ctype
     lib = ctypes.CDLL(str(library))
     lib.packed_matmul_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.packed_matmul_f32.restype = None
+    for kernel in (lib.packed_matmul_bf16, lib.packed_matmul_f16):
+        kernel.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        kernel.restype = None
     lib.packed_matmul_q8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     lib.packed_matmul_q8.restype = None
     lib.attention_rows.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7

@@ -20,6 +20,8 @@
 
 extern "C" {
 void packed_matmul_f32(const float* x, const float* wp, float* y, int64_t T, int64_t K, int64_t N, int num_threads);
+void packed_matmul_bf16(const float* x, const uint16_t* wp, float* y, int64_t T, int64_t K, int64_t N, int num_threads);
+void packed_matmul_f16(const float* x, const uint16_t* wp, float* y, int64_t T, int64_t K, int64_t N, int num_threads);
 void packed_matmul_q8(const float* x, const int8_t* wq, const float* scales, float* y, int64_t T, int64_t K,
                       int64_t N, int num_threads);
 void int4_matmul(const float* x, const uint8_t* wq, const uint16_t* scales, float* y, int64_t T, int64_t K, int64_t N,
@@ -42,12 +44,12 @@ void silu_mul(const float* gate_up, float* out, int64_t T, int64_t I);
 namespace {
 
 // One PackedLinear as models/layer_plan.py describes it (a ctypes Structure of the same layout).
-enum MatrixKind : int32_t { FLOAT32 = 0, INT8 = 1, INT4 = 2, INT7 = 3, GGUF = 4 };
+enum MatrixKind : int32_t { FLOAT32 = 0, INT8 = 1, INT4 = 2, INT7 = 3, GGUF = 4, BF16 = 5, FP16 = 6 };
 
 struct PackedMatrix {
     int32_t kind;
     int32_t gguf_layout;
-    const void* codes;         // float32 panels, int8 panels, or uint8 codes
+    const void* codes;         // float32, bf16, fp16 or int8 panels, or uint8 codes
     const void* scales;        // int8: float per column; int4/int7: float16 groups; gguf: int8 group codes
     const void* super_scales;  // gguf only: float16 d/dmin
     const float* bias;         // or null
@@ -66,6 +68,8 @@ void multiply(const PackedMatrix& w, const float* x, float* y, int64_t T, int th
     const int64_t K = w.in_features, N = w.out_features;
     switch (w.kind) {
         case FLOAT32: packed_matmul_f32(x, static_cast<const float*>(w.codes), y, T, K, N, threads); break;
+        case BF16: packed_matmul_bf16(x, static_cast<const uint16_t*>(w.codes), y, T, K, N, threads); break;
+        case FP16: packed_matmul_f16(x, static_cast<const uint16_t*>(w.codes), y, T, K, N, threads); break;
         case INT8:
             packed_matmul_q8(x, static_cast<const int8_t*>(w.codes), static_cast<const float*>(w.scales), y, T, K, N,
                              threads);

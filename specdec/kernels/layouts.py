@@ -1,5 +1,5 @@
 """Weight layouts the CPU kernels read, and the quantization that fills them (pure torch, no kernel call):
-float32 / int8 panels (packed_matmul.cpp), grouped 4-bit and 7-bit codes (integer_matmul.cpp), and the
+float32 / bfloat16 / float16 / int8 panels (packed_matmul.cpp), grouped 4-bit and 7-bit codes (integer_matmul.cpp), and the
 code layouts of a GGUF file's blocks (gguf_matmul.cpp)."""
 
 from __future__ import annotations
@@ -9,11 +9,15 @@ import torch
 PANEL = 16  # output columns per packed panel (two AVX2 registers)
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """(N, K) -> (ceil(N/16), K, 16) float32 panels: panel p holds output rows 16p..16p+15, k-major."""
+FLOAT_PANEL_DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(N, K) -> (ceil(N/16), K, 16) panels in `dtype` (float32, bfloat16 or float16): panel p holds output
+    rows 16p..16p+15, k-major."""
     rows, cols = weight.shape
     padded = (rows + PANEL - 1) // PANEL * PANEL
-    weight = weight.float()
+    weight = weight.to(dtype)
     if padded != rows:  # padding copies the matrix: only when the row count needs it
         weight = torch.nn.functional.pad(weight, (0, 0, 0, padded - rows))
     return weight.view(padded // PANEL, PANEL, cols).transpose(1, 2).contiguous()
@@ -30,9 +34,9 @@ def quantize_packed_int8(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def unpack_rows(packed: torch.Tensor, rows: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
-    """Rows of the original (N, K) matrix, e.g. embeddings tied to a packed LM head: (..., K)."""
-    values = packed[rows // PANEL, :, rows % PANEL]
-    return values if scales is None else values.float() * scales[rows].unsqueeze(-1)
+    """Rows of the original (N, K) matrix as float32, e.g. embeddings tied to a packed LM head: (..., K)."""
+    values = packed[rows // PANEL, :, rows % PANEL].float()
+    return values if scales is None else values * scales[rows].unsqueeze(-1)
 
 
 INTEGER_COLUMNS = 8  # output columns per column block of the integer kernels (one register of int32 lanes)

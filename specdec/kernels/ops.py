@@ -16,17 +16,20 @@ SMALL_ROWS = 64
 
 
 def packed_matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    """(T, K) float32 contiguous @ packed (P, K, 16) -> (T, out_features), any T.
+    """(T, K) float32 contiguous @ packed (P, K, 16) float32, bfloat16 or float16 panels -> (T, out_features),
+    any T.
 
     The kernel's rows round the same at any T (plain and speculative decoding agree bit for bit), and it
     serves prefill too: the panels are the layout a GEMM packs its right-hand side into, and it measured
     faster at prefill sizes than torch's batched matmul over the panels or its GEMM over an unpacked matrix.
+    Two-byte panels are widened to float32 in registers: the same result as float32 panels of their values.
     """
     rows, cols = x.shape
     lib = packed_kernel()
+    kernel = {torch.float32: lib.packed_matmul_f32, torch.bfloat16: lib.packed_matmul_bf16,
+              torch.float16: lib.packed_matmul_f16}[packed.dtype]
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    lib.packed_matmul_f32(x.data_ptr(), packed.data_ptr(), y.data_ptr(), rows, cols, out_features,
-                          torch.get_num_threads())
+    kernel(x.data_ptr(), packed.data_ptr(), y.data_ptr(), rows, cols, out_features, torch.get_num_threads())
     return y
 
 

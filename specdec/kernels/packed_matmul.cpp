@@ -1,6 +1,9 @@
 // y (T, N) = x (T, K) @ W^T for few activation rows T, with W pre-packed into panels of 16 output
-// columns: wp[p][k][j] = W[16 p + j][k] (N padded to 16). Two weight formats:
+// columns: wp[p][k][j] = W[16 p + j][k] (N padded to 16). Four weight formats:
 //   float32: the panels hold W itself;
+//   bfloat16 / float16: the panels hold W in two bytes a weight (a bf16 or fp16 checkpoint as stored),
+//            widened to float32 in registers: every such value is exactly a float32, so a row's result is
+//            bit-identical to the float32 kernel's on the same weights, from half the bytes;
 //   int8:    the panels hold round(W / scale) with one float scale per output column, widened to float
 //            in registers (never stored as float) and scaled once at the end: a quarter of the traffic.
 //
@@ -91,6 +94,51 @@ struct Int8Panels {
         const int8_t* at = w + (p * K + k) * 16;
         prefetch_weights<true>(at + PREFETCH_STEPS * 16);
         return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at))));
+    }
+#endif
+};
+
+// bfloat16 panels: a bf16 value is the upper half of the float32 with the same value (zero-extend, shift).
+struct Bf16Panels {
+    const uint16_t* w;
+    static constexpr bool scaled = false;
+    static inline __m256 widen(const uint16_t* at) {
+        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+    }
+    template <int TB, bool STREAMED>
+    inline void load(int64_t p, int64_t K, int64_t k, __m256& w0, __m256& w1) const {
+        const uint16_t* at = w + (p * K + k) * 16;
+        if (TB >= PREFETCH_MIN_ROWS) prefetch_weights<STREAMED>(at + PREFETCH_STEPS * 16);
+        w0 = widen(at);
+        w1 = widen(at + 8);
+    }
+#if defined(__AVX512VL__)
+    inline __m512 load_wide(int64_t p, int64_t K, int64_t k) const {
+        const uint16_t* at = w + (p * K + k) * 16;
+        prefetch_weights<true>(at + PREFETCH_STEPS * 16);
+        const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+    }
+#endif
+};
+
+// float16 panels, widened by the F16C conversion (exact: float32 holds every float16 value).
+struct Fp16Panels {
+    const uint16_t* w;
+    static constexpr bool scaled = false;
+    template <int TB, bool STREAMED>
+    inline void load(int64_t p, int64_t K, int64_t k, __m256& w0, __m256& w1) const {
+        const uint16_t* at = w + (p * K + k) * 16;
+        if (TB >= PREFETCH_MIN_ROWS) prefetch_weights<STREAMED>(at + PREFETCH_STEPS * 16);
+        w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+        w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 8)));
+    }
+#if defined(__AVX512VL__)
+    inline __m512 load_wide(int64_t p, int64_t K, int64_t k) const {
+        const uint16_t* at = w + (p * K + k) * 16;
+        prefetch_weights<true>(at + PREFETCH_STEPS * 16);
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
     }
 #endif
 };
@@ -280,6 +328,17 @@ static void matmul(const float* x, const Panels& panels, const float* scales, fl
 extern "C" void packed_matmul_f32(const float* x, const float* wp, float* y, int64_t T, int64_t K, int64_t N,
                                   int num_threads) {
     matmul(x, Float32Panels{wp}, nullptr, y, T, K, N, num_threads);
+}
+
+// wp: bfloat16 (Bf16Panels) or float16 (Fp16Panels) panels, as uint16_t bits.
+extern "C" void packed_matmul_bf16(const float* x, const uint16_t* wp, float* y, int64_t T, int64_t K, int64_t N,
+                                   int num_threads) {
+    matmul(x, Bf16Panels{wp}, nullptr, y, T, K, N, num_threads);
+}
+
+extern "C" void packed_matmul_f16(const float* x, const uint16_t* wp, float* y, int64_t T, int64_t K, int64_t N,
+                                  int num_threads) {
+    matmul(x, Fp16Panels{wp}, nullptr, y, T, K, N, num_threads);
 }
 
 // scales: one per output column, padded to a multiple of 16 like the panels.

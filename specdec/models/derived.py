@@ -13,7 +13,8 @@ from torch import nn
 
 from specdec.models.cuda_graphs import CudaGraphs
 from specdec.models.llama import LlamaForCausalLM
-from specdec.models.quantized.packed_cache import discard_packed, load_packed, packed_cache_path, save_packed
+from specdec.models.quantized.packed_cache import (discard_packed, is_cached_format, load_packed, packed_cache_path,
+                                                   save_packed)
 
 
 def quantized_copy(model: LlamaForCausalLM, weights: str, cached: dict[str, nn.Module] | None = None
@@ -93,7 +94,10 @@ def cached_quantized_copy(model: LlamaForCausalLM, model_dir: Path, weights: str
                           source_layers: Callable[[], dict] | None = None) -> LlamaForCausalLM:
     """`quantized_copy` of a packed model through the packed-weight cache a `--weights FORMAT` load of
     `model_dir` reads and writes: the cached layers when they fit, else `source_layers()` (e.g. a GGUF file's
-    own blocks) or a fresh quantization, saved for the next time. ValueError for a format the layers refuse."""
+    own blocks) or a fresh quantization, saved for the next time. ValueError for a format the layers refuse.
+    Float formats (a bf16 copy) are a cast, not cached."""
+    if not is_cached_format(weights):
+        return quantized_copy(model, weights)
     cache_path = packed_cache_path(model_dir, weights)
     cached = load_packed(cache_path)
     if cached is None and source_layers is not None:

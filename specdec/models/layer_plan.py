@@ -20,7 +20,8 @@ from specdec.kernels import GGUF_LAYOUTS, grouped_bits, packed_kernel
 from specdec.models.kv_cache import KVCache
 from specdec.models.quantized.packed_linear import PackedLinear
 
-FLOAT32, INT8, INT4, INT7, GGUF = range(5)  # decoder_layers.cpp's MatrixKind
+FLOAT32, INT8, INT4, INT7, GGUF, BF16, FP16 = range(7)  # decoder_layers.cpp's MatrixKind
+FLOAT_KINDS = {torch.float32: FLOAT32, torch.bfloat16: BF16, torch.float16: FP16}
 
 
 class PackedMatrix(ctypes.Structure):
@@ -56,8 +57,8 @@ def describe(linear: PackedLinear) -> PackedMatrix | None:
     if getattr(linear, "block_form", None) is not None:  # GgufLinear
         kind, form = GGUF, linear.block_form
         layout, group, super_group = GGUF_LAYOUTS[form["layout"]], form["group"], form["super_group"]
-    elif packed.dtype == torch.float32:
-        kind = FLOAT32
+    elif packed.dtype in FLOAT_KINDS:
+        kind = FLOAT_KINDS[packed.dtype]
     elif packed.dtype == torch.int8:
         kind = INT8
     else:

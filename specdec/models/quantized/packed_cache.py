@@ -8,8 +8,8 @@ modification time), the format and LAYOUT_VERSION, so a changed checkpoint or ke
 one. The same file serves a `--weights int4` target and an int4 self-draft of a float32 target: both
 quantize the same float matrices the same way.
 
-Float32 panels are not cached: they are as large as the checkpoint (6 GB for the 1.5B) and packing
-them is a copy, not a search.
+Float panels (float32, bf16, fp16) are not cached: they are as large as the checkpoint (6 GB for the 1.5B in
+float32) and packing them is a copy, not a search.
 """
 
 from __future__ import annotations
@@ -22,13 +22,18 @@ from pathlib import Path
 
 import torch
 
-from specdec.kernels import INTEGER_BLOCK, INTEGER_COLUMNS, PANEL
+from specdec.kernels import FLOAT_PANEL_DTYPES, INTEGER_BLOCK, INTEGER_COLUMNS, PANEL
 from specdec.models.quantized.packed_linear import PackedLinear
 from specdec.paths import replace_flushed, specdec_home
 
 # Bump when a packed layout changes (panels, code order, scale layout): old files are then ignored.
 LAYOUT_VERSION = 1
 _META_KEY = "specdec_packed_layouts"
+
+
+def is_cached_format(weights: str) -> bool:
+    """Whether loads in `weights` go through the packed cache: the quantized formats, not float panels."""
+    return weights.partition(":")[0] not in FLOAT_PANEL_DTYPES
 
 
 def packed_cache_path(model_dir: Path, weights: str) -> Path:

@@ -3,8 +3,10 @@
 `PackedLinear.fuse([q, k, v])` packs several projections that read the same
 input into one matrix, so a layer makes 4 kernel calls instead of 7.
 
-Weight formats: float32 panels; int8 (weight-only, per output channel, float32
-activations); int4 and int7 (grouped 4-bit weights as llama.cpp's Q4_0, or 7-bit,
+Weight formats: float32 panels; bf16 / fp16 panels (two bytes a weight, widened
+to float32 in the kernel: a bfloat16 or float16 checkpoint from half the bytes,
+computing what float32 panels of the same values compute); int8 (weight-only, per
+output channel, float32 activations); int4 and int7 (grouped 4-bit weights as llama.cpp's Q4_0, or 7-bit,
 multiplied with activations quantized to int8 per block of 32 inside the kernel:
 integer dot products are what make low-bit weights pay on AVX2). `int4:G` / `int7:G`
 pick the group size (default 32).
@@ -18,22 +20,24 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdec.kernels import (INTEGER_BLOCK, INTEGER_COLUMNS, PANEL, dequantize_grouped, grouped_bits, integer_matmul,
+from specdec.kernels import (FLOAT_PANEL_DTYPES, INTEGER_BLOCK, INTEGER_COLUMNS, PANEL, dequantize_grouped,
+                             grouped_bits, integer_matmul,
                              pack_weight, packed_matmul, packed_matmul_int8, quantize_grouped, quantize_packed_int8,
                              unpack_rows)
 
 # int4 and int7 also as int4:G (group size G); gguf: a GGUF file's own blocks (models/quantized/gguf_linear.py)
-WEIGHT_FORMATS = ("float32", "int8", "int4", "int7", "gguf")
+WEIGHT_FORMATS = ("float32", "bf16", "fp16", "int8", "int4", "int7", "gguf")
 GROUPED_FORMATS = {"int4": 4, "int7": 7}
 GROUP_SIZE = 32
 
 
 def parse_weight_format(weights: str) -> tuple[str, int | None]:
-    """'float32' | 'int8' | 'int4[:G]' | 'int7[:G]' | 'gguf' -> (kind, group size or None); ValueError otherwise."""
+    """'float32' | 'bf16' | 'fp16' | 'int8' | 'int4[:G]' | 'int7[:G]' | 'gguf' -> (kind, group size or None);
+    ValueError otherwise."""
     kind, _, group = weights.partition(":")
     if kind not in WEIGHT_FORMATS or (group and kind not in GROUPED_FORMATS):
         raise ValueError(f"unknown weight format {weights!r} "
-                         "(choose from float32, int8, int4[:GROUP], int7[:GROUP], gguf)")
+                         "(choose from float32, bf16, fp16, int8, int4[:GROUP], int7[:GROUP], gguf)")
     if kind not in GROUPED_FORMATS:
         return kind, None
     try:
@@ -56,7 +60,7 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.split_sizes = list(split_sizes)
-        # float32: (P, K, 16) panels; int8: the same panels in int8 with `scales` (P * 16,) per column;
+        # float32 (bf16, fp16): (P, K, 16) panels; int8: the same panels in int8 with `scales` (P * 16,) per column;
         # int4/int7: uint8 codes (ceil(N/8), K/8 or K/4, 32) with float16 `scales` (ceil(N/8), K/G, 8)
         self.register_buffer("packed", pack_weight(weight))
         self.register_buffer("bias", None if bias is None else bias.float().clone())
@@ -80,8 +84,9 @@ class PackedLinear(nn.Module):
 
     @property
     def weight_format(self) -> str:
-        if self.packed.dtype == torch.float32:
-            return "float32"
+        for name, dtype in FLOAT_PANEL_DTYPES.items():
+            if self.packed.dtype == dtype:
+                return name
         if self.packed.dtype == torch.int8:
             return "int8"
         kind = f"int{grouped_bits(self.packed, self.in_features)}"
@@ -89,14 +94,17 @@ class PackedLinear(nn.Module):
         return kind if group_size == GROUP_SIZE else f"{kind}:{group_size}"
 
     def quantize_(self, weights: str) -> "PackedLinear":
-        """Switch to another weight format in place; only float32 panels can be quantized."""
+        """Switch to another weight format in place; only float panels (float32, bf16, fp16) can be converted:
+        to another float type (rounded where it has fewer bits) or quantized."""
         kind, group_size = parse_weight_format(weights)
         if (kind, group_size) == parse_weight_format(self.weight_format):  # "int4" and "int4:32" alike
             return self
-        if self.weight_format != "float32" or kind == "gguf":
+        if self.weight_format not in FLOAT_PANEL_DTYPES or kind == "gguf":
             raise ValueError(f"{self.weight_format} weights cannot be turned into {weights}")
-        if kind == "int8":
-            self.packed, self.scales = quantize_packed_int8(self.packed)
+        if kind in FLOAT_PANEL_DTYPES:
+            self.packed = self.packed.to(FLOAT_PANEL_DTYPES[kind])
+        elif kind == "int8":
+            self.packed, self.scales = quantize_packed_int8(self.packed.float())
         elif kind in GROUPED_FORMATS:
             weight = unpack_rows(self.packed, torch.arange(self.out_features))  # (N, K)
             self.packed, self.scales = quantize_grouped(weight, group_size, GROUPED_FORMATS[kind])
@@ -145,7 +153,7 @@ class PackedLinear(nn.Module):
         """(..., K) -> (..., N): the fused layers' outputs side by side."""
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features).contiguous()
-        if self.packed.dtype == torch.float32:
+        if self.packed.dtype in FLOAT_PANEL_DTYPES.values():
             y = packed_matmul(rows, self.packed, self.out_features)
         elif self.packed.dtype == torch.int8:
             y = packed_matmul_int8(rows, self.packed, self.scales, self.out_features)

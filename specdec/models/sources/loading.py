@@ -22,7 +22,8 @@ import torch
 from specdec.errors import CorruptModelError, InvalidParameterError, UnknownModelError, UnsupportedModelError
 from specdec.models.base import CausalLM
 from specdec.models.config import NATIVE_MODEL_TYPES, ModelConfig
-from specdec.models.quantized.packed_cache import discard_packed, load_packed, packed_cache_path, save_packed
+from specdec.models.quantized.packed_cache import (discard_packed, is_cached_format, load_packed, packed_cache_path,
+                                                   save_packed)
 from specdec.models.quantized.packed_linear import parse_weight_format
 from specdec.paths import converted_dir
 
@@ -129,7 +130,7 @@ def load_model(
         raise InvalidParameterError(f"--weights {weights} needs the native backend; {name} loads with transformers")
     if backend == "native":
         # low-bit formats: the packing saved by an earlier load (models/quantized/packed_cache.py), else quantize and save
-        model = load_native_packed(model_dir, hf_config, weights) if weights != "float32" else None
+        model = load_native_packed(model_dir, hf_config, weights) if is_cached_format(weights) else None
         if model is None and weights == "gguf":
             model = load_native_gguf(name, model_dir, hf_config)
         if model is None:
@@ -140,7 +141,7 @@ def load_model(
                     model.pack_weights(weights)
                 except ValueError as error:  # e.g. an int4 group size that does not divide a layer
                     raise InvalidParameterError(f"{name}: {error}") from None
-                if weights != "float32":
+                if is_cached_format(weights):
                     save_packed(model, packed_cache_path(model_dir, weights))
         if cuda_graphs and torch.device(device).type == "cuda":
             model.use_cuda_graphs()
@@ -152,10 +153,35 @@ def load_model(
 
 
 def auto_weights(model_dir: Path, native_on_kernel: bool) -> str:
-    """What weights="auto" loads: a model that came from a GGUF file runs on that file's own quantized blocks
-    where the native runtime runs on the CPU kernel (the fastest exact mode on a CPU: the very values
-    llama.cpp multiplies, a quarter of float32's bytes); anything else as float32."""
-    return "gguf" if native_on_kernel and gguf_source(model_dir) is not None else "float32"
+    """What weights="auto" loads where the native runtime runs on the CPU kernel (else float32): a model that
+    came from a GGUF file runs on that file's own quantized blocks (the very values llama.cpp multiplies, a
+    quarter of float32's bytes); a checkpoint stored in bfloat16 or float16 on panels of that type (the
+    checkpoint's own values, half the bytes; the kernel computes what float32 computes on them); anything
+    else as float32."""
+    if not native_on_kernel:
+        return "float32"
+    if gguf_source(model_dir) is not None:
+        return "gguf"
+    return stored_float_format(model_dir)
+
+
+STORED_FORMATS = {"BF16": "bf16", "F16": "fp16"}  # safetensors dtype names -> our weight formats
+
+
+def stored_float_format(model_dir: Path) -> str:
+    """bf16 or fp16 where every linear layer's weight in the checkpoint is stored in that type, else float32
+    (read from the safetensors headers: no tensor is loaded)."""
+    from safetensors import SafetensorError, safe_open
+
+    dtypes = set()
+    for file in sorted(model_dir.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                dtypes.update(handle.get_slice(name).get_dtype() for name in handle.keys()
+                              if is_linear_weight(name) and name.endswith(".weight"))
+        except (SafetensorError, OSError):
+            return "float32"  # the load proper reports what is wrong with the file
+    return STORED_FORMATS.get(dtypes.pop(), "float32") if len(dtypes) == 1 else "float32"
 
 
 def uses_packed_kernel(device: str, dtype: torch.dtype) -> bool:
