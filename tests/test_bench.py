@@ -76,3 +76,12 @@ def test_quality_of_weight_formats_against_float32(tiny_dirs):
     if packed_kernel() is not None:  # more bits, closer to float32
         assert rows[("int7", "code")].kl_from_float32 < rows[("int4", "code")].kl_from_float32
         assert rows[("int7", "code")].top1_agreement >= rows[("int4", "code")].top1_agreement
+
+
+def test_forward_cost_table_times_runtimes_in_turns(tiny_dirs, capsys):
+    from specdec.bench.forward_cost import main as forward_cost
+
+    forward_cost([str(tiny_dirs["qwen2"]), "--runtimes", "packed,torch", "--sizes", "1,3", "--repeats", "2",
+                  "--interleave", "--context", "8"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"| {tiny_dirs['qwen2']}")]
+    assert len(rows) == 2 and all("(1.00x)" in row and row.count("|") == 5 for row in rows)

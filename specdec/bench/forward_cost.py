@@ -6,12 +6,17 @@ forward(K + 1) where plain decoding pays forward(1) per token.
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
 
-from specdec.bench.timing import median_seconds
+from specdec.bench.timing import synchronize
 from specdec.models.base import CausalLM, positions_after
+
+
+WARMUP = 2  # forwards per size and model before timing
 
 
 @dataclass
@@ -22,22 +27,37 @@ class ForwardCost:
 
 
 def forward_costs(model: CausalLM, context: int = 300, sizes=(1, 2, 4, 8, 16), repeats: int = 10) -> list[ForwardCost]:
+    return interleaved_forward_costs({"": model}, context, sizes, repeats)[""]
+
+
+def interleaved_forward_costs(models: dict[str, CausalLM], context: int = 300, sizes=(1, 2, 4, 8, 16),
+                              repeats: int = 10) -> dict[str, list[ForwardCost]]:
+    """forward_costs of several models (runtimes of one model, say) timed in turns, one forward each per turn:
+    the machine's drifting memory speed then moves them all alike, and their ratios hold."""
     gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, model.vocab_size, (1, context), generator=gen).to(model.device)
-    cache = model.new_cache(1, context + max(sizes))
-    model.forward(prefix, positions_after(0, context, 1, model.device), cache, last_logits_only=True)
-    rows = []
-    for size in sizes:
-        tokens = torch.randint(0, model.vocab_size, (1, size), generator=gen).to(model.device)
-        positions = positions_after(context, size, 1, model.device)
-
-        def step():
-            model.forward(tokens, positions, cache)
-            cache.truncate(context)
-
-        rows.append((size, median_seconds(step, repeats, model.device)))
-    base = rows[0][1]
-    return [ForwardCost(size, seconds, seconds / base) for size, seconds in rows]
+    some = next(iter(models.values()))
+    prefix = torch.randint(0, some.vocab_size, (1, context), generator=gen).to(some.device)
+    caches = {}
+    for label, model in models.items():
+        caches[label] = model.new_cache(1, context + max(sizes))
+        model.forward(prefix, positions_after(0, context, 1, model.device), caches[label], last_logits_only=True)
+    times: dict[tuple[str, int], list[float]] = {(label, size): [] for label in models for size in sizes}
+    inputs = {size: torch.randint(0, some.vocab_size, (1, size), generator=gen).to(some.device) for size in sizes}
+    for turn in range(WARMUP + repeats):
+        for size in sizes:
+            for label, model in models.items():
+                start = time.perf_counter()
+                model.forward(inputs[size], positions_after(context, size, 1, model.device), caches[label])
+                synchronize(model.device)
+                if turn >= WARMUP:
+                    times[label, size].append(time.perf_counter() - start)
+                caches[label].truncate(context)
+    costs = {}
+    for label in models:
+        base = statistics.median(times[label, sizes[0]])
+        costs[label] = [ForwardCost(size, statistics.median(times[label, size]),
+                                    statistics.median(times[label, size]) / base) for size in sizes]
+    return costs
 
 
 RUNTIMES = {
@@ -68,20 +88,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="1,2,4,8,16", help="comma-separated numbers of new tokens")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (the float runtimes)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="load a model's runtimes together and time them in turns (ratios between runtimes "
+                        "then hold on a machine whose speed drifts; needs the memory of all of them at once)")
     args = parser.parse_args(argv)
     sizes = tuple(int(n) for n in args.sizes.split(","))
     print(f"forward over T new tokens at a {args.context}-token context, {args.device}, {args.dtype}: "
           "median ms (ratio to T=1)\n")
     print("| model | runtime | " + " | ".join(f"T={n}" for n in sizes) + " |")
     print("|---|---|" + "---|" * len(sizes))
+    runtimes = args.runtimes.split(",")
+    groups = [runtimes] if args.interleave else [[runtime] for runtime in runtimes]
     for name in args.models:
-        for runtime in args.runtimes.split(","):
-            label, options = RUNTIMES[runtime]
-            loaded = load_model(name, device=args.device, dtype=args.dtype, **options)
-            costs = forward_costs(loaded.model, args.context, sizes, args.repeats)
-            cells = " | ".join(f"{c.seconds * 1e3:.{0 if c.seconds >= 0.01 else 2}f} ({c.ratio:.2f}x)" for c in costs)
-            print(f"| {name} | {label} | {cells} |", flush=True)
-            del loaded
+        for group in groups:
+            models = {RUNTIMES[runtime][0]: load_model(name, device=args.device, dtype=args.dtype,
+                                                       **RUNTIMES[runtime][1]).model for runtime in group}
+            for label, costs in interleaved_forward_costs(models, args.context, sizes, args.repeats).items():
+                cells = " | ".join(f"{c.seconds * 1e3:.{0 if c.seconds >= 0.01 else 2}f} ({c.ratio:.2f}x)" for c in costs)
+                print(f"| {name} | {label} | {cells} |", flush=True)
+            del models
 
 
 if __name__ == "__main__":

@@ -59,89 +59,82 @@ static inline void prefetch_weights(const void* at) {
     }
 }
 
-struct Float32Panels {
-    const float* w;
-    static constexpr bool scaled = false;
-    template <int TB, bool STREAMED>
-    inline void load(int64_t p, int64_t K, int64_t k, __m256& w0, __m256& w1) const {
-        const float* at = w + (p * K + k) * 16;
-        if (TB >= PREFETCH_MIN_ROWS) prefetch_weights<STREAMED>(at + PREFETCH_STEPS * 16);
-        w0 = _mm256_loadu_ps(at);
-        w1 = _mm256_loadu_ps(at + 8);
-    }
+// How each panel format turns its stored values into float32 lanes: `half` 8 of them (AVX2), `whole` 16
+// (AVX-512). All but float32 widen in registers: the weights cross memory in their stored size.
+struct FromFloat32 {
+    using Element = float;
+    static inline __m256 half(const float* at) { return _mm256_loadu_ps(at); }
 #if defined(__AVX512VL__)
-    inline __m512 load_wide(int64_t p, int64_t K, int64_t k) const {
-        const float* at = w + (p * K + k) * 16;
-        prefetch_weights<true>(at + PREFETCH_STEPS * 16);
-        return _mm512_loadu_ps(at);
-    }
+    static inline __m512 whole(const float* at) { return _mm512_loadu_ps(at); }
 #endif
 };
 
-struct Int8Panels {
-    const int8_t* w;
-    static constexpr bool scaled = true;
-    template <int TB, bool STREAMED>
-    inline void load(int64_t p, int64_t K, int64_t k, __m256& w0, __m256& w1) const {
-        // two sign-extending loads (vpmovsxbd ymm, m64): no separate load or shift
-        const int8_t* at = w + (p * K + k) * 16;
-        if (TB >= PREFETCH_MIN_ROWS) prefetch_weights<STREAMED>(at + PREFETCH_STEPS * 16);
-        w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))));
-        w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at + 8))));
+// int8 codes, sign-extended (vpmovsxbd ymm, m64: no separate load or shift); the scale comes at the end.
+struct FromInt8 {
+    using Element = int8_t;
+    static inline __m256 half(const int8_t* at) {
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))));
     }
 #if defined(__AVX512VL__)
-    inline __m512 load_wide(int64_t p, int64_t K, int64_t k) const {
-        const int8_t* at = w + (p * K + k) * 16;
-        prefetch_weights<true>(at + PREFETCH_STEPS * 16);
+    static inline __m512 whole(const int8_t* at) {
         return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at))));
     }
 #endif
 };
 
-// bfloat16 panels: a bf16 value is the upper half of the float32 with the same value (zero-extend, shift).
-struct Bf16Panels {
-    const uint16_t* w;
-    static constexpr bool scaled = false;
-    static inline __m256 widen(const uint16_t* at) {
+// bfloat16: a bf16 value is the upper half of the float32 with the same value (zero-extend, shift): exact.
+struct FromBf16 {
+    using Element = uint16_t;
+    static inline __m256 half(const uint16_t* at) {
         const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
     }
-    template <int TB, bool STREAMED>
-    inline void load(int64_t p, int64_t K, int64_t k, __m256& w0, __m256& w1) const {
-        const uint16_t* at = w + (p * K + k) * 16;
-        if (TB >= PREFETCH_MIN_ROWS) prefetch_weights<STREAMED>(at + PREFETCH_STEPS * 16);
-        w0 = widen(at);
-        w1 = widen(at + 8);
-    }
 #if defined(__AVX512VL__)
-    inline __m512 load_wide(int64_t p, int64_t K, int64_t k) const {
-        const uint16_t* at = w + (p * K + k) * 16;
-        prefetch_weights<true>(at + PREFETCH_STEPS * 16);
+    static inline __m512 whole(const uint16_t* at) {
         const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
         return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
     }
 #endif
 };
 
-// float16 panels, widened by the F16C conversion (exact: float32 holds every float16 value).
-struct Fp16Panels {
-    const uint16_t* w;
-    static constexpr bool scaled = false;
-    template <int TB, bool STREAMED>
-    inline void load(int64_t p, int64_t K, int64_t k, __m256& w0, __m256& w1) const {
-        const uint16_t* at = w + (p * K + k) * 16;
-        if (TB >= PREFETCH_MIN_ROWS) prefetch_weights<STREAMED>(at + PREFETCH_STEPS * 16);
-        w0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-        w1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 8)));
+// float16, by the F16C conversion (exact: float32 holds every float16 value).
+struct FromFp16 {
+    using Element = uint16_t;
+    static inline __m256 half(const uint16_t* at) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
     }
 #if defined(__AVX512VL__)
-    inline __m512 load_wide(int64_t p, int64_t K, int64_t k) const {
-        const uint16_t* at = w + (p * K + k) * 16;
-        prefetch_weights<true>(at + PREFETCH_STEPS * 16);
+    static inline __m512 whole(const uint16_t* at) {
         return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)));
     }
 #endif
 };
+
+// Panels of 16 columns a k step in one of those formats; SCALED: one float scale per output column (int8).
+template <typename Format, bool SCALED>
+struct WidenedPanels {
+    const typename Format::Element* w;
+    static constexpr bool scaled = SCALED;
+    template <int TB, bool STREAMED>
+    inline void load(int64_t p, int64_t K, int64_t k, __m256& w0, __m256& w1) const {
+        const auto* at = w + (p * K + k) * 16;
+        if (TB >= PREFETCH_MIN_ROWS) prefetch_weights<STREAMED>(at + PREFETCH_STEPS * 16);
+        w0 = Format::half(at);
+        w1 = Format::half(at + 8);
+    }
+#if defined(__AVX512VL__)
+    inline __m512 load_wide(int64_t p, int64_t K, int64_t k) const {
+        const auto* at = w + (p * K + k) * 16;
+        prefetch_weights<true>(at + PREFETCH_STEPS * 16);
+        return Format::whole(at);
+    }
+#endif
+};
+
+using Float32Panels = WidenedPanels<FromFloat32, false>;
+using Int8Panels = WidenedPanels<FromInt8, true>;
+using Bf16Panels = WidenedPanels<FromBf16, false>;
+using Fp16Panels = WidenedPanels<FromFp16, false>;
 
 // Rows t0..t0+TB-1 times panels p0..p0+PB-1. x: (T, K) row-major; xt (STREAMED with 3+ rows): the same rows
 // k-major per row block (rows t0.. at xt + t0 K, element [k][t] at k TB + t).
