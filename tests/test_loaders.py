@@ -49,11 +49,12 @@ def test_a_half_precision_checkpoint_runs_on_its_own_values_from_half_the_bytes(
     from specdec.drafters import make_drafter
 
     path = tmp_path / weights
-    make_hf_model("qwen2", seed=5).to(dtype).save_pretrained(path)
+    make_hf_model("llama", seed=5).to(dtype).save_pretrained(path)  # untied embeddings
     make_tokenizer().save_pretrained(path)
     half, full = load_model(str(path), weights="auto"), load_model(str(path), weights="float32")
     assert half.model.weight_format == weights and half.model.lm_head.weight_format == weights
     assert full.model.weight_format == "float32"
+    assert half.model.model.embed_tokens.table.packed.dtype == dtype  # untied embeddings in two bytes too
     assert torch.equal(native_logits(half), native_logits(full))
     plain = SpeculativeGenerator(half, None).generate("hello the world", 24, chat=False).token_ids
     drafter = make_drafter("quant:int4", half, "cpu", "float32")

@@ -311,6 +311,9 @@ class LlamaForCausalLM(nn.Module):
             self.model.embed_tokens = PackedEmbedding(self.lm_head)
         elif cached is not None and EMBEDDING_TABLE in cached:  # a GGUF file's quantized embeddings
             self.model.embed_tokens = PackedEmbedding(cached[EMBEDDING_TABLE], owned=True)
+        elif cached is None and weights in ("bf16", "fp16"):  # untied: the table in the matrices' type too
+            table = PackedLinear(self.model.embed_tokens.weight.detach(), None, [self.config.vocab_size])
+            self.model.embed_tokens = PackedEmbedding(table.quantize_(weights), owned=True)
 
     def layers_are_packed(self) -> bool:
         """Whether pack_weights() ran: the layers' matrices are then PackedLinear (the CPU kernels)."""

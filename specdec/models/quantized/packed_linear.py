@@ -172,7 +172,8 @@ class PackedLinear(nn.Module):
 
 class PackedEmbedding(nn.Module):
     """Token embeddings read from a packed matrix: the LM head they are tied to (no second copy), or, with
-    owned=True, a table of their own kept packed (a GGUF file's quantized embeddings: `table`)."""
+    owned=True, a table of their own kept packed (a GGUF file's quantized embeddings, a bf16/fp16 model's untied
+    table: `table`)."""
 
     def __init__(self, head: PackedLinear, owned: bool = False):
         super().__init__()
