@@ -230,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--window", type=int, default=256, help="tokens per training window")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--device", default="cpu", help="cpu or cuda")
+    train.add_argument("--weights", default="float32",
+                       help="the target's weight format for computing the features and self-generated answers "
+                       "(float32 by default; gguf: a GGUF model's own blocks, several times faster on a CPU); "
+                       "the head drafts for the model whatever its format")
     return parser
 
 
@@ -551,7 +555,7 @@ def cmd_train(args) -> int:
                          learning_rate=args.learning_rate, draft_vocab_size=args.draft_vocab,
                          medusa_heads=args.medusa_heads, intermediate_size=args.intermediate_size,
                          feature_layers=layers, seed=args.seed)
-    target = load_model(args.target, device=args.device, backend="native")
+    target = load_model(args.target, device=args.device, backend="native", weights=args.weights)
     info = run_training(args.kind, target, out, corpus, config)
     validation = info["training"]["validation"]
     print(f"specdec: wrote {out} ({args.kind} head for {target.name}); validation: "

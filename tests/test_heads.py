@@ -223,10 +223,13 @@ def test_head_checkpoint_round_trip_and_target_check(tiny, tmp_path):
 def test_cli_train_then_generate_with_the_head(tiny, tmp_path, kind, options):
     out = tmp_path / f"{kind}-head"
     env_python = [sys.executable, "-m", "specdec.cli"]
+    # the EAGLE head learns from the target in int8 (a cheaper format), then drafts for it in float32
+    weights = ["--weights", "int8"] if kind == "eagle" and packed_kernel() is not None else []
     train = subprocess.run(
         env_python + ["train", kind, "--target", str(tiny["dir"]), "--out", str(out), "--steps", "4",
                       "--batch-windows", "2", "--code-tokens", "2000", "--prose-tokens", "1000", "--generated", "3",
-                      "--answer-tokens", "40", "--window", "32", "--draft-vocab", "200", "--medusa-heads", "2"],
+                      "--answer-tokens", "40", "--window", "32", "--draft-vocab", "200", "--medusa-heads", "2",
+                      *weights],
         capture_output=True, text=True, timeout=600)
     assert train.returncode == 0, train.stderr[-2000:]
     info = json.loads((out / "head.json").read_text())
@@ -240,6 +243,17 @@ def test_cli_train_then_generate_with_the_head(tiny, tmp_path, kind, options):
                                        "12", "--json"], capture_output=True, text=True, timeout=300)
     assert gen.returncode == 0, gen.stderr[-2000:]
     assert json.loads(gen.stdout)["token_ids"] == plain(tiny["target"], "hello", 12)
+
+
+@pytest.mark.skipif(packed_kernel() is None, reason="int8 weights need the CPU kernel")
+def test_features_of_the_target_in_another_format_are_cached_apart(tiny):
+    from specdec.training.command import feature_dir
+    from specdec.training.corpus import CorpusConfig
+
+    corpus, identity = CorpusConfig(100, 100, 0, 40), TargetIdentity.of(tiny["target"])
+    layers = (tiny["target"].model.num_layers,)
+    int8 = load_model(str(tiny["dir"]), weights="int8")
+    assert feature_dir(tiny["target"], identity, corpus, layers) != feature_dir(int8, identity, corpus, layers)
 
 
 @pytest.mark.parametrize("spec,message", [

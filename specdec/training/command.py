@@ -33,6 +33,9 @@ def feature_dir(target, identity: TargetIdentity, corpus: CorpusConfig, layers: 
     key_parts = [asdict(corpus), identity.weights_sha256, identity.tokenizer_sha256]
     if layers != (target.model.num_layers,):  # the final state's caches keep the names they always had
         key_parts.append(list(layers))
+    weights = getattr(target.model, "weight_format", "float32")
+    if weights != "float32":  # features of the target in another format (its GGUF blocks, say) are other values
+        key_parts.append(weights)
     key = hashlib.sha256(json.dumps(key_parts).encode())
     return specdec_home() / "features" / f"{target.name}-{key.hexdigest()[:16]}"
 
