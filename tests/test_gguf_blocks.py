@@ -208,7 +208,7 @@ def test_gguf_weights_need_a_gguf_source(tmp_path):
         load_model(str(float16), weights="gguf")
     target = load_model(str(write_tiny_gguf(tmp_path / "q.gguf", make_hf_model("llama", seed=1), "Q8_0")),
                         weights="gguf")
-    with pytest.raises(InvalidParameterError, match="made from a float32 target"):
+    with pytest.raises(InvalidParameterError, match="made from a float32, bf16 or fp16 target"):
         make_drafter("quant:int4", target, "cpu", "float32")
 
 
