@@ -67,9 +67,9 @@ def test_half_panels_compute_what_float32_panels_of_their_values_compute(dtype, 
     weight, x = torch.randn(100, 320, generator=gen).to(dtype), torch.randn(rows, 320, generator=gen)
     for library in both_builds():
         with kernels.using_kernel(library):
-            half = packed_matmul(x, pack_weight(weight, dtype), 100)
+            half = packed_matmul(x, pack_weight(weight).to(dtype), 100)
             assert torch.equal(half, packed_matmul(x, pack_weight(weight.float()), 100))
-    assert torch.equal(unpack_rows(pack_weight(weight, dtype), torch.tensor([3, 99])), weight[[3, 99]].float())
+    assert torch.equal(unpack_rows(pack_weight(weight).to(dtype), torch.tensor([3, 99])), weight[[3, 99]].float())
 
 
 def test_a_compiler_without_the_avx512_flags_keeps_the_avx2_build(capsys):

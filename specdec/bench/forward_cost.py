@@ -42,12 +42,14 @@ def interleaved_forward_costs(models: dict[str, CausalLM], context: int = 300, s
         caches[label] = model.new_cache(1, context + max(sizes))
         model.forward(prefix, positions_after(0, context, 1, model.device), caches[label], last_logits_only=True)
     times: dict[tuple[str, int], list[float]] = {(label, size): [] for label in models for size in sizes}
-    inputs = {size: torch.randint(0, some.vocab_size, (1, size), generator=gen).to(some.device) for size in sizes}
+    inputs = {size: (torch.randint(0, some.vocab_size, (1, size), generator=gen).to(some.device),
+                     positions_after(context, size, 1, some.device)) for size in sizes}
     for turn in range(WARMUP + repeats):
         for size in sizes:
             for label, model in models.items():
+                tokens, positions = inputs[size]
                 start = time.perf_counter()
-                model.forward(inputs[size], positions_after(context, size, 1, model.device), caches[label])
+                model.forward(tokens, positions, caches[label])
                 synchronize(model.device)
                 if turn >= WARMUP:
                     times[label, size].append(time.perf_counter() - start)

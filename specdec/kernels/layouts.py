@@ -12,12 +12,12 @@ PANEL = 16  # output columns per packed panel (two AVX2 registers)
 FLOAT_PANEL_DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """(N, K) -> (ceil(N/16), K, 16) panels in `dtype` (float32, bfloat16 or float16): panel p holds output
-    rows 16p..16p+15, k-major."""
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """(N, K) -> (ceil(N/16), K, 16) float32 panels: panel p holds output rows 16p..16p+15, k-major (bf16 /
+    fp16 panels are these cast: `.to(FLOAT_PANEL_DTYPES[format])`)."""
     rows, cols = weight.shape
     padded = (rows + PANEL - 1) // PANEL * PANEL
-    weight = weight.to(dtype)
+    weight = weight.float()
     if padded != rows:  # padding copies the matrix: only when the row count needs it
         weight = torch.nn.functional.pad(weight, (0, 0, 0, padded - rows))
     return weight.view(padded // PANEL, PANEL, cols).transpose(1, 2).contiguous()

@@ -297,6 +297,7 @@ class LlamaForCausalLM(nn.Module):
         `cached` (packed layer name -> PackedLinear, from models/quantized/packed_cache.py) installs layers packed
         earlier instead: the float weights are then not needed at all.
         """
+        from specdec.kernels import FLOAT_PANEL_DTYPES
         from specdec.models.quantized.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
 
         def packed(name: str, linears, weights=weights):
@@ -311,7 +312,7 @@ class LlamaForCausalLM(nn.Module):
             self.model.embed_tokens = PackedEmbedding(self.lm_head)
         elif cached is not None and EMBEDDING_TABLE in cached:  # a GGUF file's quantized embeddings
             self.model.embed_tokens = PackedEmbedding(cached[EMBEDDING_TABLE], owned=True)
-        elif cached is None and weights in ("bf16", "fp16"):  # untied: the table in the matrices' type too
+        elif cached is None and weights in FLOAT_PANEL_DTYPES and weights != "float32":  # untied: in two bytes too
             table = PackedLinear(self.model.embed_tokens.weight.detach(), None, [self.config.vocab_size])
             self.model.embed_tokens = PackedEmbedding(table.quantize_(weights), owned=True)
 
