@@ -62,17 +62,17 @@ def test_unsupported_block_formats_are_refused():
 
 
 def reference(x: torch.Tensor, weights: BlockWeights) -> torch.Tensor:
-    """float64: per group, (d sc) dx * (exact integer sum of q xq) + (dmin mn) dx * (sum of xq)."""
+    """float64: per super-block, dx * sum over its groups of (d sc) * (exact integer sum of q xq) + (dmin mn) * (sum
+    of xq), the activations quantized per super-block (32 inputs: Q8_0; 256: Q8_K)."""
     rows, cols = x.shape
-    xq, dx = quantized_activations(x)  # (T, K) int64, (T, K/32)
-    group = weights.group
+    group, per_super = weights.group, weights.super_group // weights.group
+    xq, dx = quantized_activations(x, weights.super_group)  # (T, K) int64, (T, K/S)
     codes = weights.codes.to(torch.int64)  # (N, K)
-    per_super = weights.super_group // group
     scale = weights.d.double().repeat_interleave(per_super, 1) * weights.sc.double()  # (N, K/G)
     minimum = weights.dmin.double().repeat_interleave(per_super, 1) * weights.mn.double()
     products = (xq.view(rows, 1, -1, group) * codes.view(1, -1, cols // group, group)).sum(-1)  # (T, N, K/G)
     sums = xq.view(rows, 1, -1, group).sum(-1)  # (T, 1, K/G)
-    row_scale = dx.repeat_interleave(32 // group, dim=1).view(rows, 1, -1)  # dx per group
+    row_scale = dx.repeat_interleave(per_super, dim=1).view(rows, 1, -1)  # dx per group
     return ((products.double() * scale + sums.double() * minimum) * row_scale).sum(-1)  # (T, N)
 
 

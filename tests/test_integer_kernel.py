@@ -11,10 +11,10 @@ from kernel_builds import both_builds
 pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA/F16C CPU or no C++ compiler here")
 
 
-def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q8_0 as the kernel does it, in float32: per block of 32, xq = round(x * 127 / max|x|), dx = max|x| / 127.
-    Returns xq (T, K) int64 and dx (T, K/32) float64."""
-    blocks = x.view(x.shape[0], -1, 32)  # (T, K/32, 32)
+def quantized_activations(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """As the kernels do it, in float32: per block of 32 (Q8_0) or 256 (Q8_K), xq = round(x * 127 / max|x|),
+    dx = max|x| / 127. Returns xq (T, K) int64 and dx (T, K/block) float64."""
+    blocks = x.view(x.shape[0], -1, block)  # (T, K/block, block)
     amax = blocks.abs().amax(dim=2, keepdim=True)
     inverse = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
     xq = torch.round(blocks * inverse).to(torch.int64)

@@ -1,6 +1,7 @@
 // y (T, N) = x (T, K) @ W^T with W in llama.cpp's own block formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K),
 // repacked at load without changing a single weight value (models/quantized/gguf_blocks.py), and x quantized to
-// int8 per block of 32 as in integer_matmul.cpp.
+// int8 with one scale dx per super-block (below) of each row: per 32 inputs for the legacy formats (llama.cpp's
+// Q8_0), per 256 for the K-quants (its Q8_K), as llama.cpp pairs them.
 //
 // Every one of those formats is, per output column n and input k,
 //   W[n][k] = d[n][k / S] * sc[n][k / G] * q[n][k] + dmin[n][k / S] * mn[n][k / G]
@@ -20,8 +21,11 @@
 //           with vpsignb, as llama.cpp does, since vpmaddubsw (and vpdpbusd) need one unsigned operand
 // group_codes[c][g][0..1][8] int8: sc, mn of the 8 columns of column block c; super[c][s][0..1][8]: d, dmin.
 //
-// Per group and row: acc += (d sc) dx * sum(q xq) + (dmin mn) * dx * sum(xq), the integer sums exact,
-// in increasing k. Rows are quantized and accumulated on their own: batch-invariant like every kernel here.
+// Per row: part += (d sc) * sum(q xq) + (dmin mn) * sum(xq) over a super-block's groups (the integer sums
+// exact), then acc += dx * part, in increasing k. One activation scale per super-block is what lets the
+// float work per group and row shrink to a convert and two FMAs: with 8 rows sharing each weight load those
+// compete with the dot products for the same vector pipes. Rows are quantized and accumulated on their own:
+// batch-invariant like every kernel here.
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -91,9 +95,9 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
     const int64_t groups = K / G;
     const __m256i ones = _mm256_set1_epi16(1);
     const ColumnBlock<LAYOUT, G> block_of(codes, group_codes, super, K, S, c);
-    __m256 acc[TB];
+    __m256 acc[TB], part[TB];
 #pragma GCC unroll 16
-    for (int t = 0; t < TB; t++) acc[t] = _mm256_setzero_ps();
+    for (int t = 0; t < TB; t++) acc[t] = part[t] = _mm256_setzero_ps();
     __m256 d = _mm256_setzero_ps(), dmin = d, scale, minimum;
     for (int64_t g = 0; g < groups; g++) {
         const int64_t k0 = g * G;
@@ -137,13 +141,19 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
                 }
             }
         }
-        const int64_t block = k0 / BLOCK;
 #pragma GCC unroll 16
         for (int t = 0; t < TB; t++) {
             const __m256i total = !VNNI && LAYOUT == NIBBLES ? _mm256_madd_epi16(sum[t], ones) : sum[t];
-            const float row_scale = dx[(t0 + t) * (K / BLOCK) + block];
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(scale, _mm256_set1_ps(row_scale)), acc[t]);
-            acc[t] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(xsum[(t0 + t) * groups + g]), acc[t]);
+            part[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), scale, part[t]);
+            part[t] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(xsum[(t0 + t) * groups + g]), part[t]);
+        }
+        if ((k0 + G) % S == 0) {  // the super-block's end: times the rows' activation scales
+            const int64_t s = k0 / S;
+#pragma GCC unroll 16
+            for (int t = 0; t < TB; t++) {
+                acc[t] = _mm256_fmadd_ps(part[t], _mm256_set1_ps(dx[(t0 + t) * (K / S) + s]), acc[t]);
+                part[t] = _mm256_setzero_ps();
+            }
         }
     }
     store_column_block<TB>(acc, y, N, c, t0);
@@ -163,6 +173,14 @@ inline __m512 join(__m256 low, __m256 high) {
 }
 inline __m512i join(__m256i low, __m256i high) { return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1); }
 
+// acc + in each 32-bit lane the sum of its four unsigned bytes of u times the four signed bytes at `four`,
+// broadcast by the instruction itself ({1to16}). For _mm512_set1_epi32 from memory GCC emits a separate
+// vpbroadcastd, an issue slot a row that the dot products need once 8 rows share each load of the codes.
+inline __m512i dot_accumulate_broadcast(__m512i acc, __m512i u, const int8_t* four) {
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(four)));
+    return acc;
+}
+
 // A thread reads column blocks c and c + 1 side by side, then c + 2 and c + 3: two streams, each one column
 // block long (the codes: 6 KB at K = 1536). Prefetching straight ahead would run from the left block into
 // the right one (already on its way) and from the right block into the next pair's left one, so the next
@@ -181,9 +199,9 @@ inline void column_pair(const int8_t* xq, const float* dx, const float* xsum, co
     static_assert(LAYOUT != SIGNED, "signed codes take column_block (no 512-bit vpsignb)");
     const int64_t groups = K / G;
     const ColumnBlock<LAYOUT, G> left(codes, group_codes, super, K, S, c), right(codes, group_codes, super, K, S, c + 1);
-    __m512 acc[TB];
+    __m512 acc[TB], part[TB];
 #pragma GCC unroll 16
-    for (int t = 0; t < TB; t++) acc[t] = _mm512_setzero_ps();
+    for (int t = 0; t < TB; t++) acc[t] = part[t] = _mm512_setzero_ps();
     __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, dmin[2] = {d[0], d[1]}, scale[2], minimum[2];
     for (int64_t g = 0; g < groups; g++) {
         const int64_t k0 = g * G;
@@ -211,17 +229,21 @@ inline void column_pair(const int8_t* xq, const float* dx, const float* xsum, co
 #pragma GCC unroll 16
             for (int t = 0; t < TB; t++) {
                 const int8_t* row = xq + (t0 + t) * K + k;
-                const __m512i x0 = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(row));
-                const __m512i x1 = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(row + 4));
-                sum[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum[t], first, x0), second, x1);
+                sum[t] = dot_accumulate_broadcast(dot_accumulate_broadcast(sum[t], first, row), second, row + 4);
             }
         }
-        const int64_t block = k0 / BLOCK;
 #pragma GCC unroll 16
         for (int t = 0; t < TB; t++) {
-            const float row_scale = dx[(t0 + t) * (K / BLOCK) + block];
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), _mm512_mul_ps(scales, _mm512_set1_ps(row_scale)), acc[t]);
-            acc[t] = _mm512_fmadd_ps(minimums, _mm512_set1_ps(xsum[(t0 + t) * groups + g]), acc[t]);
+            part[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), scales, part[t]);
+            part[t] = _mm512_fmadd_ps(minimums, _mm512_set1_ps(xsum[(t0 + t) * groups + g]), part[t]);
+        }
+        if ((k0 + G) % S == 0) {
+            const int64_t s = k0 / S;
+#pragma GCC unroll 16
+            for (int t = 0; t < TB; t++) {
+                acc[t] = _mm512_fmadd_ps(part[t], _mm512_set1_ps(dx[(t0 + t) * (K / S) + s]), acc[t]);
+                part[t] = _mm512_setzero_ps();
+            }
         }
     }
     __m256 low[TB], high[TB];
@@ -245,22 +267,18 @@ inline void column_pair(const int8_t*, const float*, const float*, const uint8_t
 template <int LAYOUT, int G>
 void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super, float* y,
             int64_t T, int64_t K, int64_t N, int64_t S, int num_threads) {
-    const int64_t blocks = K / BLOCK, groups = K / G;
+    const int64_t supers = K / S, groups = K / G;
     std::vector<int8_t> xq(T * K);
-    std::vector<float> dx(T * blocks);
-    std::vector<int32_t> block_sums(T * blocks);
-    quantize_rows(x, T, K, 1, xq.data(), dx.data(), block_sums.data());
-    // dx * sum(xq) per row and group: the minimum's share (groups of 16 sum half a block each)
+    std::vector<float> dx(T * supers);
+    std::vector<int32_t> super_sums(T * supers);
+    quantize_rows(x, T, K, 1, xq.data(), dx.data(), super_sums.data(), S);
+    // sum(xq) per row and group, exact in float32: the minimum's share
     std::vector<float> xsum(T * groups);
     for (int64_t t = 0; t < T; t++) {
         for (int64_t g = 0; g < groups; g++) {
             int32_t total = 0;
-            if (G == BLOCK) {
-                total = block_sums[t * blocks + g];
-            } else {
-                for (int64_t i = 0; i < G; i++) total += xq[t * K + g * G + i];
-            }
-            xsum[t * groups + g] = dx[t * blocks + g * G / BLOCK] * static_cast<float>(total);
+            for (int64_t i = 0; i < G; i++) total += xq[t * K + g * G + i];
+            xsum[t * groups + g] = static_cast<float>(total);
         }
     }
     const int64_t column_blocks = (N + 7) / 8;

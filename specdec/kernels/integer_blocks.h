@@ -61,32 +61,34 @@ inline int32_t horizontal_sum(__m256i v) {
     return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
-// xq (T, K) int8, dx (T, K / 32), offset (T, K / 32) = Z * the block's sum of xq (the zero point's share,
-// subtracted from the block's integer sum). Vectorized: at 8 rows this runs once per matmul per row and
-// was a tenth of a small matmul as scalar code. Same arithmetic as the scalar form: x * (127 / amax),
-// rounded to nearest even (cvtps2dq under the default rounding mode, as nearbyintf).
-inline void quantize_rows(const float* x, int64_t T, int64_t K, int32_t zero, int8_t* xq, float* dx, int32_t* offset) {
-    const int64_t blocks = K / BLOCK;
+// xq (T, K) int8, dx (T, K / block), offset (T, K / block) = Z * the block's sum of xq (the zero point's
+// share, subtracted from the block's integer sum). One scale per `block` inputs (a multiple of 32): 32 as
+// llama.cpp's Q8_0, 256 as its Q8_K (gguf_matmul.cpp's K-quants). Vectorized: at 8 rows this runs once per
+// matmul per row and was a tenth of a small matmul as scalar code. Same arithmetic as the scalar form:
+// x * (127 / amax), rounded to nearest even (cvtps2dq under the default rounding mode, as nearbyintf).
+inline void quantize_rows(const float* x, int64_t T, int64_t K, int32_t zero, int8_t* xq, float* dx, int32_t* offset,
+                          int64_t block = BLOCK) {
+    const int64_t blocks = K / block;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i byte_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
     for (int64_t t = 0; t < T; t++) {
         for (int64_t b = 0; b < blocks; b++) {
-            const float* in = x + t * K + b * BLOCK;
-            __m256 v[4], amax = _mm256_setzero_ps();
-            for (int i = 0; i < 4; i++) {
-                v[i] = _mm256_loadu_ps(in + 8 * i);
-                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-            }
+            const float* in = x + t * K + b * block;
+            __m256 amax = _mm256_setzero_ps();
+            for (int64_t i = 0; i < block; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(in + i)));
             const float largest = vector_math::lane_max(amax);
             const __m256 inverse = _mm256_set1_ps(largest > 0.0f ? 127.0f / largest : 0.0f);
-            __m256i q[4];
-            for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
-            const __m256i bytes = _mm256_permutevar8x32_epi32(
-                _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), byte_order);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + t * K + b * BLOCK), bytes);
+            __m256i total = _mm256_setzero_si256();
+            for (int64_t chunk = 0; chunk < block; chunk += BLOCK) {
+                __m256i q[4];
+                for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(in + chunk + 8 * i), inverse));
+                const __m256i bytes = _mm256_permutevar8x32_epi32(
+                    _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])), byte_order);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + t * K + b * block + chunk), bytes);
+                total = _mm256_add_epi32(total, _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+            }
             dx[t * blocks + b] = largest / 127.0f;
-            offset[t * blocks + b] = zero * horizontal_sum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]),
-                                                                            _mm256_add_epi32(q[2], q[3])));
+            offset[t * blocks + b] = zero * horizontal_sum(total);
         }
     }
 }

@@ -63,7 +63,7 @@ def integer_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, 
 def gguf_matmul(x: torch.Tensor, codes: torch.Tensor, group_codes: torch.Tensor, super_scales: torch.Tensor,
                 out_features: int, layout: str, group: int, super_group: int) -> torch.Tensor:
     """(T, K) float32 contiguous @ a matrix in llama.cpp's block form (models/quantized/gguf_blocks.py) -> (T, N),
-    any T (gguf_matmul.cpp: activations quantized to int8 per block of 32, integer dot products)."""
+    any T (gguf_matmul.cpp: activations quantized to int8 per super-block of 32 or 256, integer dot products)."""
     rows, cols = x.shape
     y = torch.empty(rows, out_features, dtype=torch.float32)
     packed_kernel().gguf_matmul(x.data_ptr(), codes.data_ptr(), group_codes.data_ptr(), super_scales.data_ptr(),
