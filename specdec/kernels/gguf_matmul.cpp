@@ -173,6 +173,27 @@ inline __m512 join(__m256 low, __m256 high) {
 }
 inline __m512i join(__m256i low, __m256i high) { return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1); }
 
+// step_codes of column blocks c (at `left`) and c + 1 (at `right`) in one register each, unpacked in 512-bit
+// operations: half the instructions of unpacking each block on its own and joining them.
+template <int LAYOUT>
+inline void pair_step_codes(const uint8_t* left, const uint8_t* right, __m512i& first, __m512i& second) {
+    const __m512i packed = join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(left)),
+                                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(right)));
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+    first = _mm512_and_si512(packed, low_nibbles);
+    second = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+    if (LAYOUT == SIXBITS) {  // as step_codes: each code's top two bits to bits 4-5 of its byte
+        const __m512i top = join(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(left + 32))),
+                                 _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(right + 32))));
+        const __m512i mask = _mm512_set1_epi8(0x30);
+        constexpr __mmask16 HIGH_HALVES = 0xF0F0;  // dwords 4-7 of each 256-bit half
+        first = _mm512_ternarylogic_epi32(first, _mm512_mask_blend_epi32(HIGH_HALVES, _mm512_slli_epi16(top, 4),
+                                                                         _mm512_slli_epi16(top, 2)), mask, 0xF8);
+        second = _mm512_ternarylogic_epi32(second, _mm512_mask_blend_epi32(HIGH_HALVES, top, _mm512_srli_epi16(top, 2)),
+                                           mask, 0xF8);
+    }
+}
+
 // acc + in each 32-bit lane the sum of its four unsigned bytes of u times the four signed bytes at `four`,
 // broadcast by the instruction itself ({1to16}). For _mm512_set1_epi32 from memory GCC emits a separate
 // vpbroadcastd, an issue slot a row that the dot products need once 8 rows share each load of the codes.
@@ -222,10 +243,8 @@ inline void column_pair(const int8_t* xq, const float* dx, const float* xsum, co
 #pragma GCC unroll 1
         for (int step = 0; step < G / 8; step++) {
             const int64_t k = k0 + step * 8;
-            __m256i first_left, second_left, first_right, second_right;
-            step_codes<LAYOUT>(left.step(k), first_left, second_left);
-            step_codes<LAYOUT>(right.step(k), first_right, second_right);
-            const __m512i first = join(first_left, first_right), second = join(second_left, second_right);
+            __m512i first, second;
+            pair_step_codes<LAYOUT>(left.step(k), right.step(k), first, second);
 #pragma GCC unroll 16
             for (int t = 0; t < TB; t++) {
                 const int8_t* row = xq + (t0 + t) * K + k;
