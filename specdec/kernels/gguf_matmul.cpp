@@ -289,8 +289,8 @@ void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, con
     const int64_t supers = K / S, groups = K / G;
     std::vector<int8_t> xq(T * K);
     std::vector<float> dx(T * supers);
-    std::vector<int32_t> super_sums(T * supers);
-    quantize_rows(x, T, K, 1, xq.data(), dx.data(), super_sums.data(), S);
+    std::vector<int32_t> super_sums(T * supers);  // quantize_rows' block sums: the groups' (below) serve here
+    quantize_rows(x, T, K, 0, xq.data(), dx.data(), super_sums.data(), S);
     // sum(xq) per row and group, exact in float32: the minimum's share
     std::vector<float> xsum(T * groups);
     for (int64_t t = 0; t < T; t++) {
