@@ -17,7 +17,7 @@ import time
 import torch
 
 from specdec.bench.tasks import load_prompts
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 
 
 def main() -> None:

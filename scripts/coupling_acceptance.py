@@ -16,10 +16,10 @@ import statistics
 import torch
 
 from specdec.bench.tasks import load_prompts
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model
-from specdec.sampling import SamplingParams, processed_probs
+from specdec.core.sampling import SamplingParams, processed_probs
 
 
 def position_probs(model, ids: list[int], first: int, params: SamplingParams, vocab: int) -> torch.Tensor:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import time
 
-import specdec.batch_drafts as batch_drafts
+import specdec.core.batch_drafts as batch_drafts
 from specdec.bench.tasks import load_prompts
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 
 
 def main() -> None:

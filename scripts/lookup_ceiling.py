@@ -70,8 +70,8 @@ def accepted_length(tokens: list[int], parents: list[int], truth: list[int]) -> 
 def replay(cases, use_ngram: bool, shape_name: str | None, max_draft: int, control_ids) -> float:
     """tau over all cases; the adjacency table carries over from answer to answer, as it would in a server."""
     from specdec.drafters.ngram import NgramDrafter
-    from specdec.rounds import VerifyResult
-    from specdec.sampling import SamplingParams
+    from specdec.core.rounds import VerifyResult
+    from specdec.core.sampling import SamplingParams
 
     params, adjacency = SamplingParams(), {}
     rounds = committed = 0

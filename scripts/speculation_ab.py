@@ -12,7 +12,8 @@ import sys
 
 from specdec.bench.tasks import load_prompts
 from specdec.drafters import make_drafter
-from specdec.generator import SpeculativeGenerator, speculation_length
+from specdec.api.generator import SpeculativeGenerator
+from specdec.core.speculation_length import speculation_length
 from specdec.models.sources.loading import load_model
 
 

@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from specdec.generator import SpeculativeGenerator  # noqa: E402
+from specdec.api.generator import SpeculativeGenerator  # noqa: E402
 
 __all__ = ["SpeculativeGenerator", "__version__"]

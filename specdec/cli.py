@@ -11,63 +11,16 @@ import json
 import os
 import sys
 
+from specdec.cli_options import (OneLineParser, add_k_option, add_model_options, add_sampling_options,
+                                 add_speculation_options, add_target_option, generator_options_from_args,
+                                 read_prompt_argument, request_from_args)
 from specdec.errors import InvalidParameterError, SpecdecError
 
 EXIT_USAGE = 2
-NO_CUDA_GRAPHS_HELP = "on a GPU, run every forward eagerly instead of replaying CUDA graphs (debugging, comparison)"
-
-
-def _k_value(text: str) -> int | str:
-    from specdec.generator import is_auto
-
-    if is_auto(text):
-        return text  # N is checked with the rest by generator.speculation_length
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, 'auto' or 'auto:N', not {text!r}") from None
-
-
-WEIGHTS_HELP = ("auto (default: a model from a GGUF file runs on the file's own quantized blocks, as llama.cpp "
-                "runs them, a bf16/fp16 checkpoint on bf16/fp16 weights, where the CPU kernel serves it; else "
-                "float32), float32, bf16 or fp16 (two-byte weights widened to float32 in the kernel), int8 "
-                "(weight-only), int4[:GROUP] or int7[:GROUP] (low-bit groups x int8 activations), gguf; all but "
-                "float32 run on CPU kernels. Speculation is exact to the model as loaded")
-K_HELP = "draft tokens per round; 'auto' (default) chooses K <= 16 from measurements, 'auto:N' K <= N"
-
-
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """The target and how it runs: one set of flags for generate, serve and bench."""
-    from specdec.models.sources.zoo import DEFAULT_MODEL
-
-    group = parser.add_argument_group("model")
-    group.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
-    group.add_argument("--device", default="cpu", help="cpu or cuda")
-    group.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
-    group.add_argument("--backend", default="auto", help="auto, native or transformers")
-    group.add_argument("--weights", default="auto", help=WEIGHTS_HELP)
-    group.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
-
-
-ACCEPTANCE_HELP = ("how sampled drafts are judged: match (default): with a seed, exactly the text plain sampling "
-                   "gives; rejection: accepts more of a sampling draft model's tokens, exact in distribution only")
-
-
-def add_speculation_options(parser: argparse.ArgumentParser) -> None:
-    """The drafter and K, for generate and serve (bench takes a list of drafters)."""
-    from specdec.drafters import specs_help
-    from specdec.verify import ACCEPTANCE_RULES
-
-    group = parser.add_argument_group("speculation")
-    group.add_argument("--drafter", default="default", help=f"{specs_help()}; default: the best for the target")
-    group.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
-    group.add_argument("--acceptance", choices=ACCEPTANCE_RULES, default="match", help=ACCEPTANCE_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specdec.models.sources.zoo import DEFAULT_MODEL
-
-    parser = argparse.ArgumentParser(prog="specdec", description="Exact speculative decoding for LLMs.")
+    parser = OneLineParser(prog="specdec", description="Exact speculative decoding for LLMs.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser("generate", help="generate text from a prompt")
@@ -76,13 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(gen)
     add_speculation_options(gen)
     gen.add_argument("--max-new-tokens", type=int, default=256)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--min-p", type=float, default=0.0)
-    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    add_sampling_options(gen)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    gen.add_argument("--seed", type=int, default=None)
     chat = gen.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the chat template (default when the model has one)")
@@ -99,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from specdec.certify.command import add_certify_parser
 
-    add_certify_parser(commands, add_model_options, add_speculation_options)
+    add_certify_parser(commands)
 
     pull = commands.add_parser("pull", help="download, verify and convert zoo models")
     pull.add_argument("names", nargs="+", metavar="name")
@@ -144,15 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="benchmark drafters against plain decoding and transformers")
     add_model_options(bench)  # the transformers peers run the same dtype, always with float32 weights
-    bench.add_argument("--k", type=_k_value, default="auto", help=K_HELP)
+    add_k_option(bench)
     bench.add_argument("--drafters", default="default", help="comma-separated drafter specs ('default': what "
                        "generate would run for this target)")
     bench.add_argument("--tasks", default="code,mt_bench", help="comma-separated: mt_bench, translation, "
                        "summarization, qa, math_reasoning, rag, code")
     bench.add_argument("--limit", type=int, default=5, help="prompts per task")
     bench.add_argument("--max-new-tokens", type=int, default=128)
-    bench.add_argument("--temperature", type=float, default=0.0)
-    bench.add_argument("--seed", type=int, default=0)
+    add_sampling_options(bench, seed_default=0)
     bench.add_argument("--acceptance", default="match",
                        help="comma-separated sampling rules to run each drafter under (match, rejection)")
     bench.add_argument("--peers", default="", help="comma-separated peers: transformers' plain, lookup, assisted:MODEL; "
@@ -166,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve = commands.add_parser(
         "bench-serve", help="`specdec bench serve`: concurrent streaming clients against our server and "
         "llama.cpp's on the same model: throughput, TTFT, time per token")
-    bench_serve.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
+    add_target_option(bench_serve)
     bench_serve.add_argument("--server-args", default="", help="more `specdec serve` options, e.g. "
                              "'--max-active 64 --drafter ngram'")
     bench_serve.add_argument("--url", default=None, help="measure this running server (…/v1) instead of starting ours")
@@ -198,14 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
     datastore_commands = datastore.add_subparsers(dest="datastore_command", required=True)
     build = datastore_commands.add_parser("build", help="tokenize a corpus and index it (suffix array)")
     build.add_argument("corpus", nargs="+", help="text files or directories (walked for code and text files)")
-    build.add_argument("--target", default=DEFAULT_MODEL, help="the model whose tokenizer the datastore uses")
+    add_target_option(build, help_text="the model whose tokenizer the datastore uses")
     build.add_argument("--out", required=True, help="datastore directory to write")
 
     export = commands.add_parser("export", help="write a trained head in another tool's format (speculators: vLLM)")
     export.add_argument("head", help="a head directory written by `specdec train eagle3`")
     export.add_argument("--format", required=True, choices=["speculators"])
     export.add_argument("--out", required=True, help="checkpoint directory to write")
-    export.add_argument("--target", default=None, help="the head's target (default: the one recorded in the head)")
+    add_target_option(export, None, "the head's target (default: the one recorded in the head)")
     export.add_argument("--verifier", default=None,
                         help="the name the checkpoint gives its target, e.g. a Hugging Face id for vLLM "
                              "(default: the target's local directory)")
@@ -213,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train an EAGLE, EAGLE-3 or Medusa head for a target on this machine")
     train.add_argument("kind", choices=["eagle", "eagle3", "medusa"])
-    train.add_argument("--target", default=DEFAULT_MODEL, help="zoo name, Hugging Face directory or .gguf file")
+    add_target_option(train)
     train.add_argument("--out", required=True, help="directory for head.safetensors and head.json")
     train.add_argument("--steps", type=int, default=600)
     train.add_argument("--batch-windows", type=int, default=8, help="token windows per step")
@@ -269,33 +216,20 @@ def cmd_certify(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from specdec.generator import SpeculativeGenerator
+    from specdec.api.generator import SpeculativeGenerator
     from specdec.hints import comparison_hint, speculation_hint, take_unshown
-    from specdec.sampling import SamplingParams, check_seed
 
-    # every option a user can get wrong is checked before the model loads (seconds to minutes)
-    SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                   repetition_penalty=args.repetition_penalty)
-    check_seed(args.seed)
     if args.input is not None or args.output is not None:
         return generate_file(args)
     if args.prompt is None:
         raise InvalidParameterError("give a prompt (or - for standard input), or --input FILE --output FILE")
-    try:
-        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    except UnicodeDecodeError:
-        raise InvalidParameterError("standard input is not UTF-8 text") from None
-    generator = SpeculativeGenerator.from_pretrained(
-        args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
-        weights=args.weights, cuda_graphs=args.cuda_graphs, acceptance=args.acceptance,
-    )
+    request = request_from_args(args, read_prompt_argument(args.prompt))  # all checked before anything loads
+    options = generator_options_from_args(args)
+    generator = SpeculativeGenerator.from_options(options)
     stream = None if args.json else (lambda chunk: print(chunk.text, end="", flush=True))
-    result = generator.generate(
-        prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        min_p=args.min_p, repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed,
-        chat=args.chat, on_chunk=stream,
-    )
-    comparison = compare_with_plain(generator, prompt, args, result) if args.compare else None
+    with PrefillProgress() as progress:
+        result = generator.run(request, on_chunk=stream, on_prefill=progress.update if sys.stderr.isatty() else None)
+    comparison = compare_with_plain(generator, request, result) if args.compare else None
     if args.json:
         out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
                "stats": result.stats.to_dict()}
@@ -319,12 +253,41 @@ def cmd_generate(args) -> int:
     return 0
 
 
+class PrefillProgress:
+    """A progress bar on a terminal while a long prompt is prefilled (none for short prompts or when
+    standard error is not a terminal); closed when the first text arrives or on Ctrl-C."""
+
+    MIN_TOKENS = 2048  # shorter prompts prefill in a second or two: no bar
+
+    def __init__(self):
+        self.bar = None
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="prompt", unit="tok", leave=False, disable=total < self.MIN_TOKENS)
+        self.bar.update(done - self.bar.n)
+        if done >= total:
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def __enter__(self) -> "PrefillProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def generate_file(args) -> int:
-    """`generate --input prompts.jsonl --output out.jsonl` (specdec.batch_file)."""
+    """`generate --input prompts.jsonl --output out.jsonl` (specdec.api.batch_file)."""
     from pathlib import Path
 
-    from specdec.batch_file import read_prompts, run_batch_file
-    from specdec.generator import SpeculativeGenerator
+    from specdec.api.batch_file import read_prompts, run_batch_file
+    from specdec.api.generator import SpeculativeGenerator
 
     if args.input is None or args.output is None or args.prompt is not None:
         raise InvalidParameterError("--input and --output go together, without a prompt argument")
@@ -332,31 +295,22 @@ def generate_file(args) -> int:
         raise InvalidParameterError("--compare and --json apply to one prompt, not to --input")
     if args.batch < 1:
         raise InvalidParameterError("--batch must be at least 1")
+    template = request_from_args(args, "")  # each line's prompt goes in; the settings are checked now
+    options = generator_options_from_args(args)
     read_prompts(Path(args.input))  # a bad file is one line before the model loads
-    generator = SpeculativeGenerator.from_pretrained(
-        args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
-        weights=args.weights, cuda_graphs=args.cuda_graphs, acceptance=args.acceptance,
-    )
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                    repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed, chat=args.chat)
-    generated, skipped = run_batch_file(generator, Path(args.input), Path(args.output), args.max_new_tokens,
-                                        sampling, args.batch)
+    generator = SpeculativeGenerator.from_options(options)
+    generated, skipped = run_batch_file(generator, Path(args.input), Path(args.output), template, args.batch)
     print(f"specdec: wrote {generated} results to {args.output}"
           + (f" ({skipped} already there)" if skipped else ""), file=sys.stderr)
     return 0
 
 
-def compare_with_plain(generator, prompt: str, args, speculative) -> dict:
-    """Decode the prompt again without a drafter, same settings: speeds, speedup and identity of the outputs."""
-    from specdec.generator import SpeculativeGenerator
-
-    plain = SpeculativeGenerator(generator.target, None).generate(
-        prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        min_p=args.min_p, repetition_penalty=args.repetition_penalty, stop=args.stop, seed=args.seed, chat=args.chat,
-    )
+def compare_with_plain(generator, request, speculative) -> dict:
+    """Decode the request again without a drafter, same settings: speeds, speedup and identity of the outputs."""
+    plain = generator.run(request.replace(speculative=False))
     speed, plain_speed = speculative.stats.tokens_per_second, plain.stats.tokens_per_second
     # greedy and the match rule reproduce plain decoding token for token; the rejection rule only in distribution
-    token_for_token = args.temperature == 0 or generator.acceptance == "match"
+    token_for_token = request.sampling.greedy or generator.acceptance == "match"
     return {"plain_tokens_per_second": plain_speed, "speculative_tokens_per_second": speed,
             "speedup": speed / max(plain_speed, 1e-9),
             "identical": speculative.token_ids == plain.token_ids if token_for_token else None}
@@ -373,12 +327,11 @@ def comparison_line(comparison: dict) -> str:
 
 def cmd_serve(args) -> int:
     from specdec.errors import InvalidParameterError
-    from specdec.generator import SpeculativeGenerator, speculation_length
+    from specdec.api.generator import SpeculativeGenerator
     from specdec.server.app import ServerSettings, create_app
     from specdec.server.guard import LOOPBACK_HOSTS, is_loopback
     from specdec.server.run import bind_socket, make_server, serve_forever
 
-    speculation_length(args.k)
     if args.max_active < 1 or args.max_queue < 0 or args.default_max_tokens < 1 or args.max_request_bytes < 1:
         raise InvalidParameterError("--max-active, --default-max-tokens and --max-request-bytes must be >= 1, "
                                     "--max-queue >= 0")
@@ -386,14 +339,12 @@ def cmd_serve(args) -> int:
         raise InvalidParameterError("--kv-memory must be > 0 and --prefix-cache >= 0 (MiB), --prefill-chunk >= 1")
     if args.replicas < 0 or (args.autoscaling and not args.replicas):
         raise InvalidParameterError("--replicas must be >= 0, and --autoscaling needs --replicas")
+    generator_options = generator_options_from_args(args)  # checked before the port is taken
     sock = bind_socket(args.host, args.port)
     loopback = is_loopback(args.host)
     if not loopback and not args.api_key:
         print(f"specdec: warning: serving on {args.host}, reachable from other machines, without an API key "
               "(--api-key or SPECDEC_API_KEY)", file=sys.stderr)
-    generator_options = dict(target=args.target, drafter=args.drafter, k=args.k, device=args.device,
-                             dtype=args.dtype, backend=args.backend, weights=args.weights,
-                             cuda_graphs=args.cuda_graphs, acceptance=args.acceptance)
     settings = ServerSettings(args.model_name, args.max_active, args.max_queue,
                               args.default_max_tokens, api_key=args.api_key or None,
                               max_request_bytes=args.max_request_bytes,
@@ -409,7 +360,7 @@ def cmd_serve(args) -> int:
         sock.close()
         spec = ReplicaSpec(generator_options, settings, args.replicas, parse_autoscaling(args.autoscaling))
         return run_replicas(spec, args.host, args.port)
-    generator = SpeculativeGenerator.from_pretrained(**generator_options)
+    generator = SpeculativeGenerator.from_options(generator_options)
     settings.model_name = settings.model_name or generator.target.name
     server = make_server(create_app(generator, settings), args.shutdown_grace)
     host, port = sock.getsockname()[:2]
@@ -441,38 +392,26 @@ def cmd_models(args) -> int:
     return 0
 
 
-def split_drafter_specs(text: str) -> list[str]:
-    """'ngram,eagle@depth=4,topk=4,draft:M,lookahead:4,3,4' -> ['ngram', 'eagle@depth=4,topk=4', 'draft:M',
-    'lookahead:4,3,4']: a drafter's options (key=value after '@') and lookahead's W,N,G contain commas too;
-    no drafter spec is a bare number or a bare key=value."""
-    specs: list[str] = []
-    for item in filter(None, text.split(",")):
-        option = "@" in specs[-1] and "=" in item and ":" not in item and "@" not in item if specs else False
-        if specs and (option or item.isdigit()):
-            specs[-1] += "," + item
-        else:
-            specs.append(item)
-    return specs
-
-
 def cmd_bench(args) -> int:
     from pathlib import Path
 
     from specdec.bench.report import markdown, write_atomically, write_report_dir
     from specdec.bench.runner import BenchConfig, run_bench
     from specdec.bench.tasks import load_prompts
-    from specdec.generator import speculation_length
-    from specdec.sampling import SamplingParams
-    from specdec.verify import check_acceptance
+    from specdec.api.options import GeneratorOptions
+    from specdec.cli_options import sampling_from_args
+    from specdec.core.verify import check_acceptance
+    from specdec.drafters.registry import split_drafter_specs
 
     split = lambda text: [item for item in text.split(",") if item]  # noqa: E731
-    speculation_length(args.k)
-    SamplingParams(temperature=args.temperature)
+    sampling = sampling_from_args(args)
     rules = split(args.acceptance)
     for rule in rules or [args.acceptance]:
         check_acceptance(rule)
-    config = BenchConfig(args.target, split_drafter_specs(args.drafters), split(args.tasks), args.limit, args.max_new_tokens,
-                         args.temperature, args.seed, str(args.k), split(args.peers), args.device,
+    for spec in split_drafter_specs(args.drafters):  # every spec checked before the target loads
+        GeneratorOptions(args.target, spec, args.k, args.device, args.dtype, args.backend, args.weights)
+    config = BenchConfig(args.target, split_drafter_specs(args.drafters), split(args.tasks), args.limit,
+                         args.max_new_tokens, sampling, args.seed, str(args.k), split(args.peers), args.device,
                          args.roofline_mb, args.weights, args.dtype, args.cuda_graphs, args.backend, rules)
     prompts = load_prompts(config.tasks, config.limit, Path(args.spec_bench) if args.spec_bench else None)
     results = run_bench(config, prompts)
@@ -488,7 +427,7 @@ def cmd_bench(args) -> int:
 def cmd_analyze(args) -> int:
     from pathlib import Path
 
-    from specdec import analysis
+    from specdec.core import analysis
 
     if args.from_bench:
         try:
@@ -589,7 +528,7 @@ def cmd_export(args) -> int:
 def cmd_datastore(args) -> int:
     from pathlib import Path
 
-    from specdec.datastore import build_datastore
+    from specdec.heads.datastore import build_datastore
     from specdec.models.sources.loading import load_tokenizer, read_config, resolve_model_dir
 
     name, model_dir = resolve_model_dir(args.target)

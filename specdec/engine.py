@@ -17,25 +17,25 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from specdec.batch_drafts import PassCost, acceptance_rate, draft_caps
-from specdec.commit import Committer, CommitOutcome, StopCriteria
+from specdec.core.batch_drafts import PassCost, acceptance_rate, draft_caps
+from specdec.core.commit import Committer, CommitOutcome, StopCriteria
 from specdec.drafters.base import Drafter
 from specdec.errors import ContextLengthError
-from specdec.models.base import CausalLM, ForwardRequest, positions_after, reusable_prefix, tree_attention_mask
-from specdec.rounds import Draft, GenerationResult, SideInputs, StreamChunk, VerifyResult
-from specdec.randomness import PositionalNoise, Purpose, random_seed
-from specdec.sampling import SamplingParams, check_seed, processed_probs, tree_processed_probs
-from specdec.speculation_length import FixedK, SpeculationLength
-from specdec.stats import GenerationStats, RoundStats
-from specdec.tree import TokenTree
-from specdec.verify import (check_acceptance, verify_chain_greedy, verify_chain_match, verify_chain_rejection,
+from specdec.models.base import CausalLM, ForwardRequest, positions_after, tree_attention_mask
+from specdec.core.rounds import Draft, GenerationResult, SideInputs, StreamChunk, VerifyResult
+from specdec.core.randomness import PositionalNoise, Purpose, random_seed
+from specdec.core.sampling import SamplingParams, check_seed, processed_probs, tree_processed_probs
+from specdec.core.speculation_length import FixedK, SpeculationLength
+from specdec.core.stats import GenerationStats, RoundStats
+from specdec.core.tree import TokenTree
+from specdec.core.verify import (check_acceptance, verify_chain_greedy, verify_chain_match, verify_chain_rejection,
                             verify_tree_greedy, verify_tree_match, verify_tree_rejection)
 
 
 class SpeculativeEngine:
     def __init__(self, target: CausalLM, drafter: Drafter | None = None, speculation: SpeculationLength | None = None,
                  acceptance: str = "match"):
-        """acceptance: the sampling rule (specdec.verify): "match" returns the text plain sampling returns for
+        """acceptance: the sampling rule (specdec.core.verify): "match" returns the text plain sampling returns for
         the same seed; "rejection" accepts more of a sampling drafter's tokens, exact in distribution only."""
         check_acceptance(acceptance)
         self.target = target
@@ -52,7 +52,7 @@ class SpeculativeEngine:
                  prompt_cache=None) -> GenerationResult:
         """`prompt_cache`: a target cache holding exactly prompt_ids[:-1] (`prompt_cache()`), copied instead of
         a prefill when many generations share one prompt (the same keys and values, so the same output)."""
-        run = _Generation(self, list(prompt_ids), params, criteria, tokenizer, seed, prompt_cache)
+        run = Generation(self, list(prompt_ids), params, criteria, tokenizer, seed, prompt_cache)
         for chunk in run.chunks():
             if on_chunk is not None:
                 on_chunk(chunk)
@@ -72,25 +72,17 @@ class SpeculativeEngine:
         return cache
 
     def start(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
-              seed: int | None = None) -> "_Generation":
+              seed: int | None = None) -> "Generation":
         """A generation to drive round by round (`chunks()`), then `result()`: what a scheduler interleaves."""
-        return _Generation(self, list(prompt_ids), params, criteria, tokenizer, seed)
+        return Generation(self, list(prompt_ids), params, criteria, tokenizer, seed)
 
 
 @dataclass
-class _PreparedRound:
+class PreparedRound:
     draft: Draft
     tree: TokenTree | None
     request: ForwardRequest  # the verify forward
     draft_seconds: float
-
-
-def default_row_budget(device: torch.device) -> int | None:
-    """Target rows a batched round verifies on this device, all requests together. On the CPU kernels a pass
-    over a few rows costs about one row's, but past a few dozen its cost grows with its rows; there, about
-    two dozen rows is where drafting for a batch stops paying (batched plain decoding wins). A GPU pass of
-    hundreds of rows costs about one row's: no limit."""
-    return None if device.type == "cuda" else 32
 
 
 @dataclass
@@ -100,7 +92,7 @@ class BatchedRound:
     drafted: list[int]  # draft tokens each generation verified (its K this round), in order
 
 
-def run_round_together(generations: Sequence["_Generation"], row_budget: int | None = None,
+def run_round_together(generations: Sequence["Generation"], row_budget: int | None = None,
                        pass_cost: PassCost | None = None) -> BatchedRound:
     """One round of each of several prefilled, unfinished generations of one target, with the target's
     verify forwards run as one batched pass (`forward_batch`: each request's rows, positions, cache and
@@ -111,11 +103,11 @@ def run_round_together(generations: Sequence["_Generation"], row_budget: int | N
     rows are verified; with `pass_cost` (the caller's record of its passes, updated here) the draft rows go to
     the generations whose drafts are accepted most, while they raise the round's tokens per second
     (batch_drafts.draft_caps); without it, every generation gets an even share."""
-    wanted = [generation._plan_k() for generation in generations]
+    wanted = [generation.plan_k() for generation in generations]
     cost = None if pass_cost is None or len(generations) < 2 else pass_cost.fit()
     rates = [acceptance_rate(g.rounds) if cost is not None and k else 0.0 for g, k in zip(generations, wanted)]
     caps = draft_caps(rates, wanted, row_budget, cost)
-    prepared = [generation._prepare_round(cap) for generation, cap in zip(generations, caps)]
+    prepared = [generation.prepare_round(cap) for generation, cap in zip(generations, caps)]
     outcomes: list[CommitOutcome | None] = [None] * len(generations)
     groups: dict[tuple, list[int]] = {}  # generations asking for the same hidden layers share one pass
     for index, generation in enumerate(generations):
@@ -130,12 +122,16 @@ def run_round_together(generations: Sequence["_Generation"], row_budget: int | N
         if pass_cost is not None:
             pass_cost.observe(sum(prepared[i].request.tokens.shape[1] for i in members), ended - started)
         for index, out in zip(members, outs):
-            outcomes[index] = generations[index]._finish_round(prepared[index], out, started, ended)
+            outcomes[index] = generations[index].finish_round(prepared[index], out, started, ended)
     return BatchedRound(outcomes, sum(p.request.tokens.shape[1] for p in prepared), [len(p.draft) for p in prepared])
 
 
-class _Generation:
-    """The state of one generation: caches, committed tokens, its seed's random numbers, stats."""
+class Generation:
+    """The state of one generation: caches, committed tokens, its seed's random numbers, stats.
+
+    Driven alone by `chunks()` (prefill, then rounds until finished), or by a batch runner that calls
+    `prefill_step` and runs rounds of several generations together (`run_round_together`, which uses
+    `plan_k`, `prepare_round` and `finish_round`), then `result()`."""
 
     def __init__(self, engine: SpeculativeEngine, prompt_ids: list[int], params: SamplingParams,
                  criteria: StopCriteria, tokenizer, seed: int | None, prompt_cache=None):
@@ -170,7 +166,7 @@ class _Generation:
         # prompt's head), copied instead of computed at the prefill's start.
         self.prompt_cache = prompt_cache
         self.reused_prompt_tokens = 0
-        self._planned_k: int | None = None  # K chosen ahead of the round (_plan_k), used by its _draft
+        self._planned_k: int | None = None  # K chosen ahead of the round (plan_k), used by its _draft
         self._prefill_done = False
         self._prompt_features: list[torch.Tensor] = []  # feature drafters: each prefill chunk's (n, C x layers)
         self.rounds: list[RoundStats] = []
@@ -181,7 +177,7 @@ class _Generation:
     def chunks(self) -> Iterator[StreamChunk]:
         self.begin()
         while self.committer.finish_reason is None:
-            outcome = self._round()
+            outcome = self.round()
             if outcome.tokens or outcome.text_chunk:
                 yield StreamChunk(outcome.text_chunk, outcome.tokens)
         self.seconds = time.perf_counter() - self.started
@@ -212,10 +208,10 @@ class _Generation:
         stop = len(head)
         if max_tokens is not None and stop - start > max_tokens:
             step = max(1, max_tokens)
-            point = reusable_prefix(self.target, start + step)
+            point = self.target.reusable_prefix(start + step)
             while point <= start and start + step < stop:  # the next stopping point lies further on
                 step *= 2
-                point = reusable_prefix(self.target, start + step)
+                point = self.target.reusable_prefix(start + step)
             stop = point if start < point < stop else stop
         if stop > start:
             tokens = torch.tensor([head[start:stop]], device=self.target.device)  # (1, n)
@@ -249,10 +245,10 @@ class _Generation:
         of them) instead of computing them; the tokens reused. Feature drafters need the prompt's features,
         which a cache does not hold: they prefill it all."""
         given, self.prompt_cache = self.prompt_cache, None
-        length = min(getattr(given, "length", 0), len(head))
-        if self.hidden_layers or length == 0 or not (hasattr(self.cache, "can_copy_from") and self.cache.can_copy_from(given)):
+        length = min(given.length, len(head))
+        if self.hidden_layers or length == 0 or not self.cache.can_copy_from(given):
             return 0
-        if length < len(head) and reusable_prefix(self.target, length) != length:
+        if length < len(head) and self.target.reusable_prefix(length) != length:
             return 0  # the rest of the prompt, computed after it, would not be what one prefill computes
         self.cache.copy_prefix_from(given, length)
         self.reused_prompt_tokens = length
@@ -269,23 +265,23 @@ class _Generation:
         self._prompt_features = []
         self.prefill_seconds = time.perf_counter() - self.started
 
-    def _round(self) -> CommitOutcome:
-        prepared = self._prepare_round()
+    def round(self) -> CommitOutcome:
+        prepared = self.prepare_round()
         t1 = time.perf_counter()
         request = prepared.request
         out = self.target.forward(request.tokens, request.positions, request.cache, request.attn_mask,
                                   hidden_layers=self.hidden_layers)
-        return self._finish_round(prepared, out, t1)
+        return self.finish_round(prepared, out, t1)
 
-    def _prepare_round(self, max_draft: int | None = None) -> "_PreparedRound":
+    def prepare_round(self, max_draft: int | None = None) -> "PreparedRound":
         """Draft (at most max_draft tokens), and the verify forward's inputs (which a batched round runs
         together with others')."""
         t0 = time.perf_counter()
         draft = self._draft(max_draft)
         tree = None if draft.is_chain else TokenTree.from_draft(draft.tokens, draft.parents)
-        return _PreparedRound(draft, tree, self._verify_request(draft, tree), time.perf_counter() - t0)
+        return PreparedRound(draft, tree, self._verify_request(draft, tree), time.perf_counter() - t0)
 
-    def _finish_round(self, prepared: "_PreparedRound", out, verify_started: float,
+    def finish_round(self, prepared: "PreparedRound", out, verify_started: float,
                       verify_ended: float | None = None) -> CommitOutcome:
         """Accept and commit from the verify forward's output `out` (run from verify_started to verify_ended;
         None: until now)."""
@@ -303,7 +299,7 @@ class _Generation:
                                       prepared.draft_seconds, verify_seconds, t3 - t2))
         return outcome
 
-    def _plan_k(self) -> int:
+    def plan_k(self) -> int:
         """The K this round asks of the drafter (its speculation length's choice, once per round), for a
         batched round's planner; 0 without a drafter."""
         if self._planned_k is None:

@@ -7,7 +7,7 @@ import json
 
 from specdec.models.sources.zoo import DEFAULT_MODEL
 from specdec.paths import specdec_home
-from specdec.stats import GenerationStats
+from specdec.core.stats import GenerationStats
 
 MIN_TOKENS = 32  # shorter generations say too little about a drafter
 LOW_ACCEPTANCE = 0.1

@@ -17,6 +17,13 @@ def pytest_addoption(parser):
                      help="device for tests/test_device.py (cpu or cuda); the other tests run on the CPU")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The statistical tests (minutes each) count as slow too: `-m "not slow"` is the quick run."""
+    for item in items:
+        if item.get_closest_marker("statistical") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def device(request) -> str:
     name = request.config.getoption("--device")

@@ -13,11 +13,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specdec.models.base import ForwardOutput, forward_each
+from specdec.models.base import CausalLM, ForwardOutput, ModelCache
 from specdec.models.sources.loading import LoadedModel
 
 
-class MockCache:
+class MockCache(ModelCache):
     def __init__(self, max_length: int):
         self.tokens: list[int] = []
         self.max_length = max_length
@@ -34,7 +34,7 @@ class MockCache:
         self.tokens = self.tokens[:prefix_length] + [self.tokens[i] for i in keep]
 
 
-class MockLM:
+class MockLM(CausalLM):
     def __init__(self, vocab_size: int = 4, salt: int = 0, sharpness: float = 1.5, max_context: int = 64):
         self.vocab_size, self.salt, self.sharpness, self.max_context = vocab_size, salt, sharpness, max_context
         self.num_layers, self.hidden_size = 1, 1
@@ -66,9 +66,6 @@ class MockLM:
                 prefixes.append(prefix)
         logits = torch.stack([self.logits_after(prefix) for prefix in prefixes])
         return ForwardOutput(logits=logits.unsqueeze(0), hidden_states={})
-
-    def forward_batch(self, requests, hidden_layers=()):
-        return forward_each(self, requests, hidden_layers)
 
 
 @lru_cache(maxsize=None)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from specdec import analysis
-from specdec.analysis import VerifyCost
+from specdec.core import analysis
+from specdec.core.analysis import VerifyCost
 from specdec.cli import main
 
 

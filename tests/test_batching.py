@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from head_fixtures import eagle_drafter
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.kernels import packed_kernel
 from specdec.models.base import ForwardRequest, positions_after, tree_attention_mask
 from specdec.models.sources.loading import load_model
@@ -110,7 +110,7 @@ def test_generate_batch_returns_each_prompts_own_generation(targets, drafter):
 
 
 def test_generate_batch_computes_a_shared_header_once_and_changes_nothing(targets, monkeypatch):
-    from specdec.prefix_cache import PrefixCache
+    from specdec.api.prefix_cache import PrefixCache
 
     hits = []
     real = PrefixCache.lookup
@@ -181,7 +181,7 @@ def test_a_row_budget_shrinks_the_drafts_of_a_batch_not_its_outputs(targets):
 
 
 def test_pass_cost_fits_seconds_against_rows_once_the_passes_differ():
-    from specdec.batch_drafts import PassCost
+    from specdec.core.batch_drafts import PassCost
 
     cost = PassCost()
     for _ in range(6):
@@ -194,8 +194,8 @@ def test_pass_cost_fits_seconds_against_rows_once_the_passes_differ():
 
 
 def test_draft_rows_go_where_drafts_are_accepted_and_only_while_they_pay():
-    from specdec.batch_drafts import acceptance_rate, draft_caps, even_caps
-    from specdec.stats import RoundStats
+    from specdec.core.batch_drafts import acceptance_rate, draft_caps, even_caps
+    from specdec.core.stats import RoundStats
 
     rates, wanted = [0.9, 0.2, 0.6], [8, 8, 8]
     assert draft_caps(rates, wanted, 32, None) == even_caps(3, 32) == [9, 9, 9]  # cost unknown: an even share

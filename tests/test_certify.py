@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from specdec import verify
+from specdec.core import verify
 from specdec.bench.tasks import BenchPrompt
 from specdec.certify import CertifySettings, certify_local, goodness_of_fit, homogeneity
 from specdec.certify.statistics import detectable_tv
 from specdec.cli import main
 from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.models.sources.loading import load_model
-from specdec.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 from tiny_models import save_tiny_model
 
 PROBS = np.array([0.4, 0.2, 0.15, 0.1, 0.05, 0.04, 0.03, 0.02, 0.01])

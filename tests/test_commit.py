@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec.commit import Committer, StopCriteria
+from specdec.core.commit import Committer, StopCriteria
 from specdec.errors import InvalidParameterError
 from tiny_models import make_tokenizer
 

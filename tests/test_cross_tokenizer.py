@@ -7,7 +7,7 @@ from transformers import AutoTokenizer
 from specdec.drafters import make_drafter
 from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
 from specdec.errors import InvalidParameterError
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.models.sources.loading import load_model
 from tiny_models import make_tokenizer, save_tiny_model
 

@@ -12,7 +12,7 @@ from head_fixtures import eagle_drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.lookahead import LookaheadDrafter
 from specdec.drafters.ngram import NgramDrafter
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.models.base import positions_after, tree_attention_mask
 from specdec.models.cuda_graphs import MAX_TOKENS, CudaGraphs
 from specdec.models.kv_cache import KVCache

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from head_fixtures import eagle_drafter, medusa_drafter
-from specdec.datastore import build_datastore
+from specdec.heads.datastore import build_datastore
 from specdec.drafters import make_drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.lookahead import LookaheadDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import InvalidParameterError
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model
 from stats_checks import assert_distribution
@@ -151,7 +151,7 @@ def test_a_verifier_that_accepts_one_wrong_draft_is_caught(models, device, monke
     """The near-tie allowance must not hide a real bug: a greedy verifier that also keeps the first
     rejected draft token fails the equality check."""
     from specdec import engine
-    from specdec.rounds import VerifyResult
+    from specdec.core.rounds import VerifyResult
 
     def accepts_one_more(target_logits, draft):
         choice = target_logits.argmax(-1).tolist()

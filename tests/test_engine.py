@@ -4,18 +4,19 @@ the commit step inside accepted blocks, cache invariants, seeding, draft vocabul
 import pytest
 import torch
 
-from specdec.commit import StopCriteria
+from specdec.core.commit import StopCriteria
 from specdec.drafters import REGISTRY, make_drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpeculativeEngine
 from specdec.errors import InvalidParameterError, SpecdecError
-from specdec.generator import SpeculativeGenerator, speculation_length
+from specdec.api.generator import SpeculativeGenerator
+from specdec.core.speculation_length import speculation_length
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
 from specdec.models.derived import head_prefix_copy, layer_subset_copy
 from specdec.models.sources.loading import load_model
-from specdec.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 from tiny_models import save_tiny_model
 
 KS = [1, 2, 3, 4, 5, 6, 7, 8, "auto", "auto:3"]
@@ -231,13 +232,13 @@ def test_caches_hold_committed_tokens_after_every_round(models, monkeypatch):
 
     target, draft = models["target"], models["random_draft"]
     target_caches = []
-    original_init = engine_module._Generation.__init__
+    original_init = engine_module.Generation.__init__
 
     def capture(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
         target_caches.append(self.cache)
 
-    monkeypatch.setattr(engine_module._Generation, "__init__", capture)
+    monkeypatch.setattr(engine_module.Generation, "__init__", capture)
     checked_rounds = []
 
     class CheckingDrafter(DraftModelDrafter):
@@ -300,7 +301,7 @@ def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
 def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     from specdec.drafters.base import Drafter
     from specdec.drafters.combined import RETRY_EVERY, CombinedDrafter
-    from specdec.rounds import Draft
+    from specdec.core.rounds import Draft
 
     class Fixed(Drafter):
         def __init__(self, name, tokens):
@@ -336,7 +337,7 @@ def test_combined_drafter_refuses_tree_drafters_and_none(models):
 
 
 def test_ngram_drafter_stops_before_control_tokens_and_drops_refuted_matches():
-    from specdec.rounds import VerifyResult
+    from specdec.core.rounds import VerifyResult
 
     drafter = NgramDrafter(max_ngram=2, never_propose=frozenset({99}))
     drafter.begin([], SamplingParams(), 0)
@@ -386,11 +387,11 @@ def test_head_prefix_copy_computes_the_first_logits_exactly(models, weights, ker
 def test_draft_vocab_option_errors_are_clear(models):
     target = models["target"]
     for spec, message in [(f"draft:{target.path}@vocab=100", "multiple of 16"),
-                          (f"draft:{target.path}@vocab=x", "not a number"),
+                          (f"draft:{target.path}@vocab=x", "not a whole number"),
                           (f"draft:{target.path}@size=3", "unknown option"),
                           (f"draft:{target.path}@confidence=2", r"\[0, 1\)"),
                           (f"draft:{target.path}@context=0", "N >= 1"),
-                          ("quant:int4@context=x", "not a number"),
+                          ("quant:int4@context=x", "not a whole number"),
                           (f"draft:{target.path}@weights=int5", "unknown weight format"),
                           ("quant:int4@weights=int8", "unknown option")]:
         with pytest.raises(SpecdecError, match=message):
@@ -437,7 +438,7 @@ def test_an_explicit_prompt_window_is_kept_by_a_quant_self_draft(models):
 def test_default_drafter_is_a_self_draft_only_where_it_pays(models, monkeypatch):
     """drafter="default": the table's self-draft for a float32 target on the CPU kernel; n-gram for the same
     model in another form (low-bit weights, stock torch layers), where a self-draft cannot pay."""
-    from specdec import generator
+    from specdec.api import generator
 
     target = models["target"]
     float32 = (target.name, "float32")

@@ -13,12 +13,12 @@ from head_fixtures import eagle_drafter, medusa_drafter, random_eagle
 from specdec.drafters.eagle import EagleDrafter, TreeShape
 from specdec.drafters.medusa import default_accuracy, static_tree
 from specdec.errors import CorruptModelError, InvalidParameterError
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.heads.checkpoint import TargetIdentity, load_head, save_head
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model
-from specdec.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 from tiny_models import save_tiny_model
 
 PROMPTS = ["hello hello the world", "in the beginning", "x"]
@@ -259,7 +259,7 @@ def test_features_of_the_target_in_another_format_are_cached_apart(tiny):
 @pytest.mark.parametrize("spec,message", [
     ("eagle:/nonexistent/head", "not a head directory"),
     ("eagle", "no eagle head ships"),
-    ("medusa:/nonexistent@budget=x", "not a head directory"),
+    ("medusa:/nonexistent@budget=x", "budget='x' is not a whole number"),  # checked before anything loads
 ])
 def test_cli_bad_head_specs_are_one_line_errors(tiny, spec, message):
     run = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "hi", "--no-chat", "--target",
@@ -268,7 +268,7 @@ def test_cli_bad_head_specs_are_one_line_errors(tiny, spec, message):
 
 
 def test_bench_drafter_list_keeps_tree_options_together():
-    from specdec.cli import split_drafter_specs
+    from specdec.drafters.registry import split_drafter_specs
 
     assert split_drafter_specs("ngram,eagle@depth=4,topk=4,draft:m@0.4,medusa:d@budget=8,eagle") == [
         "ngram", "eagle@depth=4,topk=4", "draft:m@0.4", "medusa:d@budget=8", "eagle"]
@@ -321,7 +321,7 @@ def test_request_engines_read_k_auto_as_the_cli_does_for_every_tree_drafter(tiny
     """A server request's speculative.k 'auto' on a tree drafter drafts the tree's node budget, as the CLI does
     (it used to get chain-style adaptive K of up to 16 nodes); a number is a fixed node count."""
     from specdec.drafters.lookahead import LookaheadDrafter
-    from specdec.speculation_length import AdaptiveK, FixedK
+    from specdec.core.speculation_length import AdaptiveK, FixedK
 
     model = tiny["target"].model
     for drafter in (eagle_drafter(model), medusa_drafter(model), LookaheadDrafter(4, 3, 4)):

@@ -1,7 +1,7 @@
 """Advice after a generation whose speculation did not pay: said in plain words, once per kind."""
 
 from specdec.hints import comparison_hint, speculation_hint, take_unshown
-from specdec.stats import GenerationStats, RoundStats
+from specdec.core.stats import GenerationStats, RoundStats
 
 
 def stats(drafter: str, rounds: list[RoundStats]) -> GenerationStats:

@@ -103,7 +103,7 @@ def test_a_source_directory_is_built_from_its_own_files(tmp_path):
     import shutil
     from pathlib import Path
 
-    for name in kernels.SOURCE_NAMES + kernels.HEADER_NAMES:
+    for name in kernels.source_names() + kernels.HEADER_NAMES:
         shutil.copy(kernels.KERNEL_DIR / name, tmp_path / name)
     flags = tuple(kernels.FLAGS)
     copy = kernels.build_kernel(flags, tmp_path)

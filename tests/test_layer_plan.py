@@ -11,7 +11,7 @@ from specdec.models.quantized.gguf_linear import GgufLinear
 from specdec.models.layer_plan import INT4, INT8
 from specdec.models.llama import RowAttention
 from specdec.models.rope import rope_cos_sin
-from specdec.tree import TokenTree
+from specdec.core.tree import TokenTree
 from test_gguf_blocks import blocks_of
 from test_native_decoder import native_from_hf
 from tiny_models import VOCAB, make_hf_model

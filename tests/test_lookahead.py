@@ -7,11 +7,11 @@ import torch
 from specdec.drafters import make_drafter
 from specdec.drafters.lookahead import LookaheadDrafter
 from specdec.engine import with_side_inputs
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.models.base import positions_after, tree_attention_mask
 from specdec.models.sources.loading import load_model
-from specdec.sampling import SamplingParams
-from specdec.tree import TokenTree
+from specdec.core.sampling import SamplingParams
+from specdec.core.tree import TokenTree
 from tiny_models import save_tiny_model
 
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from mock_models import MockLM, MockTokenizer, mock_loaded
-from specdec import verify
-from specdec.commit import StopCriteria
+from specdec.core import verify
+from specdec.core.commit import StopCriteria
 from specdec.drafters.combined import CombinedDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpeculativeEngine
-from specdec.generator import speculation_length
-from specdec.sampling import SamplingParams, processed_probs
+from specdec.core.speculation_length import speculation_length
+from specdec.core.sampling import SamplingParams, processed_probs
 from stats_checks import assert_distribution
 
 PROMPT = [1, 2, 1]
@@ -109,7 +109,7 @@ def test_loop_follows_target_distribution(kind, k, params, acceptance, n):
 def _count_batched_in_worker(args) -> np.ndarray:
     """Generations run 16 at a time in batched rounds (engine.run_round_together) with a tight row budget
     and a pass-cost model, so each generation's K changes from round to round with what runs beside it."""
-    from specdec.batch_drafts import PassCost
+    from specdec.core.batch_drafts import PassCost
     from specdec.engine import run_round_together
 
     kind, k, params, acceptance, seeds = args
@@ -148,7 +148,7 @@ def test_sampling_inside_batched_rounds_follows_target_distribution():
 def test_a_uniform_reused_across_positions_fails_through_the_loop(monkeypatch):
     """The match rule with one uniform for every position (a counter that ignores the position) couples
     the tokens of a generation: the joint law is wrong although each token's own law is right."""
-    from specdec.randomness import PositionalNoise
+    from specdec.core.randomness import PositionalNoise
 
     real = PositionalNoise.uniform
     monkeypatch.setattr(PositionalNoise, "uniform", lambda self, position, purpose, index=0: real(self, 0, purpose))

@@ -8,7 +8,7 @@ import torch
 
 from specdec import kernels
 from specdec.drafters import make_drafter
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.models.quantized import packed_cache
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model

@@ -5,15 +5,15 @@ import pytest
 import torch
 
 import specdec.models.llama as llama
-from specdec.commit import StopCriteria
+from specdec.core.commit import StopCriteria
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpeculativeEngine
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model
-from specdec.prefix_cache import MIN_REUSED_TOKENS, PrefixCache
-from specdec.sampling import SamplingParams
-from specdec.speculation_length import FixedK
+from specdec.api.prefix_cache import MIN_REUSED_TOKENS, PrefixCache
+from specdec.core.sampling import SamplingParams
+from specdec.core.speculation_length import FixedK
 from conftest import pulled_model_dir
 from tiny_models import make_hf_model, save_tiny_model, write_tiny_gguf
 
@@ -116,11 +116,11 @@ def generate(model, prompt: list[int], max_new: int = 24, chunk: int | None = No
     while not generation.prefilled:
         generation.prefill_step(chunk)
         steps += 1
-    first = generation._prepare_round()
+    first = generation.prepare_round()
     out = model.forward(first.request.tokens, first.request.positions, first.request.cache, first.request.attn_mask)
-    generation._finish_round(first, out, 0.0)
+    generation.finish_round(first, out, 0.0)
     while not generation.finished:
-        generation._round()
+        generation.round()
     return generation.committer.token_ids, out.logits, steps, generation
 
 

@@ -5,7 +5,7 @@ the file's own blocks."""
 import pytest
 import torch
 
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model
 

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from specdec.commit import StopCriteria
+from specdec.core.commit import StopCriteria
 from specdec.engine import SpeculativeEngine
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model
-from specdec.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def first_difference_is_near_tie(smollm2, ids: list[int], ours: list[int], refer
 @pytest.mark.parametrize("k", [3, "auto"])
 def test_ngram_speculation_equals_plain_greedy(smollm2, k):
     from specdec.drafters.ngram import NgramDrafter
-    from specdec.generator import SpeculativeGenerator
+    from specdec.api.generator import SpeculativeGenerator
 
     prompt = "Repeat this list exactly, then continue it: apple, banana, cherry, apple, banana, cherry,"
     plain = SpeculativeGenerator(smollm2, None).generate(prompt, 64)
@@ -71,7 +71,7 @@ def test_shipped_eagle_head_drafts_exactly_and_well(smollm2):
     drafts well: greedy output equals plain decoding with several tokens per target forward."""
     from specdec.drafters import make_drafter
     from specdec.drafters.heads import SHIPPED_HEADS
-    from specdec.generator import SpeculativeGenerator
+    from specdec.api.generator import SpeculativeGenerator
 
     drafter = make_drafter(f"eagle:{SHIPPED_HEADS / 'smollm2-135m-instruct-eagle'}", smollm2, "cpu", "float32")
     text = PROMPT[0]["content"]
@@ -90,7 +90,7 @@ def test_a_seed_gives_plain_sampling_text_with_ngram_and_the_shipped_eagle_head(
     from specdec.drafters import make_drafter
     from specdec.drafters.heads import SHIPPED_HEADS
     from specdec.drafters.ngram import NgramDrafter
-    from specdec.generator import SpeculativeGenerator
+    from specdec.api.generator import SpeculativeGenerator
 
     eagle = make_drafter(f"eagle:{SHIPPED_HEADS / 'smollm2-135m-instruct-eagle'}", smollm2, "cpu", "float32")
     speculative = [SpeculativeGenerator(smollm2, NgramDrafter(), "auto"), SpeculativeGenerator(smollm2, eagle)]
@@ -114,7 +114,7 @@ def test_certify_passes_on_the_default_model(smollm2, drafter, acceptance):
     from specdec.certify import CertifySettings, certify_local
     from specdec.drafters import make_drafter
     from specdec.drafters.heads import SHIPPED_HEADS
-    from specdec.generator import SpeculativeGenerator
+    from specdec.api.generator import SpeculativeGenerator
 
     if drafter == "eagle":
         drafter = f"eagle:{SHIPPED_HEADS / 'smollm2-135m-instruct-eagle'}"

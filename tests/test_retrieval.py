@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from specdec.datastore import Datastore, build_datastore
+from specdec.heads.datastore import Datastore, build_datastore
 from specdec.drafters import make_drafter
 from specdec.errors import InvalidParameterError
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.models.sources.loading import load_model
-from specdec.sampling import SamplingParams
-from specdec.tree import TokenTree
+from specdec.core.sampling import SamplingParams
+from specdec.core.tree import TokenTree
 from tiny_models import make_tokenizer, save_tiny_model
 
 

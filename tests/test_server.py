@@ -17,7 +17,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.server.app import ServerSettings, create_app
 from specdec.server.run import bind_socket, make_server
 
@@ -250,8 +250,8 @@ def test_a_shared_prefix_is_computed_once_and_changes_nothing(tiny_generator):
 
 
 def test_kv_memory_budget_queues_requests_refuses_one_too_large_and_frees_every_byte(tiny_generator):
-    from specdec.commit import StopCriteria
-    from specdec.sampling import SamplingParams
+    from specdec.core.commit import StopCriteria
+    from specdec.core.sampling import SamplingParams
 
     prompt = "a budget for one"
     ids = tiny_generator.encode(prompt, chat=False)
@@ -658,13 +658,13 @@ def test_prompts_are_tokenized_off_the_worker_and_capped(tiny_generator):
     running = RunningServer(tiny_generator, max_prompt_tokens=50, max_request_bytes=4 << 20)
     scheduler = running.app.state.scheduler
     threads = []
-    encode = scheduler.prompt_ids
+    encode = scheduler.encode
 
     def recording(job):
         threads.append(threading.current_thread())
         return encode(job)
 
-    scheduler.prompt_ids = recording
+    scheduler.encode = recording
     try:
         status, _, text = raw_request(running.port, "POST", "/v1/completions",
                                       json.dumps({"prompt": "word " * 200_000, "max_tokens": 2}),

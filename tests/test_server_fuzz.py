@@ -10,7 +10,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402 (after the import check)
 from hypothesis.errors import Unsatisfiable  # noqa: E402
 
-from specdec.generator import SpeculativeGenerator  # noqa: E402
+from specdec.api.generator import SpeculativeGenerator  # noqa: E402
 from test_server import RunningServer  # noqa: E402
 from tiny_models import save_tiny_model  # noqa: E402
 

@@ -3,7 +3,7 @@ drafting does not pay."""
 
 import numpy as np
 
-from specdec.speculation_length import AdaptiveK
+from specdec.core.speculation_length import AdaptiveK
 
 STEP = 0.047  # seconds of a one-token target forward
 EXTRA = 0.008  # each further verified token
@@ -70,7 +70,7 @@ def test_positions_never_drafted_borrow_the_measured_acceptance():
 
 
 def test_auto_k_caps():
-    from specdec.generator import MAX_AUTO_K, speculation_length
+    from specdec.core.speculation_length import MAX_AUTO_K, speculation_length
 
     assert speculation_length("auto").max_k == MAX_AUTO_K
     assert speculation_length("auto:5").max_k == 5

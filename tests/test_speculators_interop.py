@@ -14,7 +14,7 @@ import torch
 
 from specdec.drafters.eagle import EagleDrafter, TreeShape
 from specdec.errors import InvalidParameterError
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.heads.checkpoint import LoadedHead, TargetIdentity, load_head, save_head
 from specdec.heads.eagle3 import Eagle3Head, Eagle3Shape
 from specdec.heads.target_parts import embed, lm_head_rows

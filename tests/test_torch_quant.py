@@ -9,7 +9,7 @@ from torch import nn
 
 from specdec.drafters import make_drafter
 from specdec.errors import SpecdecError
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.models.sources.loading import load_model
 from specdec.models.quantized.torch_quant_linear import TorchQuantLinear
 from tiny_models import save_tiny_model

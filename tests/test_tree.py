@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from mock_models import MockLM, MockTokenizer
-from specdec import verify
-from specdec.commit import StopCriteria
+from specdec.core import verify
+from specdec.core.commit import StopCriteria
 from specdec.engine import SpeculativeEngine
-from specdec.generator import SpeculativeGenerator, speculation_length
+from specdec.api.generator import SpeculativeGenerator
+from specdec.core.speculation_length import speculation_length
 from specdec.models.sources.loading import load_model
-from specdec.sampling import SamplingParams, processed_probs
-from specdec.tree import ROOT, TokenTree
+from specdec.core.sampling import SamplingParams, processed_probs
+from specdec.core.tree import ROOT, TokenTree
 from stats_checks import assert_distribution
 from tiny_models import save_tiny_model
 from tree_drafters import OracleTreeDrafter, RandomTreeDrafter

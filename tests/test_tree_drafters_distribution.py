@@ -12,15 +12,15 @@ import torch
 
 from head_fixtures import eagle_drafter, medusa_drafter
 from mock_models import MockTokenizer
-from specdec import verify
-from specdec.commit import StopCriteria
+from specdec.core import verify
+from specdec.core.commit import StopCriteria
 from specdec.drafters.eagle import TreeShape
 from specdec.engine import SpeculativeEngine
 from specdec.models.base import positions_after
 from specdec.models.config import ModelConfig
 from specdec.models.llama import LlamaForCausalLM
-from specdec.sampling import SamplingParams, processed_probs
-from specdec.speculation_length import FixedK
+from specdec.core.sampling import SamplingParams, processed_probs
+from specdec.core.speculation_length import FixedK
 from stats_checks import assert_distribution
 
 PROMPT = [1, 2, 1, 3]
@@ -65,7 +65,7 @@ def engine_for(kind: str) -> SpeculativeEngine:
     else:
         from pydivsufsort import divsufsort
 
-        from specdec.datastore import Datastore
+        from specdec.heads.datastore import Datastore
         from specdec.drafters.retrieval import RetrievalDrafter
 
         rng = np.random.default_rng(3)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from specdec import verify
-from specdec.verify import one_hot_probs, rejection_sample
+from specdec.core import verify
+from specdec.core.verify import one_hot_probs, rejection_sample
 from stats_checks import assert_distribution
 
 N = 1_000_000

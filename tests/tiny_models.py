@@ -102,9 +102,14 @@ def llama_cpp_permute(weight, num_heads: int):
     return weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
+# Where each format gguf-py cannot quantize to keeps its float16 scales: (offset of d, count of halves).
+RANDOM_BLOCK_SCALES = {"Q2_K": (80, 2), "Q3_K": (108, 1), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1),
+                       "IQ4_NL": (0, 1), "IQ4_XS": (0, 1), "IQ2_XXS": (0, 1)}
+
+
 def random_k_blocks(format_name: str, rows: int, cols: int, seed: int):
-    """Random Q4_K / Q6_K blocks (rows, bytes per row) with modest float16 scales: gguf-py cannot quantize
-    to K-quants, but any codes with finite scales are a valid K-quant matrix."""
+    """Random blocks of a format gguf-py cannot quantize to (the K-quants, the i-quants) as (rows, bytes per
+    row) uint8, with modest float16 scales: any codes with finite scales are a valid matrix of the format."""
     import gguf
     import numpy as np
 
@@ -112,11 +117,9 @@ def random_k_blocks(format_name: str, rows: int, cols: int, seed: int):
     block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, (rows, cols // block_size, type_size), dtype=np.uint8)
-    scales = rng.uniform(0.002, 0.02, (rows, cols // block_size, 2)).astype(np.float16).view(np.uint8)
-    if format_name == "Q4_K":  # d, dmin first
-        blocks[..., 0:4] = scales.reshape(rows, cols // block_size, 4)
-    else:  # Q6_K: d last
-        blocks[..., type_size - 2:] = scales.reshape(rows, cols // block_size, 4)[..., :2]
+    offset, halves = RANDOM_BLOCK_SCALES[format_name]
+    scales = rng.uniform(0.002, 0.02, (rows, cols // block_size, halves)).astype(np.float16).view(np.uint8)
+    blocks[..., offset:offset + 2 * halves] = scales
     return blocks.reshape(rows, -1)
 
 
@@ -190,7 +193,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
             array = llama_cpp_permute(array, config.num_key_value_heads)
         chosen = next((f for suffix, f in formats.items() if gguf_name.endswith(suffix)), formats["default"])
         qtype = gguf.GGMLQuantizationType[chosen]
-        if array.ndim == 2 and chosen in ("Q4_K", "Q6_K"):
+        if array.ndim == 2 and chosen in RANDOM_BLOCK_SCALES:
             writer.add_tensor(gguf_name, random_k_blocks(chosen, *array.shape, seed=zlib.crc32(gguf_name.encode())), raw_dtype=qtype)
         elif array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)

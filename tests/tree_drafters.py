@@ -9,8 +9,8 @@ from typing import Callable, Sequence
 import torch
 
 from specdec.drafters.base import Drafter
-from specdec.rounds import Draft, VerifyResult
-from specdec.sampling import SamplingParams, processed_probs, sample
+from specdec.core.rounds import Draft, VerifyResult
+from specdec.core.sampling import SamplingParams, processed_probs, sample
 
 
 class RandomTreeDrafter(Drafter):

@@ -14,7 +14,7 @@ import argparse
 
 from specdec.bench.tasks import load_prompts
 from specdec.drafters.self_draft import layer_skip_draft
-from specdec.generator import SpeculativeGenerator
+from specdec.api.generator import SpeculativeGenerator
 from specdec.models.sources.loading import load_model
 
 

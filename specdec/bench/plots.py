@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec.analysis import VerifyCost, expected_accepted, expected_speedup  # noqa: E402
+from specdec.core.analysis import VerifyCost, expected_accepted, expected_speedup  # noqa: E402
 
 
 def plot_speedup_per_task(summary: dict[str, dict[str, dict]], path: Path, title: str = "") -> Path:

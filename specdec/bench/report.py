@@ -61,7 +61,7 @@ def markdown(results: BenchResults) -> str:
     tasks = list(dict.fromkeys(r.task for r in results.runs)) + ["overall"]
     lines = [
         f"target `{config.target}` ({config.weights} weights, {config.dtype}, {config.device}), "
-        f"temperature {config.temperature}, max_new_tokens {config.max_new_tokens}, "
+        f"temperature {config.sampling.temperature}, max_new_tokens {config.max_new_tokens}, "
         f"K {config.k}, {len({(r.task, r.prompt_id) for r in results.runs})} prompts, "
         f"{results.machine['threads']} threads, torch {results.machine['torch']}",
         *([f"memory: the target's weights {results.memory['target_weights_mb']:.0f} MB as loaded, process peak "
@@ -133,7 +133,7 @@ def write_report_dir(results: BenchResults, out_dir: Path) -> list[Path]:
         write_atomically(out_dir / "report.md", markdown(results)),
         write_atomically(out_dir / "results.json", json.dumps(results.to_dict(), indent=1)),
         plot_speedup_per_task(summary, out_dir / "speedup_per_task.png",
-                              f"{results.config.target}, temperature {results.config.temperature}"),
+                              f"{results.config.target}, temperature {results.config.sampling.temperature}"),
         plot_tokens_per_round(measured, out_dir / "tokens_per_round.png"),
     ]
 

@@ -38,8 +38,8 @@ def weight_bytes_per_token(model) -> int:
     """Bytes of weights one decode step reads: every matrix a token passes through, once, in its stored
     format (int8 panels count one byte a weight). An embedding table is read one row per token, unless
     it is the tied LM head (then the head reads all of it)."""
-    module = model if isinstance(model, nn.Module) else getattr(model, "model", None)
-    if not isinstance(module, nn.Module):
+    module = model if isinstance(model, nn.Module) else model.weights_module()  # a CausalLM or a torch module
+    if module is None:
         raise TypeError(f"cannot count the weights of {type(model).__name__}")
     total = 0
     counted: dict[int, torch.Tensor] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from dataclasses import asdict, dataclass, field
 
@@ -10,9 +11,11 @@ from tqdm import tqdm
 
 from specdec.bench.peers import TransformersPeer
 from specdec.bench.roofline import Roofline, measure_roofline
+from specdec.api.generator import SpeculativeGenerator, default_drafter
+from specdec.api.request import GenerationRequest
 from specdec.bench.tasks import BenchPrompt
+from specdec.core.sampling import SamplingParams
 from specdec.drafters import make_drafter
-from specdec.generator import SpeculativeGenerator, default_drafter
 from specdec.models.sources.loading import LoadedModel, load_model, resolve_model_dir
 
 PLAIN = "plain"
@@ -25,7 +28,7 @@ class BenchConfig:
     tasks: list[str]
     limit: int
     max_new_tokens: int = 128
-    temperature: float = 0.0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int = 0
     k: str = "auto"
     peers: list[str] = field(default_factory=list)  # "plain", "assisted:MODEL", "lookup"
@@ -35,7 +38,7 @@ class BenchConfig:
     dtype: str = "float32"  # activations and float weights, ours and the transformers peers' (bfloat16 on GPUs)
     cuda_graphs: bool = True  # ours on a GPU: replay decode and verify forwards as CUDA graphs
     backend: str = "auto"  # ours: auto, native or transformers
-    # sampling rules (specdec.verify) each drafter runs under; with several, methods are named "SPEC [RULE]"
+    # sampling rules (specdec.core.verify) each drafter runs under; with several, methods are named "SPEC [RULE]"
     acceptance: list[str] = field(default_factory=lambda: ["match"])
 
 
@@ -78,10 +81,7 @@ def memory_info(target: LoadedModel) -> dict:
     """What the target's weights occupy in their loaded format, and the process's peak resident memory."""
     import resource
 
-    from specdec.drafters.base import module_bytes
-
-    model = target.model if isinstance(target.model, torch.nn.Module) else getattr(target.model, "model", None)
-    return {"target_weights_mb": module_bytes(model) / 1e6,
+    return {"target_weights_mb": target.model.nbytes / 1e6,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
 
 
@@ -108,8 +108,9 @@ class Method:
             out = self.peer.generate(ids, config.max_new_tokens, target.eos_token_ids)
             n = out.new_tokens
             return PromptRun(prompt.task, prompt.prompt_id, self.name, n, out.seconds, n / out.seconds), out.token_ids
-        result = self.generator.generate(prompt.prompt, config.max_new_tokens, chat=prompt.chat,
-                                         temperature=config.temperature, seed=config.seed)
+        request = GenerationRequest(prompt.prompt, config.max_new_tokens, config.sampling, seed=config.seed,
+                                    chat=prompt.chat)
+        result = self.generator.run(request)
         s = result.stats
         speculative = self.name != PLAIN
         run = PromptRun(
@@ -157,14 +158,14 @@ def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = 
     target = load_model(config.target, device=config.device, dtype=config.dtype, weights=config.weights,
                         cuda_graphs=config.cuda_graphs, backend=config.backend)
     if config.weights == "auto":  # report what it resolved to
-        config = BenchConfig(**{**asdict(config), "weights": getattr(target.model, "weight_format", "float32")})
+        config = dataclasses.replace(config, weights=target.model.weight_format)
     roofline = measure_roofline(target.model, config.roofline_buffer_mb, config.device) \
         if config.roofline_buffer_mb else None
     methods = build_methods(config, target)
     warmup = BenchPrompt("warmup", "warmup", "Hello", True)
     if not target.has_chat_template:
         prompts, warmup = [p.for_base_model() for p in prompts], warmup.for_base_model()
-    warm_config = BenchConfig(**{**asdict(config), "max_new_tokens": 8})
+    warm_config = dataclasses.replace(config, max_new_tokens=8)
     for method in methods:  # first calls build kernels and fill allocator pools
         method.run(target, warmup, warm_config)
     runs: list[PromptRun] = []
@@ -174,7 +175,7 @@ def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = 
             run, ids = method.run(target, prompt, config)
             if method.name == PLAIN:
                 plain_ids = ids
-            elif ids is not None and (config.temperature == 0 or method.reproduces_plain):
+            elif ids is not None and (config.sampling.greedy or method.reproduces_plain):
                 run.matches_plain = ids == plain_ids
             runs.append(run)
     return BenchResults(config, machine_info(), runs, roofline, memory_info(target))

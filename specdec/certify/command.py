@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -12,17 +11,15 @@ from specdec.errors import InvalidParameterError
 EXIT_FAILED = 1
 
 
-def add_certify_parser(commands, add_model_options, add_speculation_options) -> None:
+def add_certify_parser(commands) -> None:
+    from specdec.cli_options import add_model_options, add_sampling_options, add_speculation_options
+
     certify = commands.add_parser(
         "certify", help="check that a speculative configuration decodes exactly as its target (greedy and sampled)")
     add_model_options(certify)
     add_speculation_options(certify)
-    group = certify.add_argument_group("sampling (the configuration under test)")
-    group.add_argument("--temperature", type=float, default=0.7, help="0 runs the greedy checks only")
-    group.add_argument("--top-k", type=int, default=0)
-    group.add_argument("--top-p", type=float, default=1.0)
-    group.add_argument("--min-p", type=float, default=0.0)
-    group.add_argument("--repetition-penalty", type=float, default=1.0)
+    # its seeds are the draws' (statistics below); 0 runs the greedy checks only
+    add_sampling_options(certify, temperature=0.7, title="sampling (the configuration under test)", seed=False)
     group = certify.add_argument_group("prompts")
     group.add_argument("--tasks", default="code,mt_bench,qa",
                        help="benchmark tasks to take prompts from (Spec-Bench tasks need its question file; "
@@ -53,7 +50,7 @@ def add_certify_parser(commands, add_model_options, add_speculation_options) -> 
 
 def certify_settings(args):
     from specdec.certify.local import CertifySettings
-    from specdec.sampling import check_seed
+    from specdec.core.sampling import check_seed
 
     checks = [(args.samples >= 10, "--samples must be >= 10"), (0 < args.alpha < 1, "--alpha must be in (0, 1)"),
               (args.sampled_prompts >= 0, "--sampled-prompts must be >= 0"),
@@ -106,26 +103,24 @@ def certify_prompts(args) -> list:
 def run_certify(args) -> int:
     from specdec.certify.local import certify_local
     from specdec.certify.summary import summary
-    from specdec.generator import SpeculativeGenerator
-    from specdec.sampling import SamplingParams
+    from specdec.api.generator import SpeculativeGenerator
+    from specdec.cli_options import generator_options_from_args, sampling_from_args
 
-    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                            repetition_penalty=args.repetition_penalty)
+    params = sampling_from_args(args)
     settings = certify_settings(args)
+    options = None if args.endpoint else generator_options_from_args(args)  # checked before anything loads
     if not args.endpoint and args.drafter == "none":
         raise InvalidParameterError("--drafter none: there is no speculation to certify")
     prompts = certify_prompts(args)
     if args.endpoint:
         return run_endpoint_certify(args, params, settings, prompts)
-    generator = SpeculativeGenerator.from_pretrained(
-        args.target, drafter=args.drafter, k=args.k, device=args.device, dtype=args.dtype, backend=args.backend,
-        weights=args.weights, cuda_graphs=args.cuda_graphs, acceptance=args.acceptance)
+    generator = SpeculativeGenerator.from_options(options)
     if generator.drafter is None:
         raise InvalidParameterError("--drafter none: there is no speculation to certify")
     if not generator.target.has_chat_template:
         prompts = [prompt.for_base_model() for prompt in prompts]
     configuration = {
-        "target": generator.target.name, "weights": getattr(generator.target.model, "weight_format", "float32"),
+        "target": generator.target.name, "weights": generator.target.model.weight_format,
         "device": args.device, "drafter": args.drafter, "K": args.k, "acceptance": args.acceptance,
         **{name: value for name, value in vars(params).items()}}
     report = certify_local(generator, prompts, params, settings, configuration, progress=not args.json)

@@ -23,7 +23,7 @@ from specdec.bench.tasks import BenchPrompt
 from specdec.certify.local import END, OTHER_SEEDS, CertifyReport, CertifySettings, GreedyCase, SampledCase
 from specdec.certify.statistics import homogeneity
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 
 CONCURRENT_REQUESTS = 4
 TIMEOUT_SECONDS = 300

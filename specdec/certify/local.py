@@ -21,13 +21,12 @@ from typing import Callable, Sequence
 import torch
 from tqdm import tqdm
 
+from specdec.api.generator import SpeculativeGenerator
+from specdec.api.request import GenerationRequest
 from specdec.bench.tasks import BenchPrompt
 from specdec.certify.statistics import ChiSquareResult, goodness_of_fit, homogeneity
-from specdec.commit import StopCriteria
-from specdec.engine import SpeculativeEngine
-from specdec.generator import SpeculativeGenerator
+from specdec.core.sampling import SamplingParams, processed_probs
 from specdec.models.base import positions_after
-from specdec.sampling import SamplingParams, processed_probs
 
 OTHER_SEEDS = 1 << 40  # plain draws for the homogeneity test use seeds base + OTHER_SEEDS + i
 END = "<end>"  # the outcome "an end-of-sequence token" (generations do not return the EOS token itself)
@@ -138,24 +137,24 @@ def most_telling(generator: SpeculativeGenerator, encoded: list, params: Samplin
     return (chosen + rest)[:settings.sampled_prompts]
 
 
-def _generate(engine: SpeculativeEngine, generator: SpeculativeGenerator, ids: list[int], params: SamplingParams,
-              max_new: int, seed: int | None, prompt_cache=None) -> list[int]:
-    criteria = StopCriteria(max_new, frozenset(generator.target.eos_token_ids))
-    return engine.generate(ids, params, criteria, generator.target.tokenizer, seed, prompt_cache=prompt_cache).token_ids
+def _generate(generator: SpeculativeGenerator, ids: list[int], params: SamplingParams, max_new: int,
+              seed: int | None, prompt_cache=None) -> list[int]:
+    request = GenerationRequest(ids, max_new, params, seed=seed)
+    return generator.run(request, prompt_cache=prompt_cache).token_ids
 
 
-def _outcome(engine: SpeculativeEngine, generator: SpeculativeGenerator, ids: list[int], params: SamplingParams,
-             max_new: int, seed: int, prompt_cache) -> tuple:
+def _outcome(generator: SpeculativeGenerator, ids: list[int], params: SamplingParams, max_new: int, seed: int,
+             prompt_cache) -> tuple:
     """The first `max_new` new tokens of a draw, ending in END where an end-of-sequence token came first."""
-    drawn = _generate(engine, generator, ids, params, max_new, seed, prompt_cache)
+    drawn = _generate(generator, ids, params, max_new, seed, prompt_cache)
     return tuple(drawn) if len(drawn) == max_new else (*drawn, END)
 
 
 def greedy_case(generator: SpeculativeGenerator, plain: SpeculativeGenerator, prompt_id: str, ids: list[int],
                 settings: CertifySettings) -> GreedyCase:
     greedy = SamplingParams()
-    ours = _generate(generator.engine, generator, ids, greedy, settings.greedy_tokens, None)
-    reference = _generate(plain.engine, plain, ids, greedy, settings.greedy_tokens, None)
+    ours = _generate(generator, ids, greedy, settings.greedy_tokens, None)
+    reference = _generate(plain, ids, greedy, settings.greedy_tokens, None)
     if ours == reference:
         return GreedyCase(prompt_id, len(ours), "identical")
     index = next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), min(len(ours), len(reference)))
@@ -186,7 +185,7 @@ def sampled_case(generator: SpeculativeGenerator, prompt_id: str, ids: list[int]
     for token in probs.nonzero().squeeze(1).tolist():
         key = END if token in eos else token
         exact[key] = exact.get(key, 0.0) + float(probs[token])
-    prompt_cache = generator.engine.prompt_cache(ids)  # one prefill for all draws (an exact copy each time)
+    prompt_cache = generator.prompt_cache(ids)  # one prefill for all draws (an exact copy each time)
     first: dict = {}  # first new token (or END) -> draws
     ours: dict[tuple, int] = {}
     theirs: dict[tuple, int] = {}
@@ -194,13 +193,13 @@ def sampled_case(generator: SpeculativeGenerator, prompt_id: str, ids: list[int]
     length = settings.joint_tokens
     for i in range(settings.samples):
         seed = settings.seed + i
-        drawn = _outcome(generator.engine, generator, ids, params, length, seed, prompt_cache)
+        drawn = _outcome(generator, ids, params, length, seed, prompt_cache)
         first[drawn[0]] = first.get(drawn[0], 0) + 1
         if generator.acceptance == "match":
-            identical += drawn == _outcome(plain.engine, plain, ids, params, length, seed, prompt_cache)
+            identical += drawn == _outcome(plain, ids, params, length, seed, prompt_cache)
         else:
             ours[drawn] = ours.get(drawn, 0) + 1
-            other = _outcome(plain.engine, plain, ids, params, length, seed + OTHER_SEEDS, prompt_cache)
+            other = _outcome(plain, ids, params, length, seed + OTHER_SEEDS, prompt_cache)
             theirs[other] = theirs.get(other, 0) + 1
         tick()
     case = SampledCase(prompt_id, goodness_of_fit(first, exact, level), draws=settings.samples)

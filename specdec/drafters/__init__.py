@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from specdec.drafters.base import Drafter
-from specdec.drafters.draft_options import DraftOptions, parse_draft_options
-from specdec.drafters.registry import REGISTRY, make_drafter, specs_help
-from specdec.rounds import Draft, VerifyResult
+from specdec.drafters.draft_options import DraftOptions
+from specdec.drafters.registry import REGISTRY, DrafterSpec, make_drafter, parse_spec, specs_help
+from specdec.core.rounds import Draft, VerifyResult
 
-__all__ = ["Draft", "DraftOptions", "Drafter", "REGISTRY", "VerifyResult", "make_drafter", "parse_draft_options",
-           "specs_help"]
+__all__ = ["Draft", "DraftOptions", "Drafter", "DrafterSpec", "REGISTRY", "VerifyResult", "make_drafter",
+           "parse_spec", "specs_help"]

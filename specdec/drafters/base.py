@@ -19,9 +19,9 @@ from typing import Iterable, Sequence
 import torch
 from torch import nn
 
-from specdec.randomness import NoiseStream
-from specdec.rounds import Draft, VerifyResult
-from specdec.sampling import SamplingParams
+from specdec.core.randomness import NoiseStream
+from specdec.core.rounds import Draft, VerifyResult
+from specdec.core.sampling import SamplingParams
 
 
 class Drafter(ABC):

@@ -20,9 +20,9 @@ from typing import Sequence
 
 from specdec.drafters.base import Drafter
 from specdec.errors import InvalidParameterError
-from specdec.randomness import NoiseStream
-from specdec.rounds import Draft, VerifyResult
-from specdec.sampling import SamplingParams
+from specdec.core.randomness import NoiseStream
+from specdec.core.rounds import Draft, VerifyResult
+from specdec.core.sampling import SamplingParams
 
 
 RATE_DECAY = 0.8  # weight of the past in each source's rate

@@ -17,14 +17,13 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from torch import nn
 
-from specdec.drafters.base import Drafter, module_bytes, tensor_bytes
+from specdec.drafters.base import Drafter, module_bytes
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import LoadedModel
-from specdec.randomness import NoiseStream
-from specdec.rounds import Draft, VerifyResult
-from specdec.sampling import SamplingParams
+from specdec.core.randomness import NoiseStream
+from specdec.core.rounds import Draft, VerifyResult
+from specdec.core.sampling import SamplingParams
 
 LOOK_BEHIND = 8  # committed target tokens re-tokenized with the draft's text
 
@@ -52,9 +51,7 @@ class CrossTokenizerDrafter(Drafter):
         return CrossTokenizerDrafter(self.draft, self.target_tokenizer, self.vocab_size, self.name)
 
     def memory_bytes(self) -> int:
-        module = self.model if isinstance(self.model, nn.Module) else getattr(self.model, "model", None)
-        return module_bytes(module) + tensor_bytes([getattr(self.cache, "keys", None),
-                                                    getattr(self.cache, "values", None)])
+        return module_bytes(self.model.weights_module()) + (self.cache.nbytes if self.cache is not None else 0)
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         # the draft's tokens for a text are not the target's: room for twice as many (a round that would not

@@ -30,14 +30,14 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdec.drafters.base import Drafter, module_bytes, tensor_bytes
-from specdec.randomness import NoiseStream, unseeded_stream
-from specdec.rounds import Draft, VerifyResult
+from specdec.drafters.base import Drafter, module_bytes
+from specdec.core.randomness import NoiseStream, unseeded_stream
+from specdec.core.rounds import Draft, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.models.base import positions_after
 from specdec.models.kv_cache import KVCache
 from specdec.models.sources.loading import LoadedModel
-from specdec.sampling import SamplingParams, inverse_cdf, processed_probs
+from specdec.core.sampling import SamplingParams, inverse_cdf, processed_probs
 
 
 def same_tokenizer(target: LoadedModel, draft: LoadedModel) -> bool:
@@ -73,10 +73,8 @@ class DraftModelDrafter(Drafter):
                                  self.shares_with, self.prompt_window, self.shares_prompt_cache)
 
     def memory_bytes(self) -> int:
-        module = self.model if isinstance(self.model, nn.Module) else getattr(self.model, "model", None)
-        weights = module_bytes(module, self.shares_with)
-        cache = tensor_bytes([getattr(self.cache, "keys", None), getattr(self.cache, "values", None)])
-        return weights + cache
+        weights = module_bytes(self.model.weights_module(), self.shares_with)
+        return weights + (self.cache.nbytes if self.cache is not None else 0)
 
     def take_prompt_cache(self, target_cache: KVCache) -> None:
         """The target's cache holding prompt[:-1], offered before `begin`; kept only by a sharing self-draft."""
@@ -151,18 +149,18 @@ class DraftModelDrafter(Drafter):
         self.cache.truncate(min(self.cache.length, self.base_length + result.num_accepted))
 
 
-def build(arg: str, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
-    """`draft:MODEL[@options]`: options after '@' as drafters.draft_options reads them."""
-    from specdec.drafters.draft_options import parse_draft_options, with_head_vocab
+def build(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
+    """`draft:MODEL[@options]` (a registry.DrafterSpec): options as drafters.draft_options reads them."""
+    from specdec.drafters.draft_options import draft_options as typed_options, with_head_vocab
     from specdec.models.sources.loading import load_model
 
-    model, _, options = arg.rpartition("@") if "@" in arg else (arg, "", "")
-    draft_options = parse_draft_options(options)
+    model = spec.argument
+    draft_options = typed_options(spec.options)
     # a draft model runs in the target's weight format unless weights=FORMAT says otherwise: who quantized
     # the target for speed wants a draft that is as fast (an int4 target gets an int4 draft)
-    weights = draft_options.weights or getattr(target.model, "weight_format", "float32")
+    weights = draft_options.weights or target.model.weight_format
     # and on a GPU it replays CUDA graphs when the target does
-    graphs = getattr(target.model, "graphs", None) is not None
+    graphs = target.model.graphs is not None
     draft = load_model(model, device=device, dtype=dtype, weights=weights, cuda_graphs=graphs)
     if not same_tokenizer(target, draft):  # drafts as text, re-tokenized for the target
         from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
@@ -170,7 +168,7 @@ def build(arg: str, target: LoadedModel, device: str, dtype: str) -> DraftModelD
         if draft_options.head_vocab or draft_options.context or draft_options.min_confidence:
             raise InvalidParameterError(f"draft:{model}: its tokenizer differs from the target's; only weights=FORMAT "
                                         "applies to such a draft")
-        return CrossTokenizerDrafter(draft, target.tokenizer, target.model.vocab_size, name=f"draft:{arg}")
+        return CrossTokenizerDrafter(draft, target.tokenizer, target.model.vocab_size, name=spec.text)
     draft = with_head_vocab(draft, draft_options.head_vocab)
-    return DraftModelDrafter(draft, target.model.vocab_size, draft_options.min_confidence, name=f"draft:{arg}",
+    return DraftModelDrafter(draft, target.model.vocab_size, draft_options.min_confidence, name=spec.text,
                              prompt_window=draft_options.context)

@@ -1,9 +1,10 @@
 """Options of a draft model after '@' (draft:MODEL@..., quant:FORMAT@...): confidence=C, vocab=N, context=N,
-and for draft models weights=FORMAT."""
+and for draft models weights=FORMAT. The registry parses the spec; here its values become typed options."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 from specdec.errors import InvalidParameterError
 from specdec.models.sources.loading import LoadedModel
@@ -19,37 +20,31 @@ class DraftOptions:
     weights: str | None = None  # weights=FORMAT (draft models): the draft's weight format, not the target's
 
 
-def parse_draft_options(options: str, kind: str = "draft") -> DraftOptions:
-    """'confidence=C,vocab=N,context=N[,weights=FORMAT]' (any of them; a bare C is a confidence, as before);
-    `kind` names the drafter in errors."""
+FIELDS = {"confidence": "min_confidence", "vocab": "head_vocab", "context": "context", "weights": "weights"}
+
+
+def draft_options(options: Mapping[str, float | int | str], kind: str = "draft") -> DraftOptions:
+    """A spec's {"confidence": C, "vocab": N, "context": N, "weights": FORMAT} (any of them, parsed and typed
+    by the registry) as DraftOptions; `kind` names the drafter in errors."""
     from specdec.models.quantized.packed_linear import parse_weight_format
 
-    values: dict[str, float | int | str] = {}
-    for item in filter(None, options.split(",")):
-        key, equals, value = item.partition("=")
-        key, value = (key, value) if equals else ("confidence", item)
+    if "weights" in options:
         try:
-            if key == "confidence":
-                values["min_confidence"] = float(value)
-            elif key == "vocab":
-                values["head_vocab"] = int(value)
-            elif key == "context":
-                values["context"] = int(value)
-            elif key == "weights" and kind == "draft":
-                parse_weight_format(value)
-                values["weights"] = value
-            else:
-                known = "confidence=C, vocab=N, context=N" + (", weights=FORMAT" if kind == "draft" else "")
-                raise InvalidParameterError(f"{kind} drafter: unknown option {key!r} ({known})")
+            parse_weight_format(str(options["weights"]))
         except ValueError as error:
-            message = str(error) if key == "weights" else f"{item!r} is not a number"
-            raise InvalidParameterError(f"{kind} drafter: {message}") from None
+            raise InvalidParameterError(f"{kind} drafter: {error}") from None
+    values = {FIELDS[key]: value for key, value in options.items()}
     options = DraftOptions(**values)
     if not 0 <= options.min_confidence < 1:
         raise InvalidParameterError(f"{kind} drafter: the early-exit confidence must be in [0, 1)")
     if options.context is not None and options.context < 1:
         raise InvalidParameterError(f"{kind} drafter: context=N needs N >= 1 prompt tokens")
     return options
+
+
+def check_draft_spec(spec) -> None:
+    """InvalidParameterError for a registry.DrafterSpec's draft options out of range."""
+    draft_options(spec.options, spec.kind)
 
 
 def with_head_vocab(draft: LoadedModel, head_vocab: int | None, kind: str = "draft") -> LoadedModel:

@@ -16,17 +16,17 @@ deterministically: exact under greedy and sampling alike (tree verification, one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
 from specdec.drafters.base import Drafter, module_bytes, tensor_bytes
-from specdec.randomness import NoiseStream
-from specdec.rounds import Draft, VerifyResult
+from specdec.core.randomness import NoiseStream
+from specdec.core.rounds import Draft, VerifyResult
 from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import LoadedHead
 from specdec.heads.target_parts import DraftVocabulary, embed
-from specdec.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -40,14 +40,14 @@ class TreeShape:
             raise InvalidParameterError("tree shape: need 1 <= depth <= 16, 1 <= topk <= 32, 1 <= budget <= 256")
 
 
-def parse_tree_options(text: str, defaults: TreeShape) -> TreeShape:
-    """'depth=6,topk=8,budget=32' (any subset) -> TreeShape."""
-    values = dict(depth=defaults.depth, topk=defaults.top_k, budget=defaults.budget)
-    for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        if key not in values or not value.isdigit():
-            raise InvalidParameterError(f"tree option {item!r}: expected depth=N, topk=N or budget=N")
-        values[key] = int(value)
+def check_tree_options(spec) -> None:
+    """InvalidParameterError for a registry.DrafterSpec's tree shape out of range (TreeShape's limits)."""
+    tree_shape(spec.options, TreeShape())
+
+
+def tree_shape(options: Mapping[str, int], defaults: TreeShape) -> TreeShape:
+    """A spec's {"depth": N, "topk": N, "budget": N} (any subset, parsed by the registry) -> TreeShape."""
+    values = {"depth": defaults.depth, "topk": defaults.top_k, "budget": defaults.budget, **options}
     return TreeShape(values["depth"], values["topk"], values["budget"])
 
 
@@ -74,8 +74,8 @@ class EagleDrafter(Drafter):
 
     def memory_bytes(self) -> int:
         """The head's weights, the draft vocabulary's LM-head rows and the head's KV cache."""
-        cache = [getattr(self.cache, "keys", None), getattr(self.cache, "values", None)]
-        return module_bytes(self.head, self.target_model) + tensor_bytes([*self.vocab.tensors(), *cache], self.target_model)
+        cache = self.cache.nbytes if self.cache is not None else 0
+        return module_bytes(self.head, self.target_model) + tensor_bytes(self.vocab.tensors(), self.target_model) + cache
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         # committed pairs (< max_length) + the tree's fed nodes (top_k per expanded depth)

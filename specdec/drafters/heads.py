@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec.drafters.eagle import EagleDrafter, TreeShape, parse_tree_options
+from specdec.drafters.eagle import EagleDrafter, TreeShape, tree_shape
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import load_head
@@ -26,8 +26,9 @@ def shipped_head(kind: str, target_name: str) -> Path:
     return path
 
 
-def head_drafter(kind: str, arg: str, target):
-    location, _, options = arg.partition("@")
+def head_drafter(kind: str, spec, target):
+    """The EAGLE or Medusa drafter a registry.DrafterSpec names (its argument: a head directory)."""
+    options, location = spec.options, spec.argument
     path = Path(location).expanduser() if location else shipped_head(kind, target.name)
     if kind == "eagle":  # specdec's EAGLE and EAGLE-3 heads, or a speculators EAGLE-3 checkpoint
         from specdec.interop.speculators import is_speculators_checkpoint, load_speculators_head
@@ -38,19 +39,17 @@ def head_drafter(kind: str, arg: str, target):
         head = load_head(path, target, (kind,))
     if kind == "eagle":
         defaults = CPU_TREE if target.model.device.type == "cpu" else TreeShape()
-        shape = parse_tree_options(options, defaults)
+        shape = tree_shape(options, defaults)
         return EagleDrafter(head, target.model, shape, name=f"eagle:{path.name}")
-    budget = parse_tree_options(options, TreeShape(budget=16))
-    if (budget.depth, budget.top_k) != (TreeShape().depth, TreeShape().top_k):
-        raise InvalidParameterError("medusa drafter: only budget=N applies (the tree follows the heads' accuracy)")
+    budget = tree_shape(options, TreeShape(budget=16))  # only budget=N: the tree follows the heads' accuracy
     return MedusaDrafter(head, target.model, budget.budget, name=f"medusa:{path.name}")
 
 
-def build_eagle(arg: str, target, device: str, dtype: str) -> EagleDrafter:
+def build_eagle(spec, target, device: str, dtype: str) -> EagleDrafter:
     """`eagle[:HEAD_DIR][@depth=D,topk=W,budget=N]`."""
-    return head_drafter("eagle", arg, target)
+    return head_drafter("eagle", spec, target)
 
 
-def build_medusa(arg: str, target, device: str, dtype: str) -> MedusaDrafter:
+def build_medusa(spec, target, device: str, dtype: str) -> MedusaDrafter:
     """`medusa[:HEAD_DIR][@budget=N]`."""
-    return head_drafter("medusa", arg, target)
+    return head_drafter("medusa", spec, target)

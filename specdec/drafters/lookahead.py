@@ -21,11 +21,11 @@ from typing import Sequence
 import torch
 
 from specdec.drafters.base import Drafter, container_bytes
-from specdec.randomness import NoiseStream
-from specdec.rounds import Draft, SideInputs, VerifyResult
+from specdec.core.randomness import NoiseStream
+from specdec.core.rounds import Draft, SideInputs, VerifyResult
 from specdec.errors import InvalidParameterError
-from specdec.sampling import SamplingParams
-from specdec.tree import TokenTree
+from specdec.core.sampling import SamplingParams
+from specdec.core.tree import TokenTree
 
 
 class LookaheadDrafter(Drafter):
@@ -107,8 +107,9 @@ class LookaheadDrafter(Drafter):
                 del bucket[self.pool_size:]
 
 
-def build(arg: str, target, device: str, dtype: str) -> LookaheadDrafter:
-    """`lookahead[:W,N,G]`."""
+def build(spec, target, device: str, dtype: str) -> LookaheadDrafter:
+    """`lookahead[:W,N,G]` (a registry.DrafterSpec)."""
+    arg = spec.argument
     try:
         window, ngram, pool = (int(v) for v in arg.split(",")) if arg else (4, 3, 4)
     except ValueError:

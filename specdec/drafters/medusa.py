@@ -16,11 +16,11 @@ from typing import Sequence
 import torch
 
 from specdec.drafters.base import Drafter, module_bytes, tensor_bytes
-from specdec.randomness import NoiseStream
-from specdec.rounds import Draft, VerifyResult
+from specdec.core.randomness import NoiseStream
+from specdec.core.rounds import Draft, VerifyResult
 from specdec.heads.checkpoint import LoadedHead
 from specdec.heads.target_parts import DraftVocabulary
-from specdec.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 
 MAX_RANK = 10  # children per node are ranks 0..MAX_RANK-1 of a head's scores
 

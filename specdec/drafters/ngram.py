@@ -22,10 +22,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from specdec.drafters.base import Drafter, container_bytes
-from specdec.randomness import NoiseStream
-from specdec.rounds import Draft, VerifyResult
+from specdec.core.randomness import NoiseStream
+from specdec.core.rounds import Draft, VerifyResult
 from specdec.errors import InvalidParameterError
-from specdec.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 
 
 class NgramDrafter(Drafter):
@@ -84,8 +84,9 @@ class NgramDrafter(Drafter):
             self.refuted.add(self.proposed_start)
 
 
-def build(arg: str, target, device: str, dtype: str) -> NgramDrafter:
-    """`ngram[:MAX_N]`."""
+def build(spec, target, device: str, dtype: str) -> NgramDrafter:
+    """`ngram[:MAX_N]` (a registry.DrafterSpec)."""
+    arg = spec.argument
     if arg and not arg.isdigit():
         raise InvalidParameterError(f"ngram drafter: {arg!r} is not a maximum n-gram size")
     return NgramDrafter(max_ngram=int(arg) if arg else 4, never_propose=target.control_token_ids())

@@ -2,21 +2,37 @@
 suite runs it with. The spec parser (`make_drafter`), the CLI's help text and the test suite's list of
 drafters all come from here, so adding a drafter is one file (the drafter and its `build`) and one entry.
 
-A spec is `KIND[:ARGUMENT]`, where the argument is whatever the kind's `build` reads (`draft:MODEL@vocab=N`,
-`lookahead:4,3,4`), options after '@' included; `A+B` combines chain drafters (drafters/combined.py);
-`none` is plain decoding.
+A spec is `KIND[:ARGUMENT][@KEY=VALUE,...]`: the argument is whatever the kind's `build` reads (a model,
+a directory, `lookahead:4,3,4`), and the options after '@' are parsed here, once, into a `DrafterSpec`
+(keys checked against the kind's declared `options`); each builder turns their values into its typed
+options. `A+B` combines chain drafters (drafters/combined.py); `none` is plain decoding.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 from specdec.drafters.base import Drafter
 from specdec.errors import InvalidParameterError
 
-Builder = Callable[[str, object, str, str], Drafter]  # (argument, target LoadedModel, device, dtype)
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """One drafter's spec, parsed: `draft:MODEL@vocab=32768,weights=int4` -> kind "draft", argument "MODEL",
+    options {"vocab": "32768", "weights": "int4"}."""
+
+    kind: str
+    argument: str = ""
+    options: Mapping[str, int | float | str] = field(default_factory=dict)  # typed as the kind declares
+    text: str = ""  # as written (the drafter's name in stats)
+
+
+Builder = Callable[[DrafterSpec, object, str, str], Drafter]  # (spec, target LoadedModel, device, dtype)
+DRAFT_MODEL_OPTIONS = {"confidence": float, "vocab": int, "context": int}
+TREE_OPTIONS = {"depth": int, "topk": int, "budget": int}
 
 
 @dataclass(frozen=True)
@@ -24,15 +40,28 @@ class DrafterKind:
     name: str
     syntax: str  # the spec's grammar, as help text shows it
     summary: str  # what drafts, in a few words
-    builder: str  # "module:function" taking (argument, target, device, dtype); imported when first used
+    builder: str  # "module:function" taking (DrafterSpec, target, device, dtype); imported when first used
     needs_argument: bool = False
+    options: Mapping[str, type] = field(default_factory=dict)  # the keys it takes after '@', and their types
+    bare_option: str | None = None  # a value given without a key is this option's (draft:M@0.4: a confidence)
+    # "module:function" taking the DrafterSpec and raising InvalidParameterError for values out of range, so a
+    # command refuses them before it loads anything (the builder checks them again)
+    checker: str | None = None
     # A spec the test suite runs on a tiny random target ({target}: that target's directory), or None where
     # the kind needs files a test cannot make in passing (then its own tests cover it).
     test_spec: str | None = None
 
-    def build(self, argument: str, target, device: str, dtype: str) -> Drafter:
-        module, _, function = self.builder.partition(":")
-        return getattr(importlib.import_module(module), function)(argument, target, device, dtype)
+    def build(self, spec: DrafterSpec, target, device: str, dtype: str) -> Drafter:
+        return _function(self.builder)(spec, target, device, dtype)
+
+    def check(self, spec: DrafterSpec) -> None:
+        if self.checker is not None:
+            _function(self.checker)(spec)
+
+
+def _function(path: str) -> Callable:
+    module, _, function = path.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 KINDS = [
@@ -40,19 +69,24 @@ KINDS = [
                 "specdec.drafters.ngram:build", test_spec="ngram"),
     DrafterKind("draft", "draft:MODEL[@confidence=C,vocab=N,context=N,weights=FORMAT]",
                 "a smaller model (another tokenizer's drafts go through text)",
-                "specdec.drafters.draft_model:build",
-                needs_argument=True, test_spec="draft:{target}"),
+                "specdec.drafters.draft_model:build", needs_argument=True, test_spec="draft:{target}",
+                options={**DRAFT_MODEL_OPTIONS, "weights": str}, bare_option="confidence",
+                checker="specdec.drafters.draft_options:check_draft_spec"),
     DrafterKind("quant", "quant:int8|int4[:GROUP]|int7[:GROUP]|gguf[@confidence=C,vocab=N,context=N]",
                 "the target itself, quantized", "specdec.drafters.self_draft:build_quantized",
-                needs_argument=True, test_spec="quant:int8"),
+                needs_argument=True, test_spec="quant:int8", options=DRAFT_MODEL_OPTIONS, bare_option="confidence",
+                checker="specdec.drafters.self_draft:check_quant_spec"),
     DrafterKind("layerskip", "layerskip[:SUBSET]", "the target running a subset of its layers",
                 "specdec.drafters.self_draft:build_layer_skip", test_spec="layerskip:first:1"),
     DrafterKind("eagle", "eagle[:HEAD_DIR][@depth=D,topk=W,budget=N]", "an EAGLE head, dynamic trees",
-                "specdec.drafters.heads:build_eagle"),
+                "specdec.drafters.heads:build_eagle", options=TREE_OPTIONS,
+                checker="specdec.drafters.eagle:check_tree_options"),
     DrafterKind("medusa", "medusa[:HEAD_DIR][@budget=N]", "Medusa heads, a static tree",
-                "specdec.drafters.heads:build_medusa"),
+                "specdec.drafters.heads:build_medusa", options={"budget": int},
+                checker="specdec.drafters.eagle:check_tree_options"),
     DrafterKind("retrieval", "retrieval:DATASTORE_DIR[@budget=N,depth=D]", "continuations found in a datastore",
-                "specdec.drafters.retrieval:build", needs_argument=True),
+                "specdec.drafters.retrieval:build", needs_argument=True, options={"budget": int, "depth": int},
+                checker="specdec.drafters.eagle:check_tree_options"),
     DrafterKind("lookahead", "lookahead[:W,N,G]", "Jacobi iterations riding along in the verify forward",
                 "specdec.drafters.lookahead:build", test_spec="lookahead:4,3,4"),
 ]
@@ -65,13 +99,47 @@ def specs_help() -> str:
                        "SPEC+SPEC (chain drafters, the first that proposes drafts: ngram+draft:MODEL)"])
 
 
-def split_spec(spec: str) -> tuple[str, str]:
-    """'kind:argument' -> (kind, argument); 'eagle@depth=4' (options, no argument) -> ('eagle', '@depth=4')."""
-    kind, colon, argument = spec.partition(":")
-    if "@" in kind:
-        kind, _, options = kind.partition("@")
-        argument = "@" + options + colon + argument
-    return kind, argument
+def parse_spec(text: str) -> DrafterSpec:
+    """'KIND[:ARGUMENT][@KEY=VALUE,...]' -> DrafterSpec, the options' keys checked against the kind's
+    (InvalidParameterError: an unknown kind or option). A model path may hold ':' (its argument); options
+    follow the last '@'."""
+    head, at, option_text = text.rpartition("@") if "@" in text else (text, "", "")
+    kind_name, _, argument = head.partition(":")
+    kind = REGISTRY.get(kind_name)
+    if kind is None or (kind.needs_argument and not argument):
+        raise InvalidParameterError(f"unknown drafter {text!r} (choose from: {specs_help()})")
+    options: dict[str, int | float | str] = {}
+    for item in filter(None, option_text.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals and kind.bare_option is not None:
+            key, value = kind.bare_option, item
+        if key not in kind.options or not value:
+            known = ", ".join(f"{option}=..." for option in kind.options) or "none"
+            raise InvalidParameterError(f"{kind_name} drafter: unknown option {item!r} (options: {known})")
+        try:
+            options[key] = kind.options[key](value)
+        except ValueError:
+            raise InvalidParameterError(f"{kind_name} drafter: {key}={value!r} is not "
+                                        f"{'a whole number' if kind.options[key] is int else 'a number'}") from None
+    if at and not option_text:
+        raise InvalidParameterError(f"drafter {text!r}: nothing after '@'")
+    spec = DrafterSpec(kind_name, argument, options, text)
+    kind.check(spec)
+    return spec
+
+
+def split_drafter_specs(text: str) -> list[str]:
+    """'ngram,eagle@depth=4,topk=4,draft:M,lookahead:4,3,4' -> ['ngram', 'eagle@depth=4,topk=4', 'draft:M',
+    'lookahead:4,3,4']: a list of specs (bench --drafters) where a drafter's options (key=value after '@')
+    and lookahead's W,N,G contain commas too; no drafter spec is a bare number or a bare key=value."""
+    specs: list[str] = []
+    for item in filter(None, text.split(",")):
+        option = "@" in specs[-1] and "=" in item and ":" not in item and "@" not in item if specs else False
+        if specs and (option or item.isdigit()):
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    return specs
 
 
 def make_drafter(spec: str, target, device: str, dtype: str) -> Drafter | None:
@@ -83,10 +151,7 @@ def make_drafter(spec: str, target, device: str, dtype: str) -> Drafter | None:
         if any(source is None for source in sources):
             raise InvalidParameterError(f"drafter {spec!r}: 'none' cannot be combined")
         return CombinedDrafter(sources)
-    kind, argument = split_spec(spec)
-    if kind == "none" and not argument:
+    if spec == "none":
         return None
-    entry = REGISTRY.get(kind)
-    if entry is None or (entry.needs_argument and not argument):
-        raise InvalidParameterError(f"unknown drafter {spec!r} (choose from: {specs_help()})")
-    return entry.build(argument, target, device, dtype)
+    parsed = parse_spec(spec)
+    return REGISTRY[parsed.kind].build(parsed, target, device, dtype)

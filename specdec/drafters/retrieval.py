@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from specdec.datastore import Datastore
+from specdec.heads.datastore import Datastore
 from specdec.drafters.base import Drafter
-from specdec.randomness import NoiseStream
-from specdec.rounds import Draft, VerifyResult
-from specdec.sampling import SamplingParams
-from specdec.tree import TokenTree
+from specdec.core.randomness import NoiseStream
+from specdec.core.rounds import Draft, VerifyResult
+from specdec.core.sampling import SamplingParams
+from specdec.core.tree import TokenTree
 
 MAX_SUFFIX, MIN_SUFFIX = 16, 2
 
@@ -56,11 +56,11 @@ class RetrievalDrafter(Drafter):
         pass
 
 
-def build(arg: str, target, device: str, dtype: str) -> RetrievalDrafter:
-    """`retrieval:DATASTORE_DIR[@budget=N,depth=D]`."""
-    from specdec.drafters.eagle import TreeShape, parse_tree_options
+def build(spec, target, device: str, dtype: str) -> RetrievalDrafter:
+    """`retrieval:DATASTORE_DIR[@budget=N,depth=D]` (a registry.DrafterSpec)."""
+    from specdec.drafters.eagle import TreeShape, tree_shape
 
-    location, _, options = arg.partition("@")
-    shape = parse_tree_options(options, TreeShape(depth=8, budget=16))
+    location = spec.argument
+    shape = tree_shape(spec.options, TreeShape(depth=8, budget=16))
     store = Datastore.open(location, target.tokenizer)
     return RetrievalDrafter(store, f"retrieval:{location.rstrip('/').rsplit('/', 1)[-1]}", shape.budget, shape.depth)

@@ -16,7 +16,7 @@ import dataclasses
 from torch import nn
 
 from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.draft_options import DraftOptions, parse_draft_options, with_head_vocab
+from specdec.drafters.draft_options import DraftOptions, draft_options, with_head_vocab
 from specdec.errors import InvalidParameterError
 from specdec.kernels import FLOAT_PANEL_DTYPES
 from specdec.models.sources.loading import LoadedModel
@@ -31,19 +31,20 @@ LAYERSKIP_SPECS = "first:N | every:N | RANGES (e.g. 0-7,28-29)"
 # entry is the least bad, and `--k auto` switches a drafter that does not pay off (K=0).
 DEFAULT_LAYER_SUBSETS: dict[str, str] = {"smollm2-135m-instruct": "0-6,23-29"}
 FALLBACK_LAYER_SUBSET = "every:2"
+QUANT_FLOAT32 = "quant drafter: choose a smaller format (bf16, fp16, int8, int4[:GROUP], int7[:GROUP], gguf)"
 
 
-def quantized_self_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
-    """The target with its linear layers quantized, as a draft model: spec 'FORMAT[@options]' (quant:...)."""
-    weights, _, option_text = spec.partition("@")
-    options = parse_draft_options(option_text, "quant")
+def quantized_self_draft(target: LoadedModel, weights: str, options: DraftOptions = DraftOptions(),
+                         spec: str | None = None) -> DraftModelDrafter:
+    """The target with its linear layers quantized to `weights`, as a draft model (quant:FORMAT; `spec`:
+    its name, by default quant:FORMAT)."""
+    spec = spec or f"quant:{weights}"
     try:
         kind, _ = parse_weight_format(weights)
     except ValueError as error:
         raise InvalidParameterError(f"quant drafter: {error}") from None
     if kind == "float32":
-        raise InvalidParameterError("quant drafter: choose a smaller format (bf16, fp16, int8, int4[:GROUP], "
-                                    "int7[:GROUP], gguf)")
+        raise InvalidParameterError(QUANT_FLOAT32)
     model = target.model
     if not isinstance(model, LlamaForCausalLM):
         raise InvalidParameterError("quant drafter: needs the native backend (--backend native)")
@@ -66,7 +67,7 @@ def quantized_copy_drafter(target: LoadedModel, copy: nn.Module, weights: str, o
     """The drafter over a quantized copy of the target's model (quant:SPEC)."""
     draft = with_head_vocab(dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy), options.head_vocab,
                             "quant")
-    return DraftModelDrafter(draft, target.model.vocab_size, options.min_confidence, name=f"quant:{spec}",
+    return DraftModelDrafter(draft, target.model.vocab_size, options.min_confidence, name=spec,
                              shares_with=target.model, prompt_window=options.context,
                              shares_prompt_cache=options.context is None)  # an explicit window is a request
 
@@ -135,11 +136,22 @@ def layer_skip_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     return DraftModelDrafter(draft, model.vocab_size, name=f"layerskip:{spec}", shares_with=model)
 
 
-def build_quantized(arg: str, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
-    """`quant:FORMAT[@options]`."""
-    return quantized_self_draft(target, arg)
+def check_quant_spec(spec) -> None:
+    """InvalidParameterError for a quant:FORMAT spec whose format or options are wrong."""
+    try:
+        kind, _ = parse_weight_format(spec.argument)
+    except ValueError as error:
+        raise InvalidParameterError(f"quant drafter: {error}") from None
+    if kind == "float32":
+        raise InvalidParameterError(QUANT_FLOAT32)
+    draft_options(spec.options, "quant")
 
 
-def build_layer_skip(arg: str, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
-    """`layerskip[:SUBSET]`."""
-    return layer_skip_draft(target, arg)
+def build_quantized(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
+    """`quant:FORMAT[@options]` (a registry.DrafterSpec)."""
+    return quantized_self_draft(target, spec.argument, draft_options(spec.options, "quant"), spec.text)
+
+
+def build_layer_skip(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
+    """`layerskip[:SUBSET]` (a registry.DrafterSpec)."""
+    return layer_skip_draft(target, spec.argument)

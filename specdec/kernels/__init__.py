@@ -12,7 +12,7 @@ Everything public is re-exported here.
 """
 
 from specdec.kernels.build import (AVX512_CPU_FLAGS, AVX512_FLAGS, FLAGS, HEADER_NAMES, KERNEL_DIR,  # noqa: F401
-                                   SOURCE_NAMES, KernelBuildError, build_kernel, choose_kernel, cpu_flags,
+                                   KernelBuildError, source_names, build_kernel, choose_kernel, cpu_flags,
                                    cpu_has_avx2_fma_f16c, cpu_has_avx512_vnni, default_builds, default_kernel,
                                    packed_kernel, using_kernel)
 from specdec.kernels.layouts import (FLOAT_PANEL_DTYPES, GGUF_LAYOUTS, INTEGER_BLOCK, INTEGER_COLUMNS, PANEL, ZERO_POINTS,  # noqa: F401

@@ -5,6 +5,9 @@ time they are needed (a few seconds, then cached by a hash of sources and flags)
 no torch headers, no build step at install. Where there is no compiler, no AVX2/FMA/F16C, or
 SPECDEC_NO_KERNELS=1, `packed_kernel()` returns None and models keep stock torch layers.
 
+Each C function is declared once, where its Python wrapper is (ops.py, `declare`: its source file, name
+and argument types); the build compiles the declared sources and gives each function its signature.
+
 Which build the ops call is `packed_kernel()`: this CPU's best build by default, or, inside
 `with using_kernel(library):`, another one (an A/B of two builds, a variant of the sources built with
 `build_kernel(flags, source_dir)`), so tools and tests never patch module globals.
@@ -21,14 +24,13 @@ import platform
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from specdec.paths import specdec_home
 
 KERNEL_DIR = Path(__file__).parent
-SOURCE_NAMES = ("packed_matmul.cpp", "integer_matmul.cpp", "gguf_matmul.cpp", "attention.cpp", "layer_ops.cpp",
-                "decoder_layers.cpp")
 HEADER_NAMES = ("vector_math.h", "integer_blocks.h")  # included by the sources: part of the build's key
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 # Added where the CPU has AVX512-VNNI (Zen 4, Ice Lake and later): the integer kernels' byte dot products
@@ -37,6 +39,31 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-s
 # the other kernels are written for them.
 AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256"]
 AVX512_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo's names for them
+
+
+@dataclass(frozen=True)
+class KernelFunction:
+    """One C function of the kernel library: the source that defines it, its name, its argument types."""
+
+    source: str
+    name: str
+    argtypes: tuple
+
+
+DECLARED: dict[str, KernelFunction] = {}  # name -> declaration, filled by `declare` (ops.py)
+
+
+def declare(source: str, name: str, *argtypes) -> Callable[[], Callable]:
+    """Declare a C function of `source` (a file in this directory) taking `argtypes` (ctypes types) and
+    returning nothing; the function of the selected build (`packed_kernel()`) that the returned callable
+    gives, with that signature set."""
+    DECLARED[name] = KernelFunction(source, name, tuple(argtypes))
+    return lambda: getattr(packed_kernel(), name)
+
+
+def source_names() -> tuple[str, ...]:
+    """The sources the declared functions live in (what a build compiles), in declaration order."""
+    return tuple(dict.fromkeys(function.source for function in DECLARED.values()))
 
 
 # Added on AMD CPUs: the integer kernels' software prefetches fill L2 rather than L1 (integer_blocks.h).
@@ -134,7 +161,7 @@ def build_kernel(flags: tuple[str, ...], source_dir: Path = KERNEL_DIR) -> ctype
     """The kernel library built with these flags from the sources in `source_dir` (this package's, or a
     variant copy with the same file names), once per flags and sources. Raises FileNotFoundError without a
     C++ compiler, KernelBuildError when the build fails (not cached: tried again if asked)."""
-    sources = [source_dir / name for name in SOURCE_NAMES]
+    sources = [source_dir / name for name in source_names()]
     headers = [source_dir / name for name in HEADER_NAMES]
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if compiler is None:
@@ -151,32 +178,7 @@ def build_kernel(flags: tuple[str, ...], source_dir: Path = KERNEL_DIR) -> ctype
             raise KernelBuildError(result.stderr.strip()[:200])
         partial.rename(library)
     lib = ctypes.CDLL(str(library))
-    lib.packed_matmul_f32.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    lib.packed_matmul_f32.restype = None
-    for kernel in (lib.packed_matmul_bf16, lib.packed_matmul_f16):
-        kernel.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        kernel.restype = None
-    lib.packed_matmul_q8.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    lib.packed_matmul_q8.restype = None
-    lib.attention_rows.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7
-                                   + [ctypes.c_float, ctypes.c_int])
-    lib.attention_rows.restype = None
-    lib.add_rms_norm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2 + [ctypes.c_float]
-    lib.add_rms_norm.restype = None
-    lib.rope_qkv_to_cache.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6
-    lib.rope_qkv_to_cache.restype = None
-    lib.silu_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
-    lib.silu_mul.restype = None
-    for kernel in (lib.int4_matmul, lib.int7_matmul):
-        kernel.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
-        kernel.restype = None
-    lib.gguf_matmul.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int32]
-                                + [ctypes.c_int64] * 2 + [ctypes.c_int])
-    lib.gguf_matmul.restype = None
-    lib.decoder_layers.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 2
-                                   + [ctypes.c_void_p] + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int])
-    lib.decoder_layers.restype = None
-    lib.decoder_layers_batch.argtypes = ([ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 4
-                                         + [ctypes.c_int64] * 4 + [ctypes.c_float, ctypes.c_int])
-    lib.decoder_layers_batch.restype = None
+    for function in DECLARED.values():
+        entry = getattr(lib, function.name)
+        entry.argtypes, entry.restype = list(function.argtypes), None
     return lib

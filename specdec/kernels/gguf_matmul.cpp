@@ -1,4 +1,5 @@
-// y (T, N) = x (T, K) @ W^T with W in llama.cpp's own block formats (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K),
+// y (T, N) = x (T, K) @ W^T with W in llama.cpp's own block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
+// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS),
 // repacked at load without changing a single weight value (models/quantized/gguf_blocks.py), and x quantized to
 // int8 with one scale dx per super-block (below) of each row: per 32 inputs for the legacy formats (llama.cpp's
 // Q8_0), per 256 for the K-quants (its Q8_K), as llama.cpp pairs them.
@@ -19,6 +20,10 @@
 //           a step's two products still fit 16 bits (2 x 2 x 63 x 127)
 //   SIGNED  (q in -128..127, Q8_0): the byte layout holding signed codes, multiplied as |q| * (sign(q) x)
 //           with vpsignb, as llama.cpp does, since vpmaddubsw (and vpdpbusd) need one unsigned operand
+//   IQ4     (IQ4_NL, IQ4_XS): the 4-bit layout holding an index into llama.cpp's table of 16 int8 values
+//           (kvalues_iq4nl), looked up with vpshufb; then multiplied as SIGNED codes. The 512-bit path,
+//           which has no vpsignb, multiplies q + 128 (unsigned) and takes 128 * sum(xq) off each group's
+//           integer sum: the same integer as |q| * (sign(q) x), so both paths stay bit-identical
 // group_codes[c][g][0..1][8] int8: sc, mn of the 8 columns of column block c; super[c][s][0..1][8]: d, dmin.
 //
 // Per row: part += (d sc) * sum(q xq) + (dmin mn) * sum(xq) over a super-block's groups (the integer sums
@@ -37,9 +42,17 @@ namespace {
 
 using namespace integer_blocks;
 
-enum Layout { NIBBLES = 0, SIXBITS = 1, SIGNED = 2 };
+enum Layout { NIBBLES = 0, SIXBITS = 1, SIGNED = 2, IQ4 = 3 };
 
-constexpr int64_t bytes_per_step(int layout) { return layout == NIBBLES ? 32 : layout == SIXBITS ? 48 : 64; }
+constexpr int64_t bytes_per_step(int layout) { return layout == SIXBITS ? 48 : layout == SIGNED ? 64 : 32; }
+// Layouts whose codes are signed bytes once loaded (multiplied with the sign trick).
+constexpr bool signed_codes(int layout) { return layout == SIGNED || layout == IQ4; }
+
+// llama.cpp's kvalues_iq4nl: what an IQ4 index stands for (gguf_blocks.IQ4_VALUES), in each 128-bit lane.
+inline __m256i iq4_table() {
+    return _mm256_broadcastsi128_si256(_mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
+                                                     69, 89, 113));
+}
 
 // Eight int8 lanes (one per column of the block) as floats.
 inline __m256 int8_lanes(const int8_t* at) {
@@ -55,6 +68,10 @@ inline void step_codes(const uint8_t* at, __m256i& first, __m256i& second) {
         return;
     }
     Nibbles::load(at, first, second);
+    if (LAYOUT == IQ4) {
+        first = _mm256_shuffle_epi8(iq4_table(), first);
+        second = _mm256_shuffle_epi8(iq4_table(), second);
+    }
     if (LAYOUT == SIXBITS) {  // put each code's top two bits at bits 4-5 of its byte
         const __m256i top = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 32)));
         const __m256i mask = _mm256_set1_epi8(0x30);
@@ -112,7 +129,7 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
             __m256i first, second;
             step_codes<LAYOUT>(block_of.step(k), first, second);
             __m256i first_abs = first, second_abs = second;
-            if (LAYOUT == SIGNED) {
+            if (signed_codes(LAYOUT)) {
                 first_abs = _mm256_sign_epi8(first, first);
                 second_abs = _mm256_sign_epi8(second, second);
             }
@@ -121,7 +138,7 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
                 const int8_t* row = xq + (t0 + t) * K + k;
                 __m256i x0 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row));
                 __m256i x1 = _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(row + 4));
-                if (LAYOUT == SIGNED) {
+                if (signed_codes(LAYOUT)) {
                     x0 = _mm256_sign_epi8(x0, first);
                     x1 = _mm256_sign_epi8(x1, second);
                 }
@@ -182,6 +199,12 @@ inline void pair_step_codes(const uint8_t* left, const uint8_t* right, __m512i& 
     const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
     first = _mm512_and_si512(packed, low_nibbles);
     second = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
+    if (LAYOUT == IQ4) {  // the table's values + 128, as unsigned bytes (column_pair takes 128 sum(xq) off)
+        const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm256_castsi256_si128(iq4_table())),
+                                               _mm512_set1_epi8(static_cast<char>(0x80)));
+        first = _mm512_shuffle_epi8(table, first);
+        second = _mm512_shuffle_epi8(table, second);
+    }
     if (LAYOUT == SIXBITS) {  // as step_codes: each code's top two bits to bits 4-5 of its byte
         const __m512i top = join(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(left + 32))),
                                  _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(right + 32))));
@@ -212,12 +235,13 @@ inline void prefetch_pair_stream(const void* at, int64_t along, int64_t stream_b
     for (int64_t line = 0; line < size; line += 64) _mm_prefetch(ahead + line, SPECDEC_PREFETCH_HINT);
 }
 
-// Rows t0..t0+TB-1 times column blocks c and c + 1 (unsigned codes: NIBBLES and SIXBITS).
+// Rows t0..t0+TB-1 times column blocks c and c + 1 (NIBBLES, SIXBITS and IQ4).
 template <int TB, int LAYOUT, int G>
 inline void column_pair(const int8_t* xq, const float* dx, const float* xsum, const uint8_t* codes,
                         const int8_t* group_codes, const uint16_t* super, float* y, int64_t K, int64_t N, int64_t S,
                         int64_t c, int64_t t0) {
     static_assert(LAYOUT != SIGNED, "signed codes take column_block (no 512-bit vpsignb)");
+    constexpr int32_t OFFSET = LAYOUT == IQ4 ? 128 : 0;  // IQ4 codes come offset to unsigned bytes
     const int64_t groups = K / G;
     const ColumnBlock<LAYOUT, G> left(codes, group_codes, super, K, S, c), right(codes, group_codes, super, K, S, c + 1);
     __m512 acc[TB], part[TB];
@@ -253,6 +277,10 @@ inline void column_pair(const int8_t* xq, const float* dx, const float* xsum, co
         }
 #pragma GCC unroll 16
         for (int t = 0; t < TB; t++) {
+            if (OFFSET) {  // sum((q + 128) xq) - 128 sum(xq): exact, the integer the other paths sum
+                const int32_t group_sum = static_cast<int32_t>(xsum[(t0 + t) * groups + g]);
+                sum[t] = _mm512_sub_epi32(sum[t], _mm512_set1_epi32(OFFSET * group_sum));
+            }
             part[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), scales, part[t]);
             part[t] = _mm512_fmadd_ps(minimums, _mm512_set1_ps(xsum[(t0 + t) * groups + g]), part[t]);
         }
@@ -322,7 +350,8 @@ void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, con
 
 }  // namespace
 
-// layout: 0 nibbles, 1 six bits, 2 signed bytes; group 16 or 32; super_size a multiple of group and of 32.
+// layout: 0 nibbles, 1 six bits, 2 signed bytes, 3 IQ4 indices; group 16 or 32; super_size a multiple of group
+// and of 32.
 extern "C" void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super,
                             float* y, int64_t T, int64_t K, int64_t N, int32_t layout, int64_t group,
                             int64_t super_size, int num_threads) {
@@ -333,6 +362,9 @@ extern "C" void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* 
             break;
         case SIXBITS:
             (small ? matmul<SIXBITS, 16> : matmul<SIXBITS, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);
+            break;
+        case IQ4:
+            (small ? matmul<IQ4, 16> : matmul<IQ4, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);
             break;
         default:
             (small ? matmul<SIGNED, 16> : matmul<SIGNED, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);

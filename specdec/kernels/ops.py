@@ -1,12 +1,35 @@
 """The kernels' operations on torch tensors: each passes pointers to the selected build
-(`build.packed_kernel()`). Callers check that a build exists (models fall back to torch where none does)."""
+(`build.packed_kernel()`). Callers check that a build exists (models fall back to torch where none does).
+Every C function is declared here, next to its wrapper: its source, its name and its argument types."""
 
 from __future__ import annotations
 
+from ctypes import c_float, c_int, c_int32, c_int64, c_void_p
+
 import torch
 
-from specdec.kernels.build import packed_kernel
+from specdec.kernels.build import declare
 from specdec.kernels.layouts import GGUF_LAYOUTS, PANEL, grouped_bits
+
+P, I64 = c_void_p, c_int64  # a pointer, a size
+_MATMUL_FLOAT = (P, P, P, I64, I64, I64, c_int)  # x, panels, y, rows, cols, outputs, threads
+_packed_matmul = {torch.float32: declare("packed_matmul.cpp", "packed_matmul_f32", *_MATMUL_FLOAT),
+                  torch.bfloat16: declare("packed_matmul.cpp", "packed_matmul_bf16", *_MATMUL_FLOAT),
+                  torch.float16: declare("packed_matmul.cpp", "packed_matmul_f16", *_MATMUL_FLOAT)}
+_packed_matmul_q8 = declare("packed_matmul.cpp", "packed_matmul_q8", P, P, P, P, I64, I64, I64, c_int)
+_INTEGER = (P, P, P, P, I64, I64, I64, I64, c_int)  # x, codes, scales, y, rows, cols, outputs, group, threads
+_int4_matmul = declare("integer_matmul.cpp", "int4_matmul", *_INTEGER)
+_int7_matmul = declare("integer_matmul.cpp", "int7_matmul", *_INTEGER)
+_gguf_matmul = declare("gguf_matmul.cpp", "gguf_matmul", P, P, P, P, P, I64, I64, I64, c_int32, I64, I64, c_int)
+_attention_rows = declare("attention.cpp", "attention_rows", P, P, P, P, P, *[I64] * 7, c_float, c_int)
+_add_rms_norm = declare("layer_ops.cpp", "add_rms_norm", P, P, P, P, P, I64, I64, c_float)
+_rope_qkv_to_cache = declare("layer_ops.cpp", "rope_qkv_to_cache", *[P] * 6, *[I64] * 6)
+_silu_mul = declare("layer_ops.cpp", "silu_mul", P, P, I64, I64)
+# A span of decoder layers in one call (models/layer_plan.py builds the arguments): one request, and a batch.
+decoder_layers = declare("decoder_layers.cpp", "decoder_layers", P, I64, *[P] * 5, I64, I64, P, *[I64] * 6,
+                         c_float, c_int)
+decoder_layers_batch = declare("decoder_layers.cpp", "decoder_layers_batch", P, I64, *[P] * 4, *[I64] * 4,
+                               c_float, c_int)
 
 
 # Up to here a forward's rows attend row by row (llama.ROW_BY_ROW_MAX) and its layers run in one C call
@@ -25,9 +48,7 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> t
     Two-byte panels are widened to float32 in registers: the same result as float32 panels of their values.
     """
     rows, cols = x.shape
-    lib = packed_kernel()
-    kernel = {torch.float32: lib.packed_matmul_f32, torch.bfloat16: lib.packed_matmul_bf16,
-              torch.float16: lib.packed_matmul_f16}[packed.dtype]
+    kernel = _packed_matmul[packed.dtype]()
     y = torch.empty(rows, out_features, dtype=torch.float32)
     kernel(x.data_ptr(), packed.data_ptr(), y.data_ptr(), rows, cols, out_features, torch.get_num_threads())
     return y
@@ -43,8 +64,8 @@ def packed_matmul_int8(x: torch.Tensor, quantized: torch.Tensor, scales: torch.T
     if rows > SMALL_ROWS:  # float32 panels for this call, then the float32 kernel
         return packed_matmul(x, quantized.to(torch.float32).mul_(scales.view(-1, 1, PANEL)), out_features)
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    packed_kernel().packed_matmul_q8(x.data_ptr(), quantized.data_ptr(), scales.data_ptr(), y.data_ptr(), rows,
-                                     cols, out_features, torch.get_num_threads())
+    _packed_matmul_q8()(x.data_ptr(), quantized.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, cols,
+                        out_features, torch.get_num_threads())
     return y
 
 
@@ -54,7 +75,7 @@ def integer_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, 
     rows, cols = x.shape
     group_size = cols // scales.shape[1]
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    kernel = packed_kernel().int4_matmul if grouped_bits(packed, cols) == 4 else packed_kernel().int7_matmul
+    kernel = (_int4_matmul if grouped_bits(packed, cols) == 4 else _int7_matmul)()
     kernel(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), rows, cols, out_features, group_size,
            torch.get_num_threads())
     return y
@@ -66,9 +87,8 @@ def gguf_matmul(x: torch.Tensor, codes: torch.Tensor, group_codes: torch.Tensor,
     any T (gguf_matmul.cpp: activations quantized to int8 per super-block of 32 or 256, integer dot products)."""
     rows, cols = x.shape
     y = torch.empty(rows, out_features, dtype=torch.float32)
-    packed_kernel().gguf_matmul(x.data_ptr(), codes.data_ptr(), group_codes.data_ptr(), super_scales.data_ptr(),
-                                y.data_ptr(), rows, cols, out_features, GGUF_LAYOUTS[layout], group, super_group,
-                                torch.get_num_threads())
+    _gguf_matmul()(x.data_ptr(), codes.data_ptr(), group_codes.data_ptr(), super_scales.data_ptr(), y.data_ptr(),
+                   rows, cols, out_features, GGUF_LAYOUTS[layout], group, super_group, torch.get_num_threads())
     return y
 
 
@@ -80,9 +100,9 @@ def attention_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, vi
     _, heads, rows, dim = q.shape
     q = q.contiguous()
     out = torch.empty(1, rows, heads * dim, dtype=torch.float32)
-    packed_kernel().attention_rows(q.data_ptr(), keys.data_ptr(), values.data_ptr(), visible.data_ptr(),
-                                   out.data_ptr(), rows, heads, keys.shape[1], dim, prefix, visible.shape[1],
-                                   keys.stride(1), dim ** -0.5 if scale is None else scale, torch.get_num_threads())
+    _attention_rows()(q.data_ptr(), keys.data_ptr(), values.data_ptr(), visible.data_ptr(), out.data_ptr(), rows,
+                      heads, keys.shape[1], dim, prefix, visible.shape[1], keys.stride(1),
+                      dim ** -0.5 if scale is None else scale, torch.get_num_threads())
     return out
 
 
@@ -93,8 +113,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     rows, size = x.numel() // x.shape[-1], x.shape[-1]
     total = x if residual is None else torch.empty_like(x)
     normed = torch.empty_like(x)
-    packed_kernel().add_rms_norm(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
-                                 total.data_ptr(), normed.data_ptr(), rows, size, eps)
+    _add_rms_norm()(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                    total.data_ptr(), normed.data_ptr(), rows, size, eps)
     return total, normed
 
 
@@ -105,9 +125,8 @@ def rope_qkv_to_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k
     slots [start, start + T)."""
     rows, dim = qkv.shape[1], cos.shape[-1]
     q = torch.empty(1, heads, rows, dim, dtype=torch.float32)
-    packed_kernel().rope_qkv_to_cache(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(),
-                                      key_cache.data_ptr(), value_cache.data_ptr(), rows, heads, kv_heads, dim,
-                                      start, key_cache.stride(0))
+    _rope_qkv_to_cache()(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(), key_cache.data_ptr(),
+                         value_cache.data_ptr(), rows, heads, kv_heads, dim, start, key_cache.stride(0))
     return q
 
 
@@ -115,5 +134,5 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """Fused gate/up rows (..., 2 I) -> silu(gate) * up (..., I)."""
     width = gate_up.shape[-1] // 2
     out = torch.empty(*gate_up.shape[:-1], width, dtype=torch.float32)
-    packed_kernel().silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * width), width)
+    _silu_mul()(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * width), width)
     return out

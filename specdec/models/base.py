@@ -10,7 +10,7 @@ runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
@@ -36,23 +36,48 @@ def forward_each(model, requests: Sequence[ForwardRequest], hidden_layers: Seque
             for r in requests]
 
 
-class ModelCache(Protocol):
-    length: int
+class ModelCache:
+    """Every model's cache: what the engine, the drafters, the prefix cache and the server ask of it.
+    Optional abilities default to "not offered" here, so callers call methods and never probe a cache."""
 
-    def truncate(self, length: int) -> None: ...
+    length: int  # slots filled
+    max_length: int  # slots it can hold
 
-    def compact(self, prefix_length: int, keep: Sequence[int]) -> None: ...
+    @property
+    def nbytes(self) -> int:
+        """Bytes its keys and values occupy (all max_length slots)."""
+        return 0
+
+    def truncate(self, length: int) -> None:
+        raise NotImplementedError
+
+    def compact(self, prefix_length: int, keep: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def can_copy_from(self, other: "ModelCache") -> bool:
+        """Whether `copy_prefix_from(other, ...)` works (a cache of the same layout)."""
+        return False
+
+    def copy_prefix_from(self, other: "ModelCache", length: int) -> None:
+        """Slots [0, length) of `other` become this cache's whole content."""
+        raise NotImplementedError(f"{type(self).__name__} cannot copy another cache's slots")
 
 
-class CausalLM(Protocol):
+class CausalLM:
+    """Every target and draft model: what the engine, the drafters, the bench and the server ask of it.
+    Optional abilities have their "not offered" defaults here, so callers never probe a model."""
+
     vocab_size: int
     num_layers: int
     hidden_size: int
     max_context: int
     device: torch.device
     dtype: torch.dtype
+    weight_format: str = "float32"  # the format its layers' matrices are held in (packed_linear's names)
+    graphs = None  # CUDA graphs it replays its forwards with (models/cuda_graphs.py), if any
 
-    def new_cache(self, batch_size: int = 1, max_length: int | None = None) -> ModelCache: ...
+    def new_cache(self, batch_size: int = 1, max_length: int | None = None) -> ModelCache:
+        raise NotImplementedError
 
     def forward(
         self,
@@ -62,20 +87,37 @@ class CausalLM(Protocol):
         attn_mask: torch.Tensor | None = None,  # (B or 1, T, cache.length + T) bool, True = may attend
         hidden_layers: Sequence[int] = (),
         last_logits_only: bool = False,
-    ) -> ForwardOutput: ...
+    ) -> ForwardOutput:
+        raise NotImplementedError
 
     def forward_batch(self, requests: Sequence[ForwardRequest], hidden_layers: Sequence[int] = ()) -> list[ForwardOutput]:
         """Each request's forward (its own cache), in one pass where the model can (forward_each where not):
         outputs identical to calling forward per request."""
-        ...
+        return forward_each(self, requests, hidden_layers)
 
+    def weights_module(self) -> "torch.nn.Module | None":
+        """The module holding its weights (for counting and sharing bytes); None where there is none."""
+        return self if isinstance(self, torch.nn.Module) else None
 
-def reusable_prefix(model, length: int, prefilled: int | None = None) -> int:
-    """The longest prefix of a cache's `length` slots (the first `prefilled` of them from a prefill, None:
-    all) that a prefill may stop at and go on from with the same keys and values as one prefill (chunked
-    prefill, cached prefixes); 0 for models without such points."""
-    method = getattr(model, "reusable_prefix", None)
-    return 0 if method is None else method(length, prefilled)
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its weights as held (in their format)."""
+        module = self.weights_module()
+        if module is None:
+            return 0
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in [*module.parameters(), *module.buffers()]}
+        return sum(storages.values())
+
+    def layers_are_packed(self) -> bool:
+        """Whether its layers run on the CPU kernels' packed weights."""
+        return False
+
+    def reusable_prefix(self, length: int, prefilled: int | None = None) -> int:
+        """The longest prefix of a cache's `length` slots (the first `prefilled` of them from a prefill, None:
+        all) that a prefill may stop at and go on from with the same keys and values as one prefill (chunked
+        prefill, cached prefixes); 0 for models without such points."""
+        return 0
 
 
 def causal_attention_mask(past_length: int, num_new: int, device: torch.device | str) -> torch.Tensor:

@@ -34,7 +34,7 @@ def file_sha256(path: Path) -> str:
 def weights_sha256(model_dir: Path) -> str:
     """The GGUF file's digest for a model converted from one (its float32 safetensors, written only when
     needed, are a function of it); else one digest over the *.safetensors files (each file's, in name order)."""
-    from specdec.models.sources.loading import gguf_source
+    from specdec.models.sources.gguf_source import gguf_source
 
     source = gguf_source(Path(model_dir))
     return file_sha256(source) if source is not None else safetensors_sha256(model_dir)

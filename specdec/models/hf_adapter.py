@@ -12,10 +12,11 @@ from typing import Sequence
 
 import torch
 
-from specdec.models.base import ForwardOutput, causal_attention_mask, forward_each, sliding_window_mask
+from specdec.models.base import (CausalLM, ForwardOutput, ModelCache, causal_attention_mask, forward_each,
+                                 sliding_window_mask)
 
 
-class HFCache:
+class HFCache(ModelCache):
     """A transformers DynamicCache plus the rollback operations the engine needs."""
 
     def __init__(self, max_length: int):
@@ -27,6 +28,10 @@ class HFCache:
     @property
     def length(self) -> int:
         return self.cache.get_seq_length()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for layer in self._layers() for t in (layer.keys, layer.values))
 
     def _layers(self):
         return [layer for layer in self.cache.layers if getattr(layer, "is_initialized", True) and layer.keys is not None]
@@ -48,7 +53,7 @@ class HFCache:
             layer.values = layer.values.index_select(2, index)
 
 
-class HFCausalLM:
+class HFCausalLM(CausalLM):
     def __init__(self, model):
         self.model = model.eval()
         config = model.config
@@ -61,6 +66,13 @@ class HFCausalLM:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    def weights_module(self) -> torch.nn.Module:
+        return self.model
+
+    @property
+    def weight_format(self) -> str:
+        return str(self.model.dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float16", "fp16")
 
     @property
     def dtype(self) -> torch.dtype:

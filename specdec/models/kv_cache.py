@@ -12,8 +12,10 @@ from typing import Sequence
 
 import torch
 
+from specdec.models.base import ModelCache
 
-class KVCache:
+
+class KVCache(ModelCache):
     def __init__(
         self,
         num_layers: int,

@@ -16,7 +16,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdec.kernels import GGUF_LAYOUTS, grouped_bits, packed_kernel
+from specdec.kernels import GGUF_LAYOUTS, grouped_bits
+from specdec.kernels.ops import decoder_layers, decoder_layers_batch
 from specdec.models.kv_cache import KVCache
 from specdec.models.quantized.packed_linear import PackedLinear
 
@@ -131,7 +132,7 @@ class LayerPlan:
         out = x.contiguous().clone()
         keys, values = cache.keys[first, 0], cache.values[first, 0]  # (Hkv, S_max, D)
         entry = ctypes.addressof(self.entries) + first * ctypes.sizeof(LayerWeights)
-        packed_kernel().decoder_layers(
+        decoder_layers()(
             entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
             cache.keys.stride(0), keys.stride(0), rows.visible.data_ptr(), rows.prefix, out.shape[1], heads,
             kv_heads, head_dim, cache.length, head_dim ** -0.5, torch.get_num_threads())
@@ -151,7 +152,7 @@ class LayerPlan:
             segments[index] = Segment(keys.data_ptr(), values.data_ptr(), cache.keys.stride(0), keys.stride(0),
                                       rows.visible.data_ptr(), rows.prefix, count, cache.length)
         entry = ctypes.addressof(self.entries) + first * ctypes.sizeof(LayerWeights)
-        packed_kernel().decoder_layers_batch(
+        decoder_layers_batch()(
             entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
             ctypes.addressof(segments), len(parts), heads, kv_heads, head_dim, head_dim ** -0.5,
             torch.get_num_threads())

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdec.kernels import SMALL_ROWS, attention_rows, packed_kernel
-from specdec.models.base import (ForwardOutput, ForwardRequest, causal_attention_mask, forward_each,
+from specdec.models.base import (CausalLM, ForwardOutput, ForwardRequest, causal_attention_mask, forward_each,
                                  sliding_window_mask)
 from specdec.models.config import ModelConfig
 from specdec.models.cuda_graphs import CudaGraphs
@@ -259,7 +259,7 @@ class DecoderStack(nn.Module):
 EMBEDDING_TABLE = "model.embed_tokens.table"  # untied embeddings kept packed (PackedEmbedding owned=True)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(nn.Module, CausalLM):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config

@@ -17,10 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.rounds import GenerationResult
+from specdec.core.rounds import GenerationResult
 from specdec.errors import ContextLengthError, SpecdecError
-from specdec.generator import SpeculativeGenerator
-from specdec.sampling import SamplingParams
+from specdec.api.generator import SpeculativeGenerator
+from specdec.api.request import GenerationRequest
 from specdec.server.guard import GuardSettings, RequestGuard
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import (
@@ -33,7 +33,7 @@ from specdec.server.protocol import (
     parse_request,
     usage,
 )
-from specdec.prefix_cache import PrefixCache
+from specdec.api.prefix_cache import PrefixCache
 from specdec.server.scheduler import PREFILL_TOKENS_PER_STEP, Job, QueueFullError, Scheduler
 
 
@@ -171,10 +171,11 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
                 return error(413, f"the body is larger than {settings.max_request_bytes} bytes",
                              "invalid_request_error", endpoint)
             body = parse_request(raw, kind)
-            job = make_job(body, chat=kind is ChatCompletionRequest)
-            job.prompt, job.encoded = await run_in_threadpool(scheduler.prompt_ids, job), True  # off the worker
-            if settings.max_prompt_tokens is not None and len(job.prompt) > settings.max_prompt_tokens:
-                return error(400, f"the prompt is {len(job.prompt)} tokens; this server takes at most "
+            job = Job(make_request(body))
+            await run_in_threadpool(scheduler.encode, job)  # off the worker: tokenizing may take a while
+            prompt_length = len(job.request.prompt)
+            if settings.max_prompt_tokens is not None and prompt_length > settings.max_prompt_tokens:
+                return error(400, f"the prompt is {prompt_length} tokens; this server takes at most "
                              f"{settings.max_prompt_tokens}", "invalid_request_error", endpoint,
                              code="context_length_exceeded")
             scheduler.submit(job)
@@ -210,26 +211,14 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
         metrics.requests.labels(endpoint, "200").inc()
         return JSONResponse(reply.whole(result, prompt_tokens))
 
-    def make_job(body, chat: bool) -> Job:
-        try:
-            params = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-                                    min_p=body.min_p, repetition_penalty=body.repetition_penalty)
-        except SpecdecError as exc:
-            raise BadRequest(str(exc)) from None
+    def make_request(body) -> GenerationRequest:
         if body.model is not None and body.model != settings.model_name:
             raise BadRequest(f"model {body.model!r} is not served here (this server serves "
                              f"{settings.model_name!r})", "model")
-        spec = body.speculative
-        return Job(
-            prompt=body.prompt() if chat else body.prompt,
-            chat=chat,
-            params=params,
-            max_new_tokens=body.token_limit or settings.default_max_tokens,
-            stop=tuple(body.stop or ()),
-            seed=body.seed,
-            speculative=spec.enabled if spec else True,
-            k=spec.k if spec else None,
-        )
+        try:
+            return body.generation_request(settings.default_max_tokens)
+        except SpecdecError as exc:
+            raise BadRequest(str(exc)) from None
 
     async def next_event(job: Job, request: Request) -> tuple[str, object]:
         """The job's next event; a client that disconnects meanwhile cancels the job (within a round). The

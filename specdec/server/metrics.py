@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from specdec.rounds import GenerationResult
+from specdec.core.rounds import GenerationResult
 
 
 class ServerMetrics:

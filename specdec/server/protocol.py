@@ -17,6 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from specdec.api.request import GenerationRequest
+from specdec.core.sampling import SamplingParams, check_seed
+from specdec.core.speculation_length import check_k, is_auto
 from specdec.errors import InvalidParameterError
 
 # OpenAI fields we accept only at their neutral value: field -> values that mean "off".
@@ -57,16 +60,12 @@ class SpeculativeOptions(BaseModel):
 
     @field_validator("k")
     @classmethod
-    def _k_range(cls, k):
-        if isinstance(k, int) and not 1 <= k <= 64:
-            raise ValueError("k must be between 1 and 64, 'auto' or 'auto:N'")
-        if isinstance(k, str):
-            from specdec.generator import is_auto, speculation_length
-
-            if not is_auto(k):  # a number comes as a JSON number, as before
-                raise ValueError(f"k must be an integer, 'auto' or 'auto:N', not {k!r}")
+    def _k_grammar(cls, k):
+        if isinstance(k, str) and not is_auto(k):  # a number comes as a JSON number
+            raise ValueError(f"k must be an integer, 'auto' or 'auto:N', not {k!r}")
+        if k is not None:
             try:
-                speculation_length(k)
+                check_k(k)
             except InvalidParameterError as error:
                 raise ValueError(str(error)) from None
         return k
@@ -107,8 +106,6 @@ class _Common(BaseModel):
     @field_validator("seed")
     @classmethod
     def _seed_range(cls, seed):
-        from specdec.sampling import check_seed
-
         try:
             check_seed(seed)
         except InvalidParameterError as error:
@@ -145,6 +142,16 @@ class _Common(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
 
+    def generation_request(self, default_max_tokens: int) -> GenerationRequest:
+        """The API's request for this body (InvalidParameterError where its settings do not go together)."""
+        prompt, chat = self.prompt_and_chat()
+        sampling = SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                                  min_p=self.min_p, repetition_penalty=self.repetition_penalty)
+        spec = self.speculative
+        return GenerationRequest(prompt, self.token_limit or default_max_tokens,
+                                 sampling, tuple(self.stop or ()), self.seed, chat,
+                                 k=spec.k if spec else None, speculative=spec.enabled if spec else True)
+
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -159,8 +166,8 @@ class ChatCompletionRequest(_Common):
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def prompt(self) -> list[dict]:
-        return [{"role": m.role, "content": m.content} for m in self.messages]
+    def prompt_and_chat(self) -> tuple[list[dict], bool]:
+        return [{"role": m.role, "content": m.content} for m in self.messages], True
 
 
 class CompletionRequest(_Common):
@@ -183,6 +190,9 @@ class CompletionRequest(_Common):
     @property
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    def prompt_and_chat(self) -> tuple[str | list[int], bool]:
+        return self.prompt, False
 
 
 def parse_request(body: bytes, kind: type[_Common]) -> _Common:

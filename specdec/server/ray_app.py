@@ -20,6 +20,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from specdec.api.options import GeneratorOptions
 from specdec.errors import InvalidParameterError
 from specdec.server.app import ServerSettings
 
@@ -28,7 +29,7 @@ APP_NAME = "specdec"
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    generator: dict  # SpeculativeGenerator.from_pretrained keywords: target, drafter, k, device, ...
+    generator: GeneratorOptions  # what each replica loads
     settings: ServerSettings  # model_name None: the target's name
     replicas: int = 2
     autoscaling: dict | None = None  # Ray Serve's autoscaling_config (then `replicas` is its initial count)
@@ -49,12 +50,12 @@ def build_replica_app(spec: ReplicaSpec):
     """Runs in each replica's process: load the model and build the server's app."""
     import torch
 
-    from specdec.generator import SpeculativeGenerator
+    from specdec.api.generator import SpeculativeGenerator
     from specdec.server.app import create_app
 
     threads = spec.threads_per_replica or max(1, (os.cpu_count() or 1) // max(1, spec.replicas))
     torch.set_num_threads(threads)  # replicas share the machine: oversubscribed threads slow every one
-    generator = SpeculativeGenerator.from_pretrained(**spec.generator)
+    generator = SpeculativeGenerator.from_options(spec.generator)
     settings = dataclasses.replace(spec.settings, model_name=spec.settings.model_name or generator.target.name)
     return create_app(generator, settings)
 

@@ -4,7 +4,7 @@ Why one thread: the model's forward already uses every core, so running two
 forwards at once only makes both slower; and keeping the model, the tokenizer
 and the caches on one thread needs no locks. Each worker step runs one round of
 every active generation (up to `max_active`) with their verify forwards as one
-batched pass over the weights (engine.run_round_together; on a memory-bound
+batched pass over the weights (api.batch.BatchRunner; on a memory-bound
 machine B requests' rows cost far less than B forwards), and requests join and
 leave between steps (continuous batching).
 
@@ -37,14 +37,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specdec.batch_drafts import PassCost
-from specdec.commit import StopCriteria
-from specdec.engine import default_row_budget, run_round_together
-from specdec.rounds import StreamChunk
+from specdec.api.batch import BatchRunner
+from specdec.api.generator import SpeculativeGenerator
+from specdec.api.prefix_cache import PrefixCache
+from specdec.api.request import GenerationRequest
+from specdec.core.rounds import StreamChunk
 from specdec.errors import SpecdecError
-from specdec.generator import Prompt, SpeculativeGenerator
-from specdec.prefix_cache import PrefixCache
-from specdec.sampling import SamplingParams
 
 
 class QueueFullError(SpecdecError):
@@ -53,18 +51,10 @@ class QueueFullError(SpecdecError):
 
 @dataclass
 class Job:
-    prompt: Prompt
-    chat: bool
-    params: SamplingParams
-    max_new_tokens: int
-    stop: tuple[str, ...]
-    seed: int | None
-    speculative: bool = True
-    k: int | str | None = None  # None: the server's setting
+    request: GenerationRequest  # its prompt as checked token ids once `Scheduler.encode` ran
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     loop: asyncio.AbstractEventLoop | None = None
     cancelled: bool = False
-    encoded: bool = False  # prompt already holds checked token ids (Scheduler.prompt_ids)
     connection_checked: float = 0.0  # when the server last asked whether the client is still there
     kv_bytes: int = 0  # its KV cache's size, once known (a job waiting for KV memory is not sized again)
 
@@ -96,12 +86,10 @@ class Scheduler:
         self.generator = generator
         self.max_active, self.max_queue = max_active, max_queue
         self.kv_budget_bytes = kv_budget_bytes
-        self.prefix_cache = prefix_cache
         self.prefill_tokens_per_step = max(1, prefill_tokens_per_step)
         self.on_finished = on_finished or (lambda job, result: None)
-        self.on_round = on_round or (lambda batch: None)  # after each batched round (engine.BatchedRound)
-        self.row_budget = default_row_budget(generator.target.model.device)
-        self.pass_cost = PassCost()  # what this target's batched passes cost by rows: sizes each request's K
+        self.on_round = on_round or (lambda batch: None)  # after each batched round (its BatchedRound)
+        self.runner = BatchRunner(generator, prefix_cache, keep_conversations=True)
         self.waiting: deque[Job] = deque()
         self.active: list[tuple[Job, object]] = []  # (job, its generation), prefilling or running
         self.wake = threading.Condition()
@@ -209,8 +197,7 @@ class Scheduler:
         """The job's generation (its cache allocated, nothing computed), or None when it could not start
         (the job got its event)."""
         try:
-            engine = self.generator.request_engine(job.speculative, job.k)
-            return engine.start(*self._encode(job), self.generator.target.tokenizer, job.seed)
+            return self.runner.start(job.request)
         except SpecdecError as exc:
             job.emit("error", exc)
         except Exception as exc:  # a bug, not bad input: report it to this request only
@@ -229,39 +216,25 @@ class Scheduler:
             if generation.prefilled or job.cancelled:
                 continue
             try:
-                if generation.cache.length == 0 and self.prefix_cache is not None:
-                    generation.use_prompt_cache(self.prefix_cache.lookup(generation.prompt_ids[:-1]))
-                done = generation.prefill_step(budget)
+                done = self.runner.prefill(generation, budget)
             except Exception as exc:
                 job.emit("failed", exc)
                 self._remove(entry)
                 continue
             if generation.prefilled:
-                if self.prefix_cache is not None:
-                    self.prefix_cache.store(generation.prompt_ids[:-1], generation.cache)
                 job.emit("started", len(generation.prompt_ids))
             if budget is not None:
                 budget -= max(1, done)
                 if budget <= 0:
                     return
 
-    def prompt_ids(self, job: Job) -> list[int]:
-        """The job's prompt as checked token ids. Thread-safe: the server calls it off the worker thread,
-        so tokenizing a large prompt never stalls the generations running."""
-        ids = self.generator.encode(job.prompt, job.chat) if not _is_token_ids(job.prompt) else list(job.prompt)
-        vocab = self.generator.target.model.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
-            raise SpecdecError(f"prompt token ids must be in [0, {vocab})")
-        return ids
-
-    def _encode(self, job: Job) -> tuple[list[int], SamplingParams, StopCriteria]:
-        criteria = StopCriteria(job.max_new_tokens, frozenset(self.generator.target.eos_token_ids), job.stop)
-        ids = list(job.prompt) if job.encoded else self.prompt_ids(job)
-        return ids, job.params, criteria
-
+    def encode(self, job: Job) -> None:
+        """Replace the job's prompt by its checked token ids. Thread-safe: the server calls it off the worker
+        thread, so tokenizing a large prompt never stalls the generations running."""
+        job.request = job.request.replace(prompt=self.generator.prompt_ids(job.request), chat=False)
 
     def _round(self) -> None:
-        """One round of every prefilled generation, their verify forwards batched (engine.run_round_together);
+        """One round of every prefilled generation, their verify forwards batched (BatchRunner.round);
         then each job gets its new text, or its result when it is done. Cancelled jobs leave first."""
         for entry in [entry for entry in self.active if entry[0].cancelled or entry[1].finished]:
             self._finish(entry, cancelled=entry[0].cancelled)
@@ -269,8 +242,7 @@ class Scheduler:
         if not running:
             return
         try:
-            batch = run_round_together([generation for _, generation in running], self.row_budget,
-                                       self.pass_cost)
+            batch = self.runner.round([generation for _, generation in running])
             self.on_round(batch)
         except Exception as exc:  # a bug, not bad input: the requests of this round fail, the server goes on
             for entry in running:
@@ -288,10 +260,7 @@ class Scheduler:
         if cancelled:
             job.emit("cancelled", None)
         else:
-            result = generation.result()
-            if self.prefix_cache is not None:  # the conversation so far: the next turn's history
-                kept = generation.cache.length
-                self.prefix_cache.store(generation.context[:kept], generation.cache, len(generation.prompt_ids) - 1)
+            result = self.runner.finish(generation)  # the conversation so far: the next turn's history
             self.on_finished(job, result)
             job.emit("done", result)
         self._remove(entry)
@@ -303,7 +272,3 @@ class Scheduler:
 
 def _mib(size: int) -> str:
     return f"{size / 2**20:.1f}"
-
-
-def _is_token_ids(prompt) -> bool:
-    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)

@@ -15,8 +15,8 @@ from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import LoadedHead, TargetIdentity, save_head
 from specdec.paths import specdec_home
 from specdec.training.corpus import CorpusConfig, build_corpus, generation_prompts
-from specdec.training.features import (cache_features, concatenate, draft_vocabulary, generated_features,
-                                       pack_sequences)
+from specdec.training.features import cache_features, concatenate, draft_vocabulary, pack_sequences
+from specdec.training.self_generation import generated_features
 from specdec.training.train import TrainConfig, feature_layers, fit
 
 VALIDATION_FRACTION = 0.05
@@ -33,7 +33,7 @@ def feature_dir(target, identity: TargetIdentity, corpus: CorpusConfig, layers: 
     key_parts = [asdict(corpus), identity.weights_sha256, identity.tokenizer_sha256]
     if layers != (target.model.num_layers,):  # the final state's caches keep the names they always had
         key_parts.append(list(layers))
-    weights = getattr(target.model, "weight_format", "float32")
+    weights = target.model.weight_format
     if weights != "float32":  # features of the target in another format (its GGUF blocks, say) are other values
         key_parts.append(weights)
     key = hashlib.sha256(json.dumps(key_parts).encode())
@@ -56,7 +56,7 @@ def measure_end_to_end(target, head: LoadedHead, max_new_tokens: int = 64) -> di
     """tau and exactness of the new head drafting for the target, greedy, on VALIDATION_PROMPTS."""
     from specdec.drafters.eagle import EagleDrafter, TreeShape
     from specdec.drafters.medusa import MedusaDrafter
-    from specdec.generator import SpeculativeGenerator
+    from specdec.api.generator import SpeculativeGenerator
 
     drafter = (EagleDrafter(head, target.model, TreeShape(), head.kind) if head.kind in ("eagle", "eagle3")
                else MedusaDrafter(head, target.model, 16, "medusa"))

@@ -9,6 +9,8 @@ half at temperature 0.7, for variety.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from specdec.training.features import TOP_K, joined_features
@@ -69,3 +71,38 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids
                         "top_ids": top_ids[row, start: start + count].to(torch.int32),
                         "top_probs": top_probs[row, start: start + count].to(torch.float16)})
     return results
+
+
+GENERATION_BATCH = 16
+
+
+def generated_features(target, prompts: list[str], max_new_tokens: int, out_dir: Path, seed: int,
+                       progress: bool = True, layers: tuple[int, ...] | None = None) -> list[dict[str, torch.Tensor]]:
+    """The target's answers to `prompts` with their features (`generate_batch`), in batches cached as
+    shards under out_dir like the corpus features."""
+    from safetensors.torch import load_file, save_file
+    from tqdm import tqdm
+
+    from specdec.training.corpus import chat_ids
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = target.model, target.tokenizer
+    batches = [prompts[i: i + GENERATION_BATCH] for i in range(0, len(prompts), GENERATION_BATCH)]
+    sequences: list[dict[str, torch.Tensor]] = []
+    for index, batch in enumerate(tqdm(batches, desc="self-generated answers", unit="batch", disable=not progress)):
+        path = out_dir / f"generated-{index:05d}.safetensors"
+        if not path.exists():
+            prompt_ids = [chat_ids(tokenizer, text) for text in batch]
+            generator = torch.Generator().manual_seed(seed * 100_003 + index)
+            results = generate_batch(model, prompt_ids, max_new_tokens, target.eos_token_ids,
+                                     0.0 if index % 2 == 0 else 0.7, generator, layers)
+            flat = {key: torch.cat([r[key] for r in results]) for key in results[0]}
+            flat["lengths"] = torch.tensor([r["tokens"].shape[0] for r in results], dtype=torch.int64)
+            partial = path.with_suffix(".partial")
+            save_file(flat, str(partial))
+            partial.replace(path)
+        flat = load_file(str(path))
+        bounds = [0, *flat.pop("lengths").cumsum(0).tolist()]
+        for start, stop in zip(bounds, bounds[1:]):
+            sequences.append({key: value[start:stop] for key, value in flat.items()})
+    return sequences

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from specdec.kernels import GGUF_LAYOUTS, INTEGER_COLUMNS, gguf_matmul, pack_codes, unpack_codes
-from specdec.models.quantized.gguf_blocks import BlockWeights, concatenate, decode, dequantize_parts
+from specdec.models.quantized.gguf_blocks import (FLOAT_FORMATS, SUPPORTED_FORMATS, BlockWeights, code_values,
+                                                 concatenate, decode, dequantize_parts)
 from specdec.models.quantized.packed_linear import PackedLinear
 
 
@@ -39,7 +40,7 @@ class GgufLinear(PackedLinear):
 
         codes = pad(weights.codes).view(torch.uint8)  # signed codes travel as their bytes
         self.register_buffer("packed", pack_sixbits(codes) if weights.layout == "sixbits"
-                             else pack_codes(codes, 4 if weights.layout == "nibbles" else 8))
+                             else pack_codes(codes, 8 if weights.layout == "signed" else 4))
         self.register_buffer("scales", by_column_block(weights.sc, weights.mn))
         self.register_buffer("super_scales", by_column_block(weights.d, weights.dmin))
         self.register_buffer("bias", None if bias is None else bias.float().clone())
@@ -86,6 +87,7 @@ class GgufLinear(PackedLinear):
             codes = unpack_codes(self.packed, tokens, self.in_features)
         if layout == "signed":
             codes = codes.view(torch.int8)
+        codes = code_values(codes, layout)
         block, column = tokens // INTEGER_COLUMNS, tokens % INTEGER_COLUMNS
 
         def of_rows(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # (C, groups, 2, 8) -> 2 x (..., groups)
@@ -130,10 +132,11 @@ _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",), "ga
 
 
 def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
-    """Packed layer name (as LlamaForCausalLM.pack_weights names them) -> GgufLinear, read from the file's
-    blocks: every layer's projections, the LM head (the token embeddings where they are tied), and
-    `model.embed_tokens.table` where the embeddings are untied. Raises ValueError for a matrix in a format
-    kernels/gguf_matmul.cpp does not multiply (float matrices, K-quants other than Q4_K/Q6_K, i-quants)."""
+    """Packed layer name (as LlamaForCausalLM.pack_weights names them) -> layer, read from the file's own
+    values: every layer's projections, the LM head (the token embeddings where they are tied), and
+    `model.embed_tokens.table` where the embeddings are untied. Block-quantized matrices become GgufLinear
+    (their blocks as they are); F16, BF16 and F32 matrices PackedLinear panels of their own type. A file
+    with a matrix of another type raises ValueError naming it, before any matrix is read."""
     from specdec.models.sources.gguf_convert import gguf_field, hf_tensor_name, read_gguf, unpermute_llama_qk
 
     reader = read_gguf(gguf_path)
@@ -146,6 +149,10 @@ def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
         if name is None or not (name.endswith("proj.weight") or name.endswith("proj.bias")
                                 or name in ("lm_head.weight", "model.embed_tokens.weight")):
             continue
+        kind = tensor.tensor_type.name
+        if name.endswith(".weight") and kind not in SUPPORTED_FORMATS and kind not in FLOAT_FORMATS:
+            raise ValueError(f"tensor {tensor.name} is {kind}, which the CPU kernels do not multiply (they take "
+                             f"{', '.join(SUPPORTED_FORMATS + tuple(FLOAT_FORMATS))})")
         permute = None
         if arch == "llama" and ".attn_q." in tensor.name:
             permute = heads
@@ -153,13 +160,22 @@ def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
             permute = kv_heads
         tensors[name] = (tensor, permute)
 
+    def rows_in_order(values, permute):  # rows are independent, so moving whole rows is exact
+        return values if not permute else values.rows(torch.from_numpy(
+            np.ascontiguousarray(unpermute_llama_qk(np.arange(values.shape[0]), permute))))
+
     def matrix(name: str) -> BlockWeights:  # decoded when its layer is built: one layer's codes at a time
         tensor, permute = tensors[name]
         cols, rows = int(tensor.shape[0]), int(tensor.shape[1])
-        weights = decode(tensor.data, tensor.tensor_type.name, rows, cols)
-        if permute:  # rows are independent, so moving whole rows is exact
-            weights = weights.rows(torch.from_numpy(np.ascontiguousarray(unpermute_llama_qk(np.arange(rows), permute))))
-        return weights
+        return rows_in_order(decode(tensor.data, tensor.tensor_type.name, rows, cols), permute)
+
+    def float_matrix(name: str) -> torch.Tensor:  # (N, K) float32: the file's float values, exactly
+        import gguf
+
+        tensor, permute = tensors[name]
+        cols, rows = int(tensor.shape[0]), int(tensor.shape[1])
+        values = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(rows, cols)
+        return torch.from_numpy(np.array(unpermute_llama_qk(values, permute) if permute else values, order="C"))
 
     def bias(name: str) -> torch.Tensor | None:
         if name not in tensors:
@@ -168,9 +184,22 @@ def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
         values = np.asarray(tensor.data, dtype=np.float32)
         return torch.from_numpy(np.array(unpermute_llama_qk(values, permute) if permute else values))
 
-    def fused(prefix: str, parts: Sequence[str]) -> GgufLinear:
-        members = [matrix(f"{prefix}.{part}.weight") for part in parts]
-        part_biases = [bias(f"{prefix}.{part}.bias") for part in parts]
+    def layer(names: Sequence[str], biases: Sequence[str] = ()) -> PackedLinear:
+        """One layer of the matrices `names` stacked (fused projections), in their own format."""
+        kinds = {tensors[name][0].tensor_type.name for name in names}
+        part_biases = [bias(name) for name in biases] if biases else [None] * len(names)
+        if kinds <= set(FLOAT_FORMATS):
+            if len(kinds) > 1:
+                raise ValueError(f"the matrices of {names[0].rsplit('.', 2)[0]} mix {', '.join(sorted(kinds))}")
+            members = [float_matrix(name) for name in names]
+            joined = None if all(b is None for b in part_biases) else torch.cat(
+                [b if b is not None else torch.zeros(m.shape[0]) for b, m in zip(part_biases, members)])
+            panels = PackedLinear(torch.cat(members), joined, [m.shape[0] for m in members])
+            return panels.quantize_(FLOAT_FORMATS[kinds.pop()])
+        if kinds & set(FLOAT_FORMATS):
+            raise ValueError(f"the matrices of {names[0].rsplit('.', 2)[0]} mix float and block formats "
+                             f"({', '.join(sorted(kinds))})")
+        members = [matrix(name) for name in names]
         joined = None if all(b is None for b in part_biases) else torch.cat(
             [b if b is not None else torch.zeros(m.shape[0]) for b, m in zip(part_biases, members)])
         return GgufLinear(concatenate(members), joined, [m.shape[0] for m in members])
@@ -181,12 +210,11 @@ def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
         for fused_name, parts in _FUSED.items():
             block = "self_attn" if fused_name in ("qkv_proj", "o_proj") else "mlp"
             prefix = f"model.layers.{index}.{block}"
-            layers[f"{prefix}.{fused_name}"] = fused(prefix, parts)
-    embeddings = matrix("model.embed_tokens.weight")
+            layers[f"{prefix}.{fused_name}"] = layer([f"{prefix}.{part}.weight" for part in parts],
+                                                     [f"{prefix}.{part}.bias" for part in parts])
     if "lm_head.weight" in tensors:
-        head = matrix("lm_head.weight")
-        layers["lm_head"] = GgufLinear(head, None, [head.shape[0]])
-        layers["model.embed_tokens.table"] = GgufLinear(embeddings, None, [embeddings.shape[0]])
+        layers["lm_head"] = layer(["lm_head.weight"])
+        layers["model.embed_tokens.table"] = layer(["model.embed_tokens.weight"])
     else:
-        layers["lm_head"] = GgufLinear(embeddings, None, [embeddings.shape[0]])
+        layers["lm_head"] = layer(["model.embed_tokens.weight"])
     return layers

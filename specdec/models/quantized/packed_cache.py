@@ -38,7 +38,7 @@ def is_cached_format(weights: str) -> bool:
 
 def packed_cache_path(model_dir: Path, weights: str) -> Path:
     """Where the `weights`-format packing of the checkpoint in `model_dir` lives."""
-    from specdec.models.sources.loading import gguf_source
+    from specdec.models.sources.gguf_source import gguf_source
 
     # a GGUF-sourced checkpoint is its GGUF file, whether or not its float32 safetensors were written yet
     gguf = gguf_source(model_dir)

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from specdec.errors import CorruptModelError, UnsupportedModelError
+from specdec.errors import UnsupportedModelError
+from specdec.models.sources.gguf_file import GgufFile
 from specdec.paths import building_directory, replace_flushed
 
 GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
@@ -85,18 +86,13 @@ def unpermute_llama_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def read_gguf(path: Path):
-    import gguf
-
-    try:
-        return gguf.GGUFReader(str(path))
-    except Exception as exc:  # the reader raises assorted errors on corrupt or truncated input
-        raise CorruptModelError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+def read_gguf(path: Path) -> GgufFile:
+    """The file's metadata and tensor index (gguf_file.py: its tokenizer arrays are skipped, not parsed)."""
+    return GgufFile(Path(path))
 
 
-def gguf_field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def gguf_field(reader: GgufFile, key: str, default=None):
+    return reader.field(key, default)
 
 
 def dequantized_state_dict(reader, wanted: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:

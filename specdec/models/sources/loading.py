@@ -25,6 +25,7 @@ from specdec.models.config import NATIVE_MODEL_TYPES, ModelConfig
 from specdec.models.quantized.packed_cache import (discard_packed, is_cached_format, load_packed, packed_cache_path,
                                                    save_packed)
 from specdec.models.quantized.packed_linear import parse_weight_format
+from specdec.models.sources.gguf_source import gguf_only_source, gguf_source
 from specdec.paths import converted_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -51,24 +52,34 @@ class LoadedModel:
         return frozenset(i for i, token in added.items() if token.special) - frozenset(self.eos_token_ids)
 
 
-def resolve_model_dir(spec: str, pull_missing: bool = True) -> tuple[str, Path]:
-    """(display name, Hugging Face directory) for a zoo name, a model directory or a .gguf file."""
+def check_model_spec(spec: str) -> None:
+    """A zoo name, a Hugging Face directory (with config.json) or an existing .gguf file; else
+    UnknownModelError. Nothing is read or pulled: what a command checks before it loads anything."""
     from specdec.models.sources import zoo
 
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
             raise UnknownModelError(f"{spec}: directory has no config.json (not a Hugging Face model directory)")
-        return path.name, path
-    if path.suffix == ".gguf":
+    elif path.suffix == ".gguf":
         if not path.is_file():
             raise UnknownModelError(f"{spec}: no such GGUF file")
+    elif spec not in zoo.REGISTRY:
+        raise UnknownModelError(
+            f"unknown model {spec!r}: not a zoo name ({', '.join(zoo.REGISTRY)}), a model directory or a .gguf file")
+
+
+def resolve_model_dir(spec: str, pull_missing: bool = True) -> tuple[str, Path]:
+    """(display name, Hugging Face directory) for a zoo name, a model directory or a .gguf file."""
+    from specdec.models.sources import zoo
+
+    check_model_spec(spec)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path.name, path
+    if path.suffix == ".gguf":
         return path.stem, gguf_cache_dir(path)
-    if spec in zoo.REGISTRY:
-        return spec, zoo.ensure_pulled(spec) if pull_missing else zoo.model_dir(spec)
-    raise UnknownModelError(
-        f"unknown model {spec!r}: not a zoo name ({', '.join(zoo.REGISTRY)}), a model directory or a .gguf file"
-    )
+    return spec, zoo.ensure_pulled(spec) if pull_missing else zoo.model_dir(spec)
 
 
 def gguf_cache_dir(gguf_path: Path) -> Path:
@@ -81,12 +92,6 @@ def gguf_cache_dir(gguf_path: Path) -> Path:
     if not (out / "config.json").exists():
         convert_gguf(gguf_path, out)
     return out
-
-
-def gguf_only_source(model_dir: Path) -> Path | None:
-    """The GGUF file of a directory converted from one whose float32 safetensors are not written (yet)."""
-    source = gguf_source(model_dir)
-    return source if source is not None and not any(model_dir.glob("*.safetensors")) else None
 
 
 def load_model(
@@ -105,16 +110,7 @@ def load_model(
     weights="int8" (weight-only, per output channel) or "int4[:G]" (grouped 4-bit, see packed_linear)
     quantizes the linear layers at load: that quantized model is then the target, whose plain output
     speculation reproduces exactly. weights="auto" (what the CLI and the API default to): see auto_weights."""
-    if weights != "auto":  # auto is resolved below, once the model's source is known
-        try:
-            parse_weight_format(weights)
-        except ValueError as error:
-            raise InvalidParameterError(str(error)) from None
-    if dtype not in DTYPES:
-        raise InvalidParameterError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
-    if backend not in BACKENDS:
-        raise InvalidParameterError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
-    check_device(device)
+    check_load_options(device, dtype, backend, weights)
     on_kernel = backend != "transformers" and kernels and uses_packed_kernel(device, DTYPES[dtype])
     if weights not in ("float32", "auto") and not on_kernel:
         raise InvalidParameterError(
@@ -150,6 +146,21 @@ def load_model(
     tokenizer = load_tokenizer(model_dir)
     eos = eos_token_ids(model_dir, hf_config, tokenizer)
     return LoadedModel(name, model_dir, model, tokenizer, eos, backend)
+
+
+def check_load_options(device: str, dtype: str, backend: str, weights: str) -> None:
+    """InvalidParameterError for a device, dtype, backend or weight format `load_model` does not know
+    ("auto" weights are resolved once the model's source is known)."""
+    if weights != "auto":
+        try:
+            parse_weight_format(weights)
+        except ValueError as error:
+            raise InvalidParameterError(str(error)) from None
+    if dtype not in DTYPES:
+        raise InvalidParameterError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    if backend not in BACKENDS:
+        raise InvalidParameterError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    check_device(device)
 
 
 def auto_weights(model_dir: Path, native_on_kernel: bool) -> str:
@@ -191,10 +202,13 @@ def uses_packed_kernel(device: str, dtype: torch.dtype) -> bool:
 
 
 def check_device(device: str) -> None:
+    """cpu, cuda or cuda:N, where CUDA is available; else InvalidParameterError."""
     try:
         parsed = torch.device(device)
-    except RuntimeError:
+    except (RuntimeError, TypeError):
         raise InvalidParameterError(f"unknown device {device!r} (use cpu or cuda)") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise InvalidParameterError(f"unknown device {device!r} (use cpu or cuda)")
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise InvalidParameterError("device cuda requested but CUDA is not available on this machine")
 
@@ -323,21 +337,6 @@ def native_from_packed_layers(model_dir: Path, hf_config: dict, weights: str, la
         raise ValueError(f"missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}, {len(layers)} layers")
     model.init_rope("cpu")
     return model.eval()
-
-
-def gguf_source(model_dir: Path) -> Path | None:
-    """The GGUF file a converted directory came from (a zoo model's, or a .gguf given by path), if at hand."""
-    record = model_dir / "specdec_source.json"
-    if record.exists():
-        path = Path(json.loads(record.read_text())["gguf"])
-        if path.is_file():
-            return path
-    manifest = model_dir.parent / "manifest.json"  # zoo models: NAME/hf next to NAME/NAME.gguf
-    if manifest.exists():
-        path = model_dir.parent / json.loads(manifest.read_text())["gguf"]
-        if path.is_file():
-            return path
-    return None
 
 
 def load_native_gguf(name: str, model_dir: Path, hf_config: dict):

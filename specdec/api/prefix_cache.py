@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from specdec.drafters.cross_tokenizer import common_prefix_length
-from specdec.models.base import reusable_prefix
 from specdec.models.kv_cache import KVCache
 
 # Shorter common prefixes are not worth a lookup's copy (and a chat template's first few tokens are shared
@@ -54,7 +53,7 @@ class PrefixCache:
 
     @property
     def enabled(self) -> bool:
-        return self.budget_bytes > 0 and reusable_prefix(self.model, 1) == 1
+        return self.budget_bytes > 0 and self.model.reusable_prefix(1) == 1
 
     def lookup(self, head: Sequence[int]) -> KVCache | None:
         """A cache whose first `length` slots hold head[:length] (the longest reusable common prefix with an
@@ -69,7 +68,7 @@ class PrefixCache:
                 length = common_prefix_length(entry.tokens, head)
                 if length > best_length:
                     best, best_length = entry, length
-            best_length = reusable_prefix(self.model, best_length)
+            best_length = self.model.reusable_prefix(best_length)
             if best is None or best_length < MIN_REUSED_TOKENS:
                 return None
             self._clock += 1
@@ -86,7 +85,7 @@ class PrefixCache:
         extends are dropped: any hit on them hits it too."""
         if not self.enabled or not isinstance(cache, KVCache):
             return
-        length = reusable_prefix(self.model, min(len(tokens), cache.length), prefilled)
+        length = self.model.reusable_prefix(min(len(tokens), cache.length), prefilled)
         if length < MIN_REUSED_TOKENS:
             return
         key = tuple(tokens[:length])

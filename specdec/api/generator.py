@@ -13,19 +13,18 @@ from __future__ import annotations
 import sys
 from typing import Iterator, Sequence
 
-from specdec.commit import StopCriteria
-from specdec.drafters import Drafter, make_drafter
-from specdec.engine import SpeculativeEngine
-from specdec.rounds import GenerationResult, StreamChunk
+from specdec.api.options import GeneratorOptions
+from specdec.api.request import GenerationRequest, Prompt
+from specdec.core.commit import StopCriteria
+from specdec.core.rounds import GenerationResult, StreamChunk
+from specdec.core.speculation_length import FixedK, SpeculationLength, is_auto, speculation_length
+from specdec.drafters import Drafter, make_drafter, parse_spec
+from specdec.engine import Generation, SpeculativeEngine
 from specdec.errors import InvalidParameterError, SpecdecError
-from specdec.models.sources.loading import LoadedModel, gguf_source, load_model
-from specdec.sampling import SamplingParams
-from specdec.speculation_length import AdaptiveK, FixedK, SpeculationLength
-from specdec.verify import check_acceptance
 from specdec.models.sources import zoo
+from specdec.models.sources.gguf_source import gguf_source
+from specdec.models.sources.loading import LoadedModel, load_model
 from specdec.models.sources.zoo import DEFAULT_MODEL
-
-Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "content": ...}]
 
 # The best drafter measured for each model in the weight format it runs in; others get n-gram drafting.
 # float32 on the CPU kernel: its own quantized copy. The zoo's 1.5B is a GGUF file dequantized, so the file's
@@ -43,30 +42,10 @@ DEFAULT_DRAFTERS: dict[tuple[str, str], str] = {
     ("qwen2.5-coder-1.5b-instruct", "bf16"): "quant:gguf",
     ("qwen2.5-coder-1.5b-instruct", "gguf"): "draft:qwen2.5-coder-0.5b-instruct@weights=int4:128,vocab=32768",
 }
-# The longest draft `--k auto` considers (`auto:N` sets another). AdaptiveK picks K <= this from measured
-# costs. A self-draft accepted nearly every token on code gains from long drafts, and a verification of up
-# to 16 rows streams the weights once on AVX-512 builds; elsewhere the measured costs keep K short.
-MAX_AUTO_K = 16
 
 
-def is_auto(k: int | str) -> bool:
-    """Whether K is left to measurements: 'auto' or 'auto:N' (validated by speculation_length)."""
-    return isinstance(k, str) and (k == "auto" or k.startswith("auto:"))
-
-
-def speculation_length(k: int | str) -> SpeculationLength:
-    if is_auto(k):
-        most = k.partition(":")[2]
-        if most and not (most.isdigit() and 1 <= int(most) <= 64):
-            raise InvalidParameterError(f"k: 'auto:N' needs N between 1 and 64, not {most!r}")
-        return AdaptiveK(max_k=int(most) if most else MAX_AUTO_K)
-    try:
-        value = int(k)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(f"k must be an integer >= 1, 'auto' or 'auto:N', not {k!r}") from None
-    if not 1 <= value <= 64:
-        raise InvalidParameterError(f"k must be between 1 and 64, not {value}")
-    return FixedK(value)
+# Prompt tokens per prefill step when the caller follows the prefill's progress (`run(on_prefill=)`).
+PREFILL_CHUNK = 512
 
 
 def speculation_for(drafter: Drafter | None, k: int | str) -> SpeculationLength:
@@ -83,13 +62,14 @@ def default_drafter(target: LoadedModel) -> str:
     """The drafter spec `drafter="default"` means for this target as loaded (DEFAULT_DRAFTERS), else n-gram.
     A float32 self-draft needs the target's layers on the CPU kernel: in bfloat16 on a CPU, torch's int4
     self-draft won decode-only on code but lost to n-gram over seven tasks with prefill counted."""
-    weights = getattr(target.model, "weight_format", None)
+    weights = target.model.weight_format
     spec = DEFAULT_DRAFTERS.get((target.name, weights))
     if spec is None or (weights == "float32" and not target.model.layers_are_packed()):
         return "ngram"
     if spec == "quant:gguf" and gguf_source(target.path) is None:
         return "quant:int4"  # its float32 weights did not come from a GGUF file at hand: a 4-bit copy
-    draft = spec[len("draft:"):].partition("@")[0] if spec.startswith("draft:") else None
+    parsed = parse_spec(spec)
+    draft = parsed.argument if parsed.kind == "draft" else None
     if draft is not None and not zoo.is_pulled(draft):
         print(f"specdec: {target.name}'s default draft is {draft} ({zoo.REGISTRY[draft].size_bytes / 1e6:.0f} MB; "
               "--drafter ngram needs none)", file=sys.stderr)
@@ -102,10 +82,13 @@ def default_drafter(target: LoadedModel) -> str:
 
 
 class SpeculativeGenerator:
+    """A target with its drafter. Keyword methods for scripts (`generate`, `stream`, `generate_batch`); the
+    same as requests (`run`, `start`, `run_batch` with a `GenerationRequest`), which front ends build."""
+
     def __init__(self, target: LoadedModel, drafter: Drafter | None = None, k: int | str = 4,
                  acceptance: str = "match"):
-        """acceptance: how sampled drafts are judged (specdec.verify): "match" (the default) returns, for a
-        seed, exactly the text plain sampling returns; "rejection" accepts more of a sampling draft model's
+        """acceptance: how sampled drafts are judged (specdec.core.verify): "match" (the default) returns, for
+        a seed, exactly the text plain sampling returns; "rejection" accepts more of a sampling draft model's
         tokens and is exact in distribution, but its text depends on how tokens fall into rounds."""
         self.target = target
         self.drafter = drafter
@@ -125,22 +108,97 @@ class SpeculativeGenerator:
         cuda_graphs: bool = True,
         acceptance: str = "match",
     ) -> "SpeculativeGenerator":
-        speculation_length(k)  # validate before loading anything
-        check_acceptance(acceptance)
-        loaded = load_model(target, device=device, dtype=dtype, backend=backend, weights=weights,
-                            cuda_graphs=cuda_graphs)
-        if drafter == "default":
-            drafter = default_drafter(loaded)
-        return cls(loaded, make_drafter(drafter, loaded, device, dtype), k, acceptance)
+        return cls.from_options(GeneratorOptions(target, drafter, k, device, dtype, backend, weights, cuda_graphs,
+                                                 acceptance))
+
+    @classmethod
+    def from_options(cls, options: GeneratorOptions) -> "SpeculativeGenerator":
+        """Load what `options` (checked when they were built, before anything loads) name."""
+        loaded = load_model(options.target, device=options.device, dtype=options.dtype, backend=options.backend,
+                            weights=options.weights, cuda_graphs=options.cuda_graphs)
+        drafter = default_drafter(loaded) if options.drafter == "default" else options.drafter
+        return cls(loaded, make_drafter(drafter, loaded, options.device, options.dtype), options.k,
+                   options.acceptance)
+
+    # -- requests ----------------------------------------------------------------------------
+    def run(self, request: GenerationRequest, on_chunk=None, prompt_cache=None, on_prefill=None) -> GenerationResult:
+        """The request's result. on_chunk(StreamChunk) sees the text as it is committed; prompt_cache: a
+        target cache holding the prompt but its last token (`prompt_cache()`), copied instead of computed;
+        on_prefill(done, total): the prompt is prefilled in chunks of PREFILL_CHUNK tokens and this is told
+        after each (a progress bar for long prompts; the keys and values are those of one prefill)."""
+        generation = self.start(request)
+        if prompt_cache is not None:
+            generation.use_prompt_cache(prompt_cache)
+        if on_prefill is not None:
+            total = len(generation.prompt_ids) - 1
+            while not generation.prefilled:
+                generation.prefill_step(PREFILL_CHUNK)
+                on_prefill(generation.cache.length, total)
+        for chunk in generation.chunks():
+            if on_chunk is not None:
+                on_chunk(chunk)
+        return generation.result()
+
+    def start(self, request: GenerationRequest, interleaved: bool = False) -> Generation:
+        """The request's generation, to drive (`chunks()`, or `prefill_step` and rounds by a batch runner):
+        its cache allocated, nothing computed. It runs on the generator's own engine (one generation at a
+        time: its drafter state and K's measurements carry over between calls) unless the request sets K or
+        turns speculation off, or it runs `interleaved` with others: then its drafter state is its own."""
+        criteria = StopCriteria(request.max_new_tokens, frozenset(self.target.eos_token_ids), request.stop)
+        engine = self.request_engine(request.speculative, request.k) if interleaved else self.engine_for(request)
+        return engine.start(self.prompt_ids(request), request.sampling, criteria, self.target.tokenizer,
+                            request.seed)
+
+    def run_batch(self, requests: Sequence[GenerationRequest], max_batch: int = 16,
+                  row_budget: int | None | str = "auto", prefix_cache_bytes: int = 256 << 20,
+                  on_result=None) -> list[GenerationResult]:
+        """Many requests run together (api/batch.py): every round, the verify forwards of up to `max_batch`
+        running generations go through the target as one batched pass, and a finished generation's place
+        goes to the next request (continuous batching). Each result is the one `run` returns for its
+        request (greedy: token for token; with a seed: the seed's text), each generation with its own
+        drafter state. row_budget: target rows a round may verify, all generations together ("auto": the
+        device's default, None: no limit); within it, draft rows go to the generations whose drafts are
+        accepted most, while they pay (batch_drafts.py). Prompts that share a prefix (a few-shot header)
+        compute it once: up to prefix_cache_bytes of prompts' keys and values are kept (prefix_cache.py;
+        0: none). on_result(index, result) is called as each one finishes."""
+        from specdec.api.batch import BatchRunner
+        from specdec.api.prefix_cache import PrefixCache
+
+        runner = BatchRunner(self, PrefixCache(self.target.model, prefix_cache_bytes), row_budget)
+        return runner.run(list(requests), max_batch, on_result)
+
+    def engine_for(self, request: GenerationRequest) -> SpeculativeEngine:
+        """The engine a request run alone uses: this generator's, or one of its own for a request that sets
+        K or turns speculation off."""
+        if request.speculative and request.k is None:
+            return self.engine
+        return self.request_engine(request.speculative, request.k)
 
     def request_engine(self, speculative: bool = True, k: int | str | None = None) -> SpeculativeEngine:
-        """An engine for one generation that runs interleaved with others (the server): its own drafter state
-        (`Drafter.fresh()`) over the shared weights, and K as this generator's unless `k` is given, which is
-        read as the constructor reads it (a tree drafter's node budget for 'auto')."""
+        """An engine for one generation that runs interleaved with others (batches, the server): its own
+        drafter state (`Drafter.fresh()`) over the shared weights, and K as this generator's unless `k` is
+        given, which is read as the constructor reads it (a tree drafter's node budget for 'auto')."""
         if not speculative or self.drafter is None:
             return SpeculativeEngine(self.target.model, None, FixedK(0), self.acceptance)
         speculation = self.engine.speculation if k is None else speculation_for(self.drafter, k)
         return SpeculativeEngine(self.target.model, self.drafter.fresh(), speculation, self.acceptance)
+
+    def prompt_cache(self, prompt_ids: Sequence[int]):
+        """The target's cache after a prefill of prompt_ids[:-1], for `run(..., prompt_cache=)`: many
+        generations of one prompt (certify's draws) compute it once."""
+        return self.engine.prompt_cache(prompt_ids)
+
+    # -- prompts -----------------------------------------------------------------------------
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """The request's prompt as checked token ids (its own ids, or its text or messages encoded).
+        Thread-safe: a server calls it off its worker thread."""
+        ids = request.token_ids
+        if ids is None:
+            return self.encode(request.prompt, request.chat)
+        vocab = self.target.model.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise InvalidParameterError(f"prompt token ids must be in [0, {vocab})")
+        return ids
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids of a prompt; chat messages (or text, when chat is on) go through the chat template."""
@@ -163,79 +221,35 @@ class SpeculativeGenerator:
             ids = [tokenizer.bos_token_id]
         return ids
 
-    def _prepare(self, prompt: Prompt, max_new_tokens: int, stop: Sequence[str] | str | None, chat: bool | None,
-                 **sampling) -> tuple[list[int], SamplingParams, StopCriteria]:
-        params = SamplingParams(**sampling)
-        stop_strings = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        criteria = StopCriteria(max_new_tokens, frozenset(self.target.eos_token_ids), stop_strings)
-        return self.encode(prompt, chat), params, criteria
-
+    # -- keyword methods ---------------------------------------------------------------------
     def generate(self, prompt: Prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                  stop: Sequence[str] | str | None = None, seed: int | None = None, chat: bool | None = None,
                  on_chunk=None) -> GenerationResult:
-        ids, params, criteria = self._prepare(prompt, max_new_tokens, stop, chat, temperature=temperature,
-                                              top_k=top_k, top_p=top_p, min_p=min_p,
-                                              repetition_penalty=repetition_penalty)
-        return self.engine.generate(ids, params, criteria, self.target.tokenizer, seed, on_chunk)
+        request = GenerationRequest.of(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                       min_p=min_p, repetition_penalty=repetition_penalty, stop=stop, seed=seed,
+                                       chat=chat)
+        return self.run(request, on_chunk)
 
     def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 128, *, temperature: float = 0.0,
                        top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                        stop: Sequence[str] | str | None = None, seed: int | None = None, chat: bool | None = None,
                        max_batch: int = 16, row_budget: int | None | str = "auto",
                        prefix_cache_bytes: int = 256 << 20, on_result=None) -> list[GenerationResult]:
-        """Generations of many prompts, run together: every round, the verify forwards of up to `max_batch`
-        running generations go through the target as one batched pass, and a finished generation's place
-        goes to the next prompt (continuous batching). Each result is the one generate() returns for its
-        prompt with the same arguments (greedy: token for token; with a seed: the seed's text), each
-        generation with its own drafter state. row_budget: target rows a round may verify, all generations
-        together ("auto": the device's default, None: no limit); within it, draft rows go to the generations
-        whose drafts are accepted most, while they pay (batch_drafts.py). Prompts that share a prefix (a
-        few-shot header) compute it once: up to prefix_cache_bytes of prompts' keys and values are kept
-        (prefix_cache.py; 0: none). on_result(index, result) is called as each one finishes."""
-        from specdec.batch_drafts import PassCost
-        from specdec.prefix_cache import PrefixCache
-        from specdec.engine import default_row_budget, run_round_together
-
-        if row_budget == "auto":
-            row_budget = default_row_budget(self.target.model.device)
-
-        if max_batch < 1:
-            raise InvalidParameterError("max_batch must be at least 1")
-        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                        repetition_penalty=repetition_penalty)
-        jobs = [self._prepare(prompt, max_new_tokens, stop, chat, **sampling) for prompt in prompts]  # checked first
-        results: list[GenerationResult | None] = [None] * len(jobs)
-        waiting = list(range(len(jobs)))[::-1]
-        running: list[tuple[int, object]] = []
-        pass_cost, prefixes = PassCost(), PrefixCache(self.target.model, prefix_cache_bytes)
-        while waiting or running:
-            while waiting and len(running) < max_batch:
-                index = waiting.pop()
-                generation = self.request_engine().start(*jobs[index], self.target.tokenizer, seed)
-                head = jobs[index][0][:-1]
-                generation.use_prompt_cache(prefixes.lookup(head))
-                generation.begin()
-                prefixes.store(head, generation.cache)
-                running.append((index, generation))
-            ready = [generation for _, generation in running if not generation.finished]
-            if ready:
-                run_round_together(ready, row_budget, pass_cost)
-            for index, generation in [entry for entry in running if entry[1].finished]:
-                results[index] = generation.result()
-                if on_result is not None:
-                    on_result(index, results[index])
-            running = [entry for entry in running if not entry[1].finished]
-        return results
+        """`run_batch` of one request per prompt, all with these settings (see run_batch)."""
+        requests = [GenerationRequest.of(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                         min_p=min_p, repetition_penalty=repetition_penalty, stop=stop, seed=seed,
+                                         chat=chat) for prompt in prompts]
+        return self.run_batch(requests, max_batch, row_budget, prefix_cache_bytes, on_result)
 
     def stream(self, prompt: Prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                stop: Sequence[str] | str | None = None, seed: int | None = None,
                chat: bool | None = None) -> Iterator[StreamChunk]:
-        ids, params, criteria = self._prepare(prompt, max_new_tokens, stop, chat, temperature=temperature,
-                                              top_k=top_k, top_p=top_p, min_p=min_p,
-                                              repetition_penalty=repetition_penalty)
-        return self.engine.stream(ids, params, criteria, self.target.tokenizer, seed)
+        request = GenerationRequest.of(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                       min_p=min_p, repetition_penalty=repetition_penalty, stop=stop, seed=seed,
+                                       chat=chat)
+        return self.start(request).chunks()
 
 
 def _check_text(prompt: Prompt) -> None:

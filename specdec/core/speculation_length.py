@@ -23,6 +23,57 @@ from typing import Protocol
 
 import numpy as np
 
+from specdec.errors import InvalidParameterError
+
+# K's grammar, read by the CLI (--k), the server (`speculative.k`) and the API alike: an integer in
+# 1..MAX_K, "auto" (AdaptiveK up to MAX_AUTO_K) or "auto:N" (AdaptiveK up to N).
+MAX_K = 64
+# The longest draft `--k auto` considers. A self-draft accepted nearly every token on code gains from long
+# drafts, and a verification of up to 16 rows streams the weights once on AVX-512 builds; elsewhere the
+# measured costs keep K short.
+MAX_AUTO_K = 16
+K_HELP = f"draft tokens per round; 'auto' (default) chooses K <= {MAX_AUTO_K} from measurements, 'auto:N' K <= N"
+
+
+def is_auto(k: int | str) -> bool:
+    """Whether K is left to measurements: 'auto' or 'auto:N' (validated by `speculation_length`)."""
+    return isinstance(k, str) and (k == "auto" or k.startswith("auto:"))
+
+
+def parse_k(text: str) -> int | str:
+    """A K as written on a command line: an integer, 'auto' or 'auto:N' (checked: InvalidParameterError)."""
+    value: int | str = text if is_auto(text) else _integer(text)
+    check_k(value)
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise InvalidParameterError(f"k must be an integer, 'auto' or 'auto:N', not {text!r}") from None
+
+
+def check_k(k: int | str) -> None:
+    """InvalidParameterError unless k is an integer in 1..MAX_K, 'auto' or 'auto:N' with N in 1..MAX_K."""
+    speculation_length(k)
+
+
+def speculation_length(k: int | str) -> "SpeculationLength":
+    """The speculation length K = `k` means: FixedK(k), or AdaptiveK for 'auto' / 'auto:N'."""
+    if is_auto(k):
+        most = k.partition(":")[2]
+        if most and not (most.isdigit() and 1 <= int(most) <= MAX_K):
+            raise InvalidParameterError(f"k: 'auto:N' needs N between 1 and {MAX_K}, not {most!r}")
+        return AdaptiveK(max_k=int(most) if most else MAX_AUTO_K)
+    if isinstance(k, str):
+        k = _integer(k)
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise InvalidParameterError(f"k must be an integer, 'auto' or 'auto:N', not {k!r}")
+    if not 1 <= k <= MAX_K:
+        raise InvalidParameterError(f"k must be between 1 and {MAX_K}, not {k}")
+    return FixedK(k)
+
 
 class SpeculationLength(Protocol):
     max_k: int

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.api.request import GenerationRequest
 from specdec.errors import InvalidParameterError
 
 
@@ -65,9 +66,10 @@ def written_indices(path: Path) -> set[int]:
     return done
 
 
-def run_batch_file(generator, input_path: Path, output_path: Path, max_new_tokens: int, sampling: dict,
-                   max_batch: int, progress: bool = True) -> tuple[int, int]:
-    """Generate every prompt of input_path not yet in output_path; (generated now, skipped as done)."""
+def run_batch_file(generator, input_path: Path, output_path: Path, template: GenerationRequest, max_batch: int,
+                   progress: bool = True) -> tuple[int, int]:
+    """Generate every prompt of input_path not yet in output_path, each with the template's settings;
+    (generated now, skipped as done)."""
     from tqdm import tqdm
 
     prompts = read_prompts(input_path)
@@ -76,8 +78,9 @@ def run_batch_file(generator, input_path: Path, output_path: Path, max_new_token
         raise InvalidParameterError(f"{output_path.parent}: no such directory for --output")
     done = written_indices(output_path)
     todo = [p for p in prompts if p.index not in done]
-    for prompt in todo:  # every prompt checked (template, length) before any generation starts
-        generator.encode(prompt.prompt, sampling.get("chat"))
+    requests = [template.replace(prompt=p.prompt) for p in todo]
+    for request in requests:  # every prompt checked (template, length) before any generation starts
+        generator.prompt_ids(request)
     bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="prompts", unit="prompt",
                disable=not progress)
     with output_path.open("a", encoding="utf-8") as out:
@@ -89,7 +92,6 @@ def run_batch_file(generator, input_path: Path, output_path: Path, max_new_token
             out.flush()
             bar.update(1)
 
-        generator.generate_batch([p.prompt for p in todo], max_new_tokens, max_batch=max_batch, on_result=write,
-                                 **sampling)
+        generator.run_batch(requests, max_batch, on_result=write)
     bar.close()
     return len(todo), len(prompts) - len(todo)

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.stats import GenerationStats
+from specdec.core.stats import GenerationStats
 
 
 @dataclass

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import torch
 
-from specdec.rounds import Draft, VerifyResult
+from specdec.core.rounds import Draft, VerifyResult
 from specdec.errors import InvalidParameterError
-from specdec.randomness import PositionalNoise, Purpose
-from specdec.sampling import inverse_cdf
-from specdec.tree import ROOT, TokenTree
+from specdec.core.randomness import PositionalNoise, Purpose
+from specdec.core.sampling import inverse_cdf
+from specdec.core.tree import ROOT, TokenTree
 
 ACCEPTANCE_RULES = ("match", "rejection")
 

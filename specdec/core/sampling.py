@@ -117,7 +117,7 @@ def tree_processed_probs(
     logits: torch.Tensor,  # (T+1, V): after the root, then after each tree node
     params: SamplingParams,
     history: torch.Tensor,  # (N,) committed context ids
-    tree,  # specdec.tree.TokenTree
+    tree,  # specdec.core.tree.TokenTree
 ) -> torch.Tensor:
     """`processed_probs` for a token tree: row n + 1 also penalizes the tokens on node n's path."""
     if params.repetition_penalty == 1.0:

@@ -1,0 +1,53 @@
+"""How a generator loads: target, drafter, K and runtime settings, checked before anything is loaded.
+
+`SpeculativeGenerator.from_pretrained` takes these; the CLI (generate, serve, certify) and the server's
+replicas build them from their own flags first, so every mistake a user can make in them is one line
+within a second or two, not after a model has spent half a minute loading. Checks read no model file:
+a name must be a zoo model, a model directory or a GGUF file that exists; a drafter spec must parse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from specdec.core.speculation_length import check_k
+from specdec.core.verify import check_acceptance
+from specdec.errors import InvalidParameterError
+from specdec.models.sources.loading import check_load_options, check_model_spec
+
+
+@dataclass(frozen=True)
+class GeneratorOptions:
+    target: str
+    drafter: str = "default"  # a drafter spec (drafters/registry.py), "default" (the best for the target), "none"
+    k: int | str = "auto"
+    device: str = "cpu"
+    dtype: str = "float32"
+    backend: str = "auto"
+    weights: str = "auto"
+    cuda_graphs: bool = True
+    acceptance: str = "match"
+
+    def __post_init__(self):
+        check_k(self.k)
+        check_acceptance(self.acceptance)
+        check_load_options(self.device, self.dtype, self.backend, self.weights)
+        check_model_spec(self.target)
+        check_drafter_spec(self.drafter)
+
+    def as_keywords(self) -> dict:
+        return asdict(self)
+
+
+def check_drafter_spec(spec: str) -> None:
+    """Every part of a drafter spec parses (drafters/registry.py), and a draft model names a model."""
+    from specdec.drafters.registry import parse_spec
+
+    if spec in ("default", "none"):
+        return
+    for part in spec.split("+"):
+        if part == "none":
+            raise InvalidParameterError(f"drafter {spec!r}: 'none' cannot be combined")
+        parsed = parse_spec(part)
+        if parsed.kind == "draft":
+            check_model_spec(parsed.argument)

@@ -1,0 +1,77 @@
+"""One generation request: what every front end (CLI, server, batch files, certify) builds from its own
+inputs and the generator runs. Validated here, once, when it is built; nothing downstream re-checks or
+re-assembles its settings.
+
+    request = GenerationRequest("Write a haiku.", max_new_tokens=64,
+                                sampling=SamplingParams(temperature=0.7), seed=1)
+    result = generator.run(request)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from specdec.core.sampling import SamplingParams, check_seed
+from specdec.core.speculation_length import check_k
+from specdec.errors import InvalidParameterError
+
+Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "content": ...}]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """prompt: text, chat messages, or token ids (a list of ints, used as they are);
+    chat: apply the chat template (None: for messages, and for text when the model has a template);
+    k: draft tokens per round for this request (None: the generator's), as `--k` reads it;
+    speculative: False decodes plainly (no drafter) with everything else the same."""
+
+    prompt: str | Sequence[dict] | Sequence[int]
+    max_new_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    chat: bool | None = None
+    k: int | str | None = None
+    speculative: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):  # one stop string given bare
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop or ()))
+        if not isinstance(self.prompt, (str, list, tuple)):
+            raise InvalidParameterError("the prompt must be text, chat messages or token ids")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
+                or self.max_new_tokens < 1:
+            raise InvalidParameterError(f"max_new_tokens must be an integer >= 1, not {self.max_new_tokens!r}")
+        if not isinstance(self.sampling, SamplingParams):
+            raise InvalidParameterError("sampling must be a SamplingParams")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidParameterError("stop strings must be non-empty text")
+        check_seed(self.seed)
+        if self.k is not None:
+            check_k(self.k)
+
+    @property
+    def token_ids(self) -> list[int] | None:
+        """The prompt's token ids when it was given as ids, else None (text or messages)."""
+        prompt = self.prompt
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                                for t in prompt):
+            return list(prompt)
+        return None
+
+    def replace(self, **changes) -> "GenerationRequest":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def of(cls, prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+           min_p: float = 0.0, repetition_penalty: float = 1.0, stop: Sequence[str] | str | None = None,
+           seed: int | None = None, chat: bool | None = None) -> "GenerationRequest":
+        """The request the generator's keyword methods (generate, stream, generate_batch) describe."""
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                  repetition_penalty=repetition_penalty)
+        return cls(prompt, max_new_tokens, sampling, () if stop is None else stop, seed, chat)

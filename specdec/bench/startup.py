@@ -1,0 +1,78 @@
+"""Where a warm start's seconds go: `python -m specdec.bench.startup [TARGET] [--drafter SPEC]`.
+
+Runs what `specdec generate` runs before its first token, in a fresh process, under cProfile, and prints
+the seconds of each phase: importing specdec (torch, transformers' tokenizer classes), the target's
+config, weights and tokenizer, the kernels, the drafter (its own model, where it has one), and the first
+forward. "Warm" means the models were pulled and their packed caches written by an earlier run: run it
+twice and read the second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+
+# phase -> the functions whose cumulative time makes it up (module path suffix, function name)
+PHASES = {
+    "config": [("sources/loading.py", "read_config"), ("sources/loading.py", "auto_weights")],
+    "weights": [("sources/loading.py", "load_native_packed"), ("sources/loading.py", "load_native_gguf"),
+                ("sources/loading.py", "load_native")],
+    "tokenizer": [("sources/loading.py", "load_tokenizer")],
+    "kernels": [("kernels/build.py", "default_kernel")],
+}
+
+
+def cumulative(stats: pstats.Stats, suffix: str, name: str) -> float:
+    """Seconds spent in calls of a function (the outermost calls: recursion is not counted twice)."""
+    return sum(entry[3] for (path, _, function), entry in stats.stats.items()
+               if path.endswith(suffix) and function == name)
+
+
+def phases(profile: cProfile.Profile) -> dict[str, float]:
+    stats = pstats.Stats(profile)
+    return {phase: sum(cumulative(stats, *where) for where in functions) for phase, functions in PHASES.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("target", nargs="?", default=None, help="default: the zoo's default model")
+    parser.add_argument("--drafter", default="default")
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
+    import specdec.cli  # noqa: F401  what the command imports before it parses its options
+    from specdec.api.generator import SpeculativeGenerator, default_drafter
+    from specdec.drafters import make_drafter
+    from specdec.models.sources.loading import load_model
+    from specdec.models.sources.zoo import DEFAULT_MODEL
+
+    imported = time.perf_counter()
+    profiles = {"target": cProfile.Profile(), "drafter": cProfile.Profile()}
+    with profiles["target"]:
+        target = load_model(args.target or DEFAULT_MODEL, weights="auto")
+    target_loaded = time.perf_counter()
+    with profiles["drafter"]:
+        spec = default_drafter(target) if args.drafter == "default" else args.drafter
+        drafter = make_drafter(spec, target, "cpu", "float32")
+    drafter_loaded = time.perf_counter()
+    SpeculativeGenerator(target, drafter, "auto").generate("Hi", max_new_tokens=1)
+    done = time.perf_counter()
+
+    rows = [("import specdec (torch, transformers)", imported - started)]
+    for part, (begin, end) in {"target": (imported, target_loaded), "drafter": (target_loaded, drafter_loaded)}.items():
+        seconds = phases(profiles[part])
+        name = part if part == "target" else f"drafter {spec}"
+        rows += [(f"{name}: {phase}", value) for phase, value in seconds.items() if value > 0.005]
+        rows.append((f"{name}: other", end - begin - sum(seconds.values())))
+    rows += [("first forward and token", done - drafter_loaded), ("total", done - started)]
+    width = max(len(name) for name, _ in rows)
+    for name, seconds in rows:
+        print(f"{name:{width}}  {seconds:7.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

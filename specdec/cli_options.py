@@ -1,0 +1,118 @@
+"""Option groups the `specdec` commands share, each declared once: the target, how it runs, speculation,
+and sampling; and the one place a command's arguments become a `GenerationRequest`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.api.options import GeneratorOptions
+from specdec.api.request import GenerationRequest
+from specdec.core.sampling import SamplingParams
+from specdec.core.speculation_length import K_HELP, parse_k
+from specdec.errors import InvalidParameterError
+
+NO_CUDA_GRAPHS_HELP = "on a GPU, run every forward eagerly instead of replaying CUDA graphs (debugging, comparison)"
+WEIGHTS_HELP = ("auto (default: a model from a GGUF file runs on the file's own quantized blocks, as llama.cpp "
+                "runs them, a bf16/fp16 checkpoint on bf16/fp16 weights, where the CPU kernel serves it; else "
+                "float32), float32, bf16 or fp16 (two-byte weights widened to float32 in the kernel), int8 "
+                "(weight-only), int4[:GROUP] or int7[:GROUP] (low-bit groups x int8 activations), gguf; all but "
+                "float32 run on CPU kernels. Speculation is exact to the model as loaded")
+ACCEPTANCE_HELP = ("how sampled drafts are judged: match (default): with a seed, exactly the text plain sampling "
+                   "gives; rejection: accepts more of a sampling draft model's tokens, exact in distribution only")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its errors as one line (`specdec: error: ...`, exit 2) instead of a usage block, as every
+    other error of the CLI: a user sees what is wrong, and `--help` shows the usage."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("specdec").strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, f"specdec: error: {where}{message} (see {self.prog} --help)\n")
+
+
+def k_argument(text: str) -> int | str:
+    """--k's type: an integer, 'auto' or 'auto:N' (speculation_length's grammar), checked as parsed."""
+    try:
+        return parse_k(text)
+    except InvalidParameterError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_target_option(parser: argparse.ArgumentParser, default: str | None = "default",
+                      help_text: str = "zoo name, Hugging Face directory or .gguf file") -> None:
+    """--target: the model a command runs ("default": the zoo's default model; None: no default)."""
+    from specdec.models.sources.zoo import DEFAULT_MODEL
+
+    parser.add_argument("--target", default=DEFAULT_MODEL if default == "default" else default, help=help_text)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """The target and how it runs: one set of flags for generate, serve, bench and certify."""
+    group = parser.add_argument_group("model")
+    add_target_option(group)
+    group.add_argument("--device", default="cpu", help="cpu or cuda")
+    group.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    group.add_argument("--backend", default="auto", help="auto, native or transformers")
+    group.add_argument("--weights", default="auto", help=WEIGHTS_HELP)
+    group.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
+
+
+def add_k_option(parser) -> None:
+    parser.add_argument("--k", type=k_argument, default="auto", help=K_HELP)
+
+
+def add_speculation_options(parser: argparse.ArgumentParser) -> None:
+    """The drafter, K and the acceptance rule, for generate, serve and certify (bench takes a list of
+    drafters)."""
+    from specdec.core.verify import ACCEPTANCE_RULES
+    from specdec.drafters import specs_help
+
+    group = parser.add_argument_group("speculation")
+    group.add_argument("--drafter", default="default", help=f"{specs_help()}; default: the best for the target")
+    add_k_option(group)
+    group.add_argument("--acceptance", choices=ACCEPTANCE_RULES, default="match", help=ACCEPTANCE_HELP)
+
+
+def add_sampling_options(parser: argparse.ArgumentParser, temperature: float = 0.0, title: str = "sampling",
+                         seed: bool = True, seed_default: int | None = None) -> None:
+    """Temperature, top-k/p, min-p, repetition penalty and (unless seed=False, where a command's --seed
+    means something else) the seed: generate, bench and certify."""
+    group = parser.add_argument_group(title)
+    group.add_argument("--temperature", type=float, default=temperature,
+                       help=f"0 = greedy (default {temperature:g})")
+    group.add_argument("--top-k", type=int, default=0)
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--min-p", type=float, default=0.0)
+    group.add_argument("--repetition-penalty", type=float, default=1.0)
+    if seed:
+        group.add_argument("--seed", type=int, default=seed_default,
+                           help="with sampling: the text is the one plain sampling gives for this seed")
+
+
+def sampling_from_args(args) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty)
+
+
+def generator_options_from_args(args) -> GeneratorOptions:
+    """The generator a command's model and speculation flags describe, checked (nothing loaded yet)."""
+    return GeneratorOptions(args.target, args.drafter, args.k, args.device, args.dtype, args.backend, args.weights,
+                            args.cuda_graphs, args.acceptance)
+
+
+def request_from_args(args, prompt) -> GenerationRequest:
+    """`specdec generate`'s request (prompt: the text, or "" for a template that batch files fill in)."""
+    return GenerationRequest(prompt, args.max_new_tokens, sampling_from_args(args), tuple(args.stop), args.seed,
+                             args.chat)
+
+
+def read_prompt_argument(prompt: str) -> str:
+    """The prompt argument, or standard input for '-'."""
+    if prompt != "-":
+        return prompt
+    try:
+        return sys.stdin.read()
+    except UnicodeDecodeError:
+        raise InvalidParameterError("standard input is not UTF-8 text") from None

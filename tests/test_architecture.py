@@ -1,0 +1,99 @@
+"""The layers' import rules (DESIGN.md, Architecture): arrows point down only. Checked on the source with
+`ast`, so a rule broken by a function-level import is caught too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import specdec
+
+PACKAGE = Path(specdec.__file__).parent
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every specdec module a file imports, anywhere in it (top level or inside functions)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name.startswith("specdec")}
+
+
+def files_under(*folders: str) -> list[Path]:
+    return [path for folder in folders for path in sorted((PACKAGE / folder).rglob("*.py"))]
+
+
+def violations(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+    return [f"{path.relative_to(PACKAGE)} imports {name}" for path in files for name in sorted(imported_modules(path))
+            if any(name == rule or name.startswith(rule + ".") for rule in forbidden)]
+
+
+def test_front_ends_reach_the_engine_only_through_the_api():
+    assert violations(files_under("server", "bench", "certify", "training"), ("specdec.engine",)) == []
+
+
+def test_the_core_imports_nothing_above_it():
+    above = ("specdec.engine", "specdec.api", "specdec.drafters", "specdec.heads", "specdec.models",
+             "specdec.server", "specdec.bench", "specdec.certify", "specdec.training", "specdec.cli")
+    assert violations(files_under("core"), above) == []
+
+
+def test_models_and_kernels_import_nothing_above_them():
+    above = ("specdec.engine", "specdec.api", "specdec.core", "specdec.drafters", "specdec.heads", "specdec.server",
+             "specdec.bench", "specdec.certify", "specdec.training", "specdec.cli")
+    assert violations(files_under("models", "kernels"), above) == []
+
+
+def test_drafters_import_neither_the_engine_nor_the_faces():
+    above = ("specdec.engine", "specdec.api", "specdec.server", "specdec.bench", "specdec.certify",
+             "specdec.training", "specdec.cli")
+    assert violations(files_under("drafters"), above) == []
+
+
+def module_graph() -> dict[str, set[str]]:
+    """specdec module -> the specdec modules it imports (packages' __init__ files left out: they re-export)."""
+    modules = {".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts): path
+               for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"}
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+                found.add(node.module)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        graph[name] = {other for other in found if other in modules and other != name}
+    return graph
+
+
+def test_no_two_modules_import_each_other_even_inside_functions():
+    graph = module_graph()
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def cycle_from(module: str, path: list[str]) -> list[str] | None:
+        seen[module] = 1
+        for other in sorted(graph[module]):
+            if seen.get(other) == 1:
+                return path[path.index(other):] + [other] if other in path else [module, other]
+            if other not in seen and (found := cycle_from(other, path + [other])):
+                return found
+        seen[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in seen:
+            assert cycle_from(module, [module]) is None
+
+
+def test_the_checker_sees_imports_inside_functions(tmp_path):
+    """The rule checks would pass vacuously if the walk missed function-level imports."""
+    module = tmp_path / "sample.py"
+    module.write_text("def f():\n    from specdec.engine import SpeculativeEngine\n    import specdec.api.batch\n")
+    assert imported_modules(module) >= {"specdec.engine", "specdec.api.batch"}
