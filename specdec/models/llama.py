@@ -286,7 +286,8 @@ class LlamaForCausalLM(nn.Module, CausalLM):
         if self.config.sliding_window is None:
             self.graphs = CudaGraphs(self)
 
-    def pack_weights(self, weights: str = "float32", cached: dict[str, nn.Module] | None = None) -> None:
+    def pack_weights(self, weights: str = "float32", cached: dict[str, nn.Module] | None = None,
+                     embedding_table: nn.Module | None = None) -> None:
         """Switch every float32 linear layer to the CPU small-row kernel (specdec.kernels).
 
         Fuses q/k/v and gate/up, packs each matrix once, and frees the original
@@ -295,7 +296,9 @@ class LlamaForCausalLM(nn.Module, CausalLM):
         layer so the float32 copies are freed as it goes (an int4 model keeps a
         7-bit LM head: packed_linear.head_weight_format).
         `cached` (packed layer name -> PackedLinear, from models/quantized/packed_cache.py) installs layers packed
-        earlier instead: the float weights are then not needed at all.
+        earlier instead: the float weights are then not needed at all. `embedding_table` (a PackedLinear over
+        the same values as the untied embeddings, e.g. a GGUF file's blocks) replaces the float32 table: a
+        lookup reads one row a token, and the table is the largest matrix of a small model.
         """
         from specdec.kernels import FLOAT_PANEL_DTYPES
         from specdec.models.quantized.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
@@ -312,6 +315,8 @@ class LlamaForCausalLM(nn.Module, CausalLM):
             self.model.embed_tokens = PackedEmbedding(self.lm_head)
         elif cached is not None and EMBEDDING_TABLE in cached:  # a GGUF file's quantized embeddings
             self.model.embed_tokens = PackedEmbedding(cached[EMBEDDING_TABLE], owned=True)
+        elif embedding_table is not None:
+            self.model.embed_tokens = PackedEmbedding(embedding_table, owned=True)
         elif cached is None and weights in FLOAT_PANEL_DTYPES and weights != "float32":  # untied: in two bytes too
             table = PackedLinear(self.model.embed_tokens.weight.detach(), None, [self.config.vocab_size])
             self.model.embed_tokens = PackedEmbedding(table.quantize_(weights), owned=True)

@@ -131,90 +131,111 @@ _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",), "ga
           "down_proj": ("down_proj",)}
 
 
-def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
-    """Packed layer name (as LlamaForCausalLM.pack_weights names them) -> layer, read from the file's own
-    values: every layer's projections, the LM head (the token embeddings where they are tied), and
-    `model.embed_tokens.table` where the embeddings are untied. Block-quantized matrices become GgufLinear
-    (their blocks as they are); F16, BF16 and F32 matrices PackedLinear panels of their own type. A file
-    with a matrix of another type raises ValueError naming it, before any matrix is read."""
-    from specdec.models.sources.gguf_convert import gguf_field, hf_tensor_name, read_gguf, unpermute_llama_qk
+class GgufMatrices:
+    """A GGUF file's matrices as layers on their own values: block-quantized matrices as GgufLinear (their
+    blocks as they are), F16, BF16 and F32 ones as PackedLinear panels of their own type. Opening the file
+    checks every matrix's type and raises ValueError naming one the kernels do not multiply, before any
+    matrix is read; each layer is decoded when asked for (one layer's codes in memory at a time)."""
 
-    reader = read_gguf(gguf_path)
-    arch = gguf_field(reader, "general.architecture")
-    heads = gguf_field(reader, f"{arch}.attention.head_count")
-    kv_heads = gguf_field(reader, f"{arch}.attention.head_count_kv", heads)
-    tensors = {}  # Hugging Face name -> (GGUF tensor, heads of llama.cpp's q/k row order to undo or None)
-    for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name, arch)
-        if name is None or not (name.endswith("proj.weight") or name.endswith("proj.bias")
-                                or name in ("lm_head.weight", "model.embed_tokens.weight")):
-            continue
-        kind = tensor.tensor_type.name
-        if name.endswith(".weight") and kind not in SUPPORTED_FORMATS and kind not in FLOAT_FORMATS:
-            raise ValueError(f"tensor {tensor.name} is {kind}, which the CPU kernels do not multiply (they take "
-                             f"{', '.join(SUPPORTED_FORMATS + tuple(FLOAT_FORMATS))})")
-        permute = None
-        if arch == "llama" and ".attn_q." in tensor.name:
-            permute = heads
-        elif arch == "llama" and ".attn_k." in tensor.name:
-            permute = kv_heads
-        tensors[name] = (tensor, permute)
+    def __init__(self, gguf_path: Path):
+        from specdec.models.sources.gguf_convert import gguf_field, hf_tensor_name, read_gguf
 
-    def rows_in_order(values, permute):  # rows are independent, so moving whole rows is exact
-        return values if not permute else values.rows(torch.from_numpy(
-            np.ascontiguousarray(unpermute_llama_qk(np.arange(values.shape[0]), permute))))
+        reader = read_gguf(gguf_path)
+        self.arch = gguf_field(reader, "general.architecture")
+        heads = gguf_field(reader, f"{self.arch}.attention.head_count")
+        kv_heads = gguf_field(reader, f"{self.arch}.attention.head_count_kv", heads)
+        self.tensors = {}  # Hugging Face name -> (GGUF tensor, heads of llama.cpp's q/k row order to undo or None)
+        for tensor in reader.tensors:
+            name = hf_tensor_name(tensor.name, self.arch)
+            if name is None or not (name.endswith("proj.weight") or name.endswith("proj.bias")
+                                    or name in ("lm_head.weight", "model.embed_tokens.weight")):
+                continue
+            kind = tensor.tensor_type.name
+            if name.endswith(".weight") and kind not in SUPPORTED_FORMATS and kind not in FLOAT_FORMATS:
+                raise ValueError(f"tensor {tensor.name} is {kind}, which the CPU kernels do not multiply (they take "
+                                 f"{', '.join(SUPPORTED_FORMATS + tuple(FLOAT_FORMATS))})")
+            permute = None
+            if self.arch == "llama" and ".attn_q." in tensor.name:
+                permute = heads
+            elif self.arch == "llama" and ".attn_k." in tensor.name:
+                permute = kv_heads
+            self.tensors[name] = (tensor, permute)
 
-    def matrix(name: str) -> BlockWeights:  # decoded when its layer is built: one layer's codes at a time
-        tensor, permute = tensors[name]
+    @property
+    def tied(self) -> bool:
+        """Whether the LM head is the token embeddings (no output matrix of its own)."""
+        return "lm_head.weight" not in self.tensors
+
+    def _blocks(self, name: str) -> BlockWeights:
+        from specdec.models.sources.gguf_convert import unpermute_llama_qk
+
+        tensor, permute = self.tensors[name]
         cols, rows = int(tensor.shape[0]), int(tensor.shape[1])
-        return rows_in_order(decode(tensor.data, tensor.tensor_type.name, rows, cols), permute)
+        weights = decode(tensor.data, tensor.tensor_type.name, rows, cols)
+        if permute:  # rows are independent, so moving whole rows is exact
+            weights = weights.rows(torch.from_numpy(np.ascontiguousarray(unpermute_llama_qk(np.arange(rows), permute))))
+        return weights
 
-    def float_matrix(name: str) -> torch.Tensor:  # (N, K) float32: the file's float values, exactly
+    def _floats(self, name: str) -> torch.Tensor:
+        """(N, K) float32: the file's float values, exactly."""
         import gguf
 
-        tensor, permute = tensors[name]
-        cols, rows = int(tensor.shape[0]), int(tensor.shape[1])
-        values = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(rows, cols)
+        from specdec.models.sources.gguf_convert import unpermute_llama_qk
+
+        tensor, permute = self.tensors[name]
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        values = np.asarray(values, dtype=np.float32).reshape(int(tensor.shape[1]), int(tensor.shape[0]))
         return torch.from_numpy(np.array(unpermute_llama_qk(values, permute) if permute else values, order="C"))
 
-    def bias(name: str) -> torch.Tensor | None:
-        if name not in tensors:
+    def _bias(self, name: str) -> torch.Tensor | None:
+        from specdec.models.sources.gguf_convert import unpermute_llama_qk
+
+        if name not in self.tensors:
             return None
-        tensor, permute = tensors[name]
+        tensor, permute = self.tensors[name]
         values = np.asarray(tensor.data, dtype=np.float32)
         return torch.from_numpy(np.array(unpermute_llama_qk(values, permute) if permute else values))
 
-    def layer(names: Sequence[str], biases: Sequence[str] = ()) -> PackedLinear:
+    def layer(self, names: Sequence[str], biases: Sequence[str] = ()) -> PackedLinear:
         """One layer of the matrices `names` stacked (fused projections), in their own format."""
-        kinds = {tensors[name][0].tensor_type.name for name in names}
-        part_biases = [bias(name) for name in biases] if biases else [None] * len(names)
-        if kinds <= set(FLOAT_FORMATS):
-            if len(kinds) > 1:
-                raise ValueError(f"the matrices of {names[0].rsplit('.', 2)[0]} mix {', '.join(sorted(kinds))}")
-            members = [float_matrix(name) for name in names]
-            joined = None if all(b is None for b in part_biases) else torch.cat(
-                [b if b is not None else torch.zeros(m.shape[0]) for b, m in zip(part_biases, members)])
-            panels = PackedLinear(torch.cat(members), joined, [m.shape[0] for m in members])
-            return panels.quantize_(FLOAT_FORMATS[kinds.pop()])
-        if kinds & set(FLOAT_FORMATS):
-            raise ValueError(f"the matrices of {names[0].rsplit('.', 2)[0]} mix float and block formats "
-                             f"({', '.join(sorted(kinds))})")
-        members = [matrix(name) for name in names]
+        kinds = {self.tensors[name][0].tensor_type.name for name in names}
+        part_biases = [self._bias(name) for name in biases] if biases else [None] * len(names)
+        where = names[0].rsplit(".", 2)[0]
+        if kinds & set(FLOAT_FORMATS) and len(kinds) > 1:
+            raise ValueError(f"the matrices of {where} mix {', '.join(sorted(kinds))}")
+        float_kind = FLOAT_FORMATS.get(next(iter(kinds)))
+        members = [self._floats(name) if float_kind else self._blocks(name) for name in names]
         joined = None if all(b is None for b in part_biases) else torch.cat(
             [b if b is not None else torch.zeros(m.shape[0]) for b, m in zip(part_biases, members)])
-        return GgufLinear(concatenate(members), joined, [m.shape[0] for m in members])
+        sizes = [m.shape[0] for m in members]
+        if float_kind:
+            return PackedLinear(torch.cat(members), joined, sizes).quantize_(float_kind)
+        return GgufLinear(concatenate(members), joined, sizes)
 
-    layers: dict[str, PackedLinear] = {}
-    count = 1 + max(int(name.split(".")[2]) for name in tensors if name.startswith("model.layers."))
-    for index in range(count):
-        for fused_name, parts in _FUSED.items():
-            block = "self_attn" if fused_name in ("qkv_proj", "o_proj") else "mlp"
-            prefix = f"model.layers.{index}.{block}"
-            layers[f"{prefix}.{fused_name}"] = layer([f"{prefix}.{part}.weight" for part in parts],
-                                                     [f"{prefix}.{part}.bias" for part in parts])
-    if "lm_head.weight" in tensors:
-        layers["lm_head"] = layer(["lm_head.weight"])
-        layers["model.embed_tokens.table"] = layer(["model.embed_tokens.weight"])
-    else:
-        layers["lm_head"] = layer(["model.embed_tokens.weight"])
-    return layers
+    def embedding_table(self) -> PackedLinear:
+        """The token embeddings as a layer whose rows are looked up (PackedEmbedding): the file's values."""
+        return self.layer(["model.embed_tokens.weight"])
+
+    def layers(self) -> dict[str, PackedLinear]:
+        """Packed layer name (as LlamaForCausalLM.pack_weights names them) -> layer: every layer's
+        projections, the LM head (the token embeddings where they are tied), and `model.embed_tokens.table`
+        where the embeddings are untied."""
+        layers: dict[str, PackedLinear] = {}
+        count = 1 + max(int(name.split(".")[2]) for name in self.tensors if name.startswith("model.layers."))
+        for index in range(count):
+            for fused_name, parts in _FUSED.items():
+                block = "self_attn" if fused_name in ("qkv_proj", "o_proj") else "mlp"
+                prefix = f"model.layers.{index}.{block}"
+                layers[f"{prefix}.{fused_name}"] = self.layer([f"{prefix}.{part}.weight" for part in parts],
+                                                              [f"{prefix}.{part}.bias" for part in parts])
+        if self.tied:
+            layers["lm_head"] = self.embedding_table()
+        else:
+            layers["lm_head"] = self.layer(["lm_head.weight"])
+            layers["model.embed_tokens.table"] = self.embedding_table()
+        return layers
+
+
+def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
+    """Every layer of a GGUF file's model on its own values (GgufMatrices.layers)."""
+    return GgufMatrices(gguf_path).layers()

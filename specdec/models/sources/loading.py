@@ -134,7 +134,7 @@ def load_model(
             model = load_native(model_dir, hf_config, device, DTYPES[dtype], keep_float32=weights == "float32")
             if kernels and uses_packed_kernel(device, DTYPES[dtype]):
                 try:
-                    model.pack_weights(weights)
+                    model.pack_weights(weights, embedding_table=gguf_embedding_table(model_dir, hf_config, weights))
                 except ValueError as error:  # e.g. an int4 group size that does not divide a layer
                     raise InvalidParameterError(f"{name}: {error}") from None
                 if is_cached_format(weights):
@@ -356,6 +356,22 @@ def load_native_gguf(name: str, model_dir: Path, hf_config: dict):
                                     "for this file") from None
     save_packed(model, packed_cache_path(model_dir, "gguf"))
     return model
+
+
+def gguf_embedding_table(model_dir: Path, hf_config: dict, weights: str):
+    """For a model packed into a cached (quantized) format from a GGUF file: its untied token embeddings as
+    the file's own blocks, the very values the float32 table holds, at a fraction of the bytes (cached with
+    the packed layers). None where the embeddings are tied (read from the LM head) or there is no GGUF."""
+    from specdec.models.quantized.gguf_linear import GgufMatrices
+
+    source = gguf_source(model_dir)
+    if source is None or hf_config.get("tie_word_embeddings", False) or not is_cached_format(weights):
+        return None
+    try:
+        matrices = GgufMatrices(source)
+        return None if matrices.tied else matrices.embedding_table()
+    except ValueError:
+        return None  # a table the kernels cannot read: kept in float32
 
 
 def load_transformers(model_dir: Path, device: str, dtype: torch.dtype):
