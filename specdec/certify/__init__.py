@@ -1,6 +1,18 @@
-"""`specdec certify`: evidence that a speculative configuration decodes exactly as its target."""
+"""`specdec certify`: evidence that a speculative configuration decodes exactly as its target.
 
-from specdec.certify.local import CertifyReport, CertifySettings, certify_local
-from specdec.certify.statistics import ChiSquareResult, goodness_of_fit, homogeneity
+The names below load on first use, so that the CLI's parser (certify/command.py) costs no import of the
+statistics and the bench's prompt sets."""
 
-__all__ = ["CertifyReport", "CertifySettings", "ChiSquareResult", "certify_local", "goodness_of_fit", "homogeneity"]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {"CertifyReport": "local", "CertifySettings": "local", "certify_local": "local",
+            "ChiSquareResult": "statistics", "goodness_of_fit": "statistics", "homogeneity": "statistics"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'specdec.certify' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"specdec.certify.{_EXPORTS[name]}"), name)

@@ -42,7 +42,7 @@ from specdec.core.sampling import SamplingParams, inverse_cdf, processed_probs
 
 def same_tokenizer(target: LoadedModel, draft: LoadedModel) -> bool:
     """Whether the draft's token ids mean what the target's do (else it drafts through text)."""
-    return target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
+    return target.tokenizer is draft.tokenizer or target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
 
 
 class DraftModelDrafter(Drafter):
@@ -161,7 +161,8 @@ def build(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDraft
     weights = draft_options.weights or target.model.weight_format
     # and on a GPU it replays CUDA graphs when the target does
     graphs = target.model.graphs is not None
-    draft = load_model(model, device=device, dtype=dtype, weights=weights, cuda_graphs=graphs)
+    draft = load_model(model, device=device, dtype=dtype, weights=weights, cuda_graphs=graphs,
+                       ids_tokenizer=target.tokenizer)
     if not same_tokenizer(target, draft):  # drafts as text, re-tokenized for the target
         from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
 

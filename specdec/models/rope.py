@@ -10,8 +10,10 @@ from specdec.models.config import RopeConfig
 
 
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """(D/2,) float32 inverse frequencies, scaled as the checkpoint's rope_type says."""
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    """(D/2,) float32 inverse frequencies on the CPU (callers move them), scaled as the checkpoint's rope_type
+    says. Computed on the CPU even inside a meta-device context: on the meta device the division imported
+    torch's compiler, seconds of every model load."""
+    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
     if rope.rope_type == "linear":
         return inv_freq / rope.factor
     if rope.rope_type == "llama3":

@@ -102,8 +102,11 @@ def load_model(
     kernels: bool = True,
     weights: str = "float32",
     cuda_graphs: bool = True,
+    ids_tokenizer=None,
 ) -> LoadedModel:
     """Load a model; `kernels=False` keeps stock torch matmuls instead of the packed CPU kernel.
+    `ids_tokenizer`: for a model used only through token ids (a draft), a loaded tokenizer to reuse where
+    this model's vocabulary file is the same (its chat template, never used by a draft, may differ).
     On a GPU the native runtime replays its decode and verify forwards as CUDA graphs unless
     `cuda_graphs=False` (models/cuda_graphs.py).
 
@@ -143,7 +146,7 @@ def load_model(
             model.use_cuda_graphs()
     else:
         model = load_transformers(model_dir, device, DTYPES[dtype])
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = ids_tokenizer if same_vocabulary(ids_tokenizer, model_dir) else load_tokenizer(model_dir)
     eos = eos_token_ids(model_dir, hf_config, tokenizer)
     return LoadedModel(name, model_dir, model, tokenizer, eos, backend)
 
@@ -387,13 +390,36 @@ def load_transformers(model_dir: Path, device: str, dtype: torch.dtype):
     return HFCausalLM(model.to(device))
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
+_tokenizers: dict[str, object] = {}  # the tokenizer files' digest -> the tokenizer loaded from them
+
+
+def same_vocabulary(tokenizer, model_dir: Path) -> bool:
+    """Whether `tokenizer` (or None) was loaded from a tokenizer.json with the same bytes as model_dir's."""
+    if tokenizer is None:
+        return False
+    theirs, ours = Path(getattr(tokenizer, "name_or_path", "")) / "tokenizer.json", model_dir / "tokenizer.json"
+    return theirs.is_file() and ours.is_file() and theirs.read_bytes() == ours.read_bytes()
+
+
 def load_tokenizer(model_dir: Path):
+    """The directory's tokenizer. Models whose tokenizer files are the same bytes (a draft of the target's
+    family) share one object: building a 152k-token tokenizer costs over a second a load."""
     from transformers import AutoTokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(str(model_dir))
-    except (OSError, ValueError) as exc:
-        raise CorruptModelError(f"{model_dir}: no usable tokenizer ({exc})".splitlines()[0]) from None
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        path = model_dir / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + path.read_bytes())
+    key = digest.hexdigest()
+    if key not in _tokenizers:
+        try:
+            _tokenizers[key] = AutoTokenizer.from_pretrained(str(model_dir))
+        except (OSError, ValueError) as exc:
+            raise CorruptModelError(f"{model_dir}: no usable tokenizer ({exc})".splitlines()[0]) from None
+    return _tokenizers[key]
 
 
 def eos_token_ids(model_dir: Path, hf_config: dict, tokenizer) -> tuple[int, ...]:
