@@ -19,6 +19,7 @@ import torch
 
 from specdec.core.batch_drafts import PassCost, acceptance_rate, draft_caps
 from specdec.core.commit import Committer, CommitOutcome, StopCriteria
+from specdec.core.constraint import Constraint, masked_logits
 from specdec.drafters.base import Drafter
 from specdec.errors import ContextLengthError
 from specdec.models.base import CausalLM, ForwardRequest, positions_after, tree_attention_mask
@@ -72,9 +73,10 @@ class SpeculativeEngine:
         return cache
 
     def start(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
-              seed: int | None = None) -> "Generation":
-        """A generation to drive round by round (`chunks()`), then `result()`: what a scheduler interleaves."""
-        return Generation(self, list(prompt_ids), params, criteria, tokenizer, seed)
+              seed: int | None = None, constraint: Constraint | None = None) -> "Generation":
+        """A generation to drive round by round (`chunks()`), then `result()`: what a scheduler interleaves.
+        `constraint`: the grammar its output must match (core/constraint.py), in its initial state."""
+        return Generation(self, list(prompt_ids), params, criteria, tokenizer, seed, constraint=constraint)
 
 
 @dataclass
@@ -134,7 +136,8 @@ class Generation:
     `plan_k`, `prepare_round` and `finish_round`), then `result()`."""
 
     def __init__(self, engine: SpeculativeEngine, prompt_ids: list[int], params: SamplingParams,
-                 criteria: StopCriteria, tokenizer, seed: int | None, prompt_cache=None):
+                 criteria: StopCriteria, tokenizer, seed: int | None, prompt_cache=None,
+                 constraint: Constraint | None = None):
         if not prompt_ids:
             raise ContextLengthError("the prompt is empty: at least one token is needed")
         check_seed(seed)
@@ -150,6 +153,7 @@ class Generation:
         # Feature drafters (EAGLE, EAGLE-3, Medusa) read these hidden layers of every target forward.
         self.hidden_layers = () if self.drafter is None else tuple(self.drafter.feature_layers)
         self.params = params
+        self.constraint = constraint
         self.prompt_ids = prompt_ids
         self.context = list(prompt_ids)  # prompt + committed tokens
         self.committer = Committer(tokenizer, criteria)
@@ -167,6 +171,7 @@ class Generation:
         self.prompt_cache = prompt_cache
         self.reused_prompt_tokens = 0
         self._planned_k: int | None = None  # K chosen ahead of the round (plan_k), used by its _draft
+        self._forced = False  # this round's draft is the grammar's forced tokens
         self._prefill_done = False
         self._prompt_features: list[torch.Tensor] = []  # feature drafters: each prefill chunk's (n, C x layers)
         self.rounds: list[RoundStats] = []
@@ -294,7 +299,8 @@ class Generation:
         outcome = self._commit(draft, result, tree)
         t3 = time.perf_counter()
         verify_seconds = (verify_ended or t2) - verify_started
-        self.engine.speculation.observe(len(draft), result.num_accepted, prepared.draft_seconds, verify_seconds)
+        if not self._forced:  # a forced draft says nothing of the drafter or of K
+            self.engine.speculation.observe(len(draft), result.num_accepted, prepared.draft_seconds, verify_seconds)
         self.rounds.append(RoundStats(self._k, len(draft), result.num_accepted, len(outcome.tokens),
                                       prepared.draft_seconds, verify_seconds, t3 - t2))
         return outcome
@@ -313,10 +319,42 @@ class Generation:
         self._k = self._planned_k if self._planned_k is not None else self.engine.speculation.next_k()
         self._planned_k = None
         k = min(self._k, remaining - 1, room, self._k if max_draft is None else max_draft)
+        if self.constraint is not None and self.drafter is not None:
+            # Forced tokens are certain under the masked target: drafted whatever K, within the budgets.
+            limit = min(MAX_FORCED, remaining - 1, room, MAX_FORCED if max_draft is None else max_draft)
+            forced = self.constraint.forced(limit)
+            if forced:
+                self._drafted, self._forced = False, True  # not the drafter's draft: nothing to tell it
+                return Draft.chain(forced)
+        self._forced = False
         self._drafted = self.drafter is not None and k > 0
         if not self._drafted:
             return Draft.empty()
-        return self.drafter.propose(self.context, k, self.params, self.draft_noise)
+        draft = self.drafter.propose(self.context, k, self.params, self.draft_noise)
+        return draft if self.constraint is None else self._allowed_part(draft)
+
+    def _allowed_part(self, draft: Draft) -> Draft:
+        """The draft up to the first token the grammar forbids after its own prefix, that token included (it
+        is rejected; core/constraint.py says why it stays): a chain ends there, a tree loses the nodes
+        below it (parents come before their children)."""
+        if draft.is_chain:
+            keep = min(len(draft), self.constraint.allowed_prefix(draft.tokens) + 1)
+            if keep == len(draft):
+                return draft
+            probs = None if draft.draft_probs is None else draft.draft_probs[:keep]
+            return Draft.chain(draft.tokens[:keep], probs)
+        kept: list[int] = []  # indices of the nodes kept: their ancestors are all allowed
+        for node, parent in enumerate(draft.parents):
+            if (parent == -1 or parent in kept) and draft.side is None:
+                above = [draft.tokens[n] for n in _path(draft.parents, node)[:-1]]
+                if self.constraint.allowed_prefix(above) == len(above):
+                    kept.append(node)
+        if draft.side is not None or len(kept) == len(draft):
+            return draft  # side inputs (lookahead) are not verified: the rows they feed stay as they are
+        position = {node: index for index, node in enumerate(kept)}
+        probs = None if draft.draft_probs is None else draft.draft_probs[kept]
+        return Draft([draft.tokens[n] for n in kept],
+                     [-1 if draft.parents[n] == -1 else position[draft.parents[n]] for n in kept], probs)
 
     def _verify_request(self, draft: Draft, tree: TokenTree | None) -> ForwardRequest:
         """The target forward over [last committed] + draft (a tree: one row per node, plus side inputs)."""
@@ -346,6 +384,9 @@ class Generation:
         return states[0] if len(states) == 1 else torch.cat(states, dim=-1)
 
     def _accept(self, logits: torch.Tensor, draft: Draft, tree: TokenTree | None) -> VerifyResult:
+        if self.constraint is not None:  # each row: the target's law masked to what the grammar allows there
+            paths = [[]] + [[draft.tokens[n] for n in _path(draft.parents, node)] for node in range(len(draft))]
+            logits = masked_logits(logits, self.constraint.masks(paths))  # (K+1 or T+1, V)
         if self.params.greedy and self.params.repetition_penalty == 1.0:
             return verify_chain_greedy(logits, draft) if tree is None else verify_tree_greedy(logits, tree)
         history = torch.tensor(self.context, device=logits.device)
@@ -370,12 +411,30 @@ class Generation:
         else:  # the accepted path's slots move up behind the root
             self.cache.compact(root_slot + 1, [root_slot + 1 + node for node in result.accepted_path])
         self.context.extend(result.tokens)
+        if self.constraint is not None and outcome.finish_reason is None:
+            self.constraint.commit(result.tokens)
+            if self.constraint.complete:  # the grammar allows nothing more (an end-of-sequence token included)
+                end = self.committer.finish("stop")
+                outcome = CommitOutcome(outcome.tokens, outcome.text_chunk + end.text_chunk, end.finish_reason)
         if self.hidden_layers and outcome.finish_reason is None:
             rows = [0] + [1 + node for node in result.accepted_path]  # root, then the accepted drafts
             self.drafter.take_features(self._features[rows])  # (1 + accepted, C)
         if self._drafted and outcome.finish_reason is None:
             self.drafter.on_verified(self.context, draft, result)
         return outcome
+
+
+# The most grammar-forced tokens drafted in one round (all are accepted; each costs a verify row).
+MAX_FORCED = 32
+
+
+def _path(parents: Sequence[int], node: int) -> list[int]:
+    """A draft node's ancestors and itself, root first (indices into the draft)."""
+    path = []
+    while node != -1:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
 
 
 def with_side_inputs(side: SideInputs, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor

@@ -15,6 +15,7 @@ from typing import Iterator, Sequence
 
 from specdec.api.options import GeneratorOptions
 from specdec.api.request import GenerationRequest, Prompt
+from specdec.api.structured import GrammarConstraint, GrammarSpec
 from specdec.core.commit import StopCriteria
 from specdec.core.rounds import GenerationResult, StreamChunk
 from specdec.core.speculation_length import FixedK, SpeculationLength, is_auto, speculation_length
@@ -146,8 +147,11 @@ class SpeculativeGenerator:
         turns speculation off, or it runs `interleaved` with others: then its drafter state is its own."""
         criteria = StopCriteria(request.max_new_tokens, frozenset(self.target.eos_token_ids), request.stop)
         engine = self.request_engine(request.speculative, request.k) if interleaved else self.engine_for(request)
+        constraint = None
+        if request.grammar is not None:
+            constraint = GrammarConstraint(request.grammar, self.target.tokenizer, self.target.model.vocab_size)
         return engine.start(self.prompt_ids(request), request.sampling, criteria, self.target.tokenizer,
-                            request.seed)
+                            request.seed, constraint)
 
     def run_batch(self, requests: Sequence[GenerationRequest], max_batch: int = 16,
                   row_budget: int | None | str = "auto", prefix_cache_bytes: int = 256 << 20,
@@ -225,30 +229,31 @@ class SpeculativeGenerator:
     def generate(self, prompt: Prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                  stop: Sequence[str] | str | None = None, seed: int | None = None, chat: bool | None = None,
-                 on_chunk=None) -> GenerationResult:
+                 grammar: GrammarSpec | None = None, on_chunk=None) -> GenerationResult:
+        """The prompt's generation (greedy unless a temperature is given); `grammar`: what it must match."""
         request = GenerationRequest.of(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                        min_p=min_p, repetition_penalty=repetition_penalty, stop=stop, seed=seed,
-                                       chat=chat)
+                                       chat=chat, grammar=grammar)
         return self.run(request, on_chunk)
 
     def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 128, *, temperature: float = 0.0,
                        top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                        stop: Sequence[str] | str | None = None, seed: int | None = None, chat: bool | None = None,
-                       max_batch: int = 16, row_budget: int | None | str = "auto",
+                       grammar: GrammarSpec | None = None, max_batch: int = 16, row_budget: int | None | str = "auto",
                        prefix_cache_bytes: int = 256 << 20, on_result=None) -> list[GenerationResult]:
         """`run_batch` of one request per prompt, all with these settings (see run_batch)."""
         requests = [GenerationRequest.of(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                          min_p=min_p, repetition_penalty=repetition_penalty, stop=stop, seed=seed,
-                                         chat=chat) for prompt in prompts]
+                                         chat=chat, grammar=grammar) for prompt in prompts]
         return self.run_batch(requests, max_batch, row_budget, prefix_cache_bytes, on_result)
 
     def stream(self, prompt: Prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
                stop: Sequence[str] | str | None = None, seed: int | None = None,
-               chat: bool | None = None) -> Iterator[StreamChunk]:
+               chat: bool | None = None, grammar: GrammarSpec | None = None) -> Iterator[StreamChunk]:
         request = GenerationRequest.of(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                        min_p=min_p, repetition_penalty=repetition_penalty, stop=stop, seed=seed,
-                                       chat=chat)
+                                       chat=chat, grammar=grammar)
         return self.start(request).chunks()
 
 

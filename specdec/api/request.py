@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from specdec.api.structured import GrammarSpec
 from specdec.core.sampling import SamplingParams, check_seed
 from specdec.core.speculation_length import check_k
 from specdec.errors import InvalidParameterError
@@ -25,7 +26,8 @@ class GenerationRequest:
     """prompt: text, chat messages, or token ids (a list of ints, used as they are);
     chat: apply the chat template (None: for messages, and for text when the model has a template);
     k: draft tokens per round for this request (None: the generator's), as `--k` reads it;
-    speculative: False decodes plainly (no drafter) with everything else the same."""
+    speculative: False decodes plainly (no drafter) with everything else the same;
+    grammar: what the output must match (a JSON schema, a regex, ...: api/structured.py), or None."""
 
     prompt: str | Sequence[dict] | Sequence[int]
     max_new_tokens: int = 128
@@ -35,6 +37,7 @@ class GenerationRequest:
     chat: bool | None = None
     k: int | str | None = None
     speculative: bool = True
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):  # one stop string given bare
@@ -53,6 +56,8 @@ class GenerationRequest:
         check_seed(self.seed)
         if self.k is not None:
             check_k(self.k)
+        if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
+            raise InvalidParameterError("grammar must be a GrammarSpec")
 
     @property
     def token_ids(self) -> list[int] | None:
@@ -70,8 +75,9 @@ class GenerationRequest:
     @classmethod
     def of(cls, prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            min_p: float = 0.0, repetition_penalty: float = 1.0, stop: Sequence[str] | str | None = None,
-           seed: int | None = None, chat: bool | None = None) -> "GenerationRequest":
+           seed: int | None = None, chat: bool | None = None, grammar: GrammarSpec | None = None
+           ) -> "GenerationRequest":
         """The request the generator's keyword methods (generate, stream, generate_batch) describe."""
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                   repetition_penalty=repetition_penalty)
-        return cls(prompt, max_new_tokens, sampling, () if stop is None else stop, seed, chat)
+        return cls(prompt, max_new_tokens, sampling, () if stop is None else stop, seed, chat, grammar=grammar)

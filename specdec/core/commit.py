@@ -72,6 +72,11 @@ class Committer:
             self.finish_reason = "stop"
         return CommitOutcome(kept, self._release(), self.finish_reason)
 
+    def finish(self, reason: str) -> CommitOutcome:
+        """End the generation here (a grammar that allows nothing more): the text held back is released."""
+        self.finish_reason = reason
+        return CommitOutcome([], self._release(), reason)
+
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
