@@ -25,7 +25,7 @@ from specdec.errors import ContextLengthError
 from specdec.models.base import CausalLM, ForwardRequest, positions_after, tree_attention_mask
 from specdec.core.rounds import Draft, GenerationResult, SideInputs, StreamChunk, VerifyResult
 from specdec.core.randomness import PositionalNoise, Purpose, random_seed
-from specdec.core.sampling import SamplingParams, check_seed, processed_probs, tree_processed_probs
+from specdec.core.sampling import SamplingParams, check_seed, processed_probs, token_logprobs, tree_processed_probs
 from specdec.core.speculation_length import FixedK, SpeculationLength
 from specdec.core.stats import GenerationStats, RoundStats
 from specdec.core.tree import TokenTree
@@ -73,10 +73,13 @@ class SpeculativeEngine:
         return cache
 
     def start(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
-              seed: int | None = None, constraint: Constraint | None = None) -> "Generation":
+              seed: int | None = None, constraint: Constraint | None = None,
+              logprobs: int | None = None) -> "Generation":
         """A generation to drive round by round (`chunks()`), then `result()`: what a scheduler interleaves.
-        `constraint`: the grammar its output must match (core/constraint.py), in its initial state."""
-        return Generation(self, list(prompt_ids), params, criteria, tokenizer, seed, constraint=constraint)
+        `constraint`: the grammar its output must match (core/constraint.py), in its initial state;
+        `logprobs`: record each token's log-probability and this many alternatives' (None: none)."""
+        return Generation(self, list(prompt_ids), params, criteria, tokenizer, seed, constraint=constraint,
+                          logprobs=logprobs)
 
 
 @dataclass
@@ -137,7 +140,7 @@ class Generation:
 
     def __init__(self, engine: SpeculativeEngine, prompt_ids: list[int], params: SamplingParams,
                  criteria: StopCriteria, tokenizer, seed: int | None, prompt_cache=None,
-                 constraint: Constraint | None = None):
+                 constraint: Constraint | None = None, logprobs: int | None = None):
         if not prompt_ids:
             raise ContextLengthError("the prompt is empty: at least one token is needed")
         check_seed(seed)
@@ -154,6 +157,8 @@ class Generation:
         self.hidden_layers = () if self.drafter is None else tuple(self.drafter.feature_layers)
         self.params = params
         self.constraint = constraint
+        self.logprobs = logprobs
+        self.token_logprobs: list = []  # rounds.TokenLogprob of each committed token, when recorded
         self.prompt_ids = prompt_ids
         self.context = list(prompt_ids)  # prompt + committed tokens
         self.committer = Committer(tokenizer, criteria)
@@ -184,7 +189,7 @@ class Generation:
         while self.committer.finish_reason is None:
             outcome = self.round()
             if outcome.tokens or outcome.text_chunk:
-                yield StreamChunk(outcome.text_chunk, outcome.tokens)
+                yield StreamChunk(outcome.text_chunk, outcome.tokens, outcome.logprobs)
         self.seconds = time.perf_counter() - self.started
 
     @property
@@ -235,7 +240,8 @@ class Generation:
             self.engine.drafter_name, len(self.prompt_ids), self.rounds, seconds, self.prefill_seconds, memory
         )
         c = self.committer
-        return GenerationResult(c.text, list(c.token_ids), c.finish_reason or "length", stats)
+        return GenerationResult(c.text, list(c.token_ids), c.finish_reason or "length", stats,
+                                None if self.logprobs is None else self.token_logprobs[:len(c.token_ids)])
 
     # -- the phases -------------------------------------------------------------------------
     def use_prompt_cache(self, cache) -> None:
@@ -387,6 +393,7 @@ class Generation:
         if self.constraint is not None:  # each row: the target's law masked to what the grammar allows there
             paths = [[]] + [[draft.tokens[n] for n in _path(draft.parents, node)] for node in range(len(draft))]
             logits = masked_logits(logits, self.constraint.masks(paths))  # (K+1 or T+1, V)
+        self._round_logits = logits
         if self.params.greedy and self.params.repetition_penalty == 1.0:
             return verify_chain_greedy(logits, draft) if tree is None else verify_tree_greedy(logits, tree)
         history = torch.tensor(self.context, device=logits.device)
@@ -403,7 +410,13 @@ class Generation:
         return verify_tree_rejection(target_probs, tree, draft.draft_probs, self.noise, first)
 
     def _commit(self, draft: Draft, result: VerifyResult, tree: TokenTree | None) -> CommitOutcome:
+        before = len(self.context)
         outcome = self.committer.commit(result.tokens)
+        if self.logprobs is not None and outcome.tokens:  # the rows that decided the kept tokens
+            rows = ([0] + [1 + node for node in result.accepted_path])[:len(outcome.tokens)]
+            outcome.logprobs = token_logprobs(self._round_logits[rows], outcome.tokens, self.params,
+                                              self.context[:before], self.logprobs)
+            self.token_logprobs.extend(outcome.logprobs)
         # The cache keeps [last committed] + accepted drafts; the new last token is the next input.
         root_slot = self.cache.length - len(draft) - draft.num_side - 1
         if tree is None:
@@ -415,7 +428,8 @@ class Generation:
             self.constraint.commit(result.tokens)
             if self.constraint.complete:  # the grammar allows nothing more (an end-of-sequence token included)
                 end = self.committer.finish("stop")
-                outcome = CommitOutcome(outcome.tokens, outcome.text_chunk + end.text_chunk, end.finish_reason)
+                outcome = CommitOutcome(outcome.tokens, outcome.text_chunk + end.text_chunk, end.finish_reason,
+                                        outcome.logprobs)
         if self.hidden_layers and outcome.finish_reason is None:
             rows = [0] + [1 + node for node in result.accepted_path]  # root, then the accepted drafts
             self.drafter.take_features(self._features[rows])  # (1 + accepted, C)

@@ -151,7 +151,7 @@ class SpeculativeGenerator:
         if request.grammar is not None:
             constraint = GrammarConstraint(request.grammar, self.target.tokenizer, self.target.model.vocab_size)
         return engine.start(self.prompt_ids(request), request.sampling, criteria, self.target.tokenizer,
-                            request.seed, constraint)
+                            request.seed, constraint, request.logprobs)
 
     def run_batch(self, requests: Sequence[GenerationRequest], max_batch: int = 16,
                   row_budget: int | None | str = "auto", prefix_cache_bytes: int = 256 << 20,

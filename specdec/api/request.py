@@ -19,6 +19,7 @@ from specdec.core.speculation_length import check_k
 from specdec.errors import InvalidParameterError
 
 Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "content": ...}]
+MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,8 @@ class GenerationRequest:
     chat: apply the chat template (None: for messages, and for text when the model has a template);
     k: draft tokens per round for this request (None: the generator's), as `--k` reads it;
     speculative: False decodes plainly (no drafter) with everything else the same;
-    grammar: what the output must match (a JSON schema, a regex, ...: api/structured.py), or None."""
+    grammar: what the output must match (a JSON schema, a regex, ...: api/structured.py), or None;
+    logprobs: record each token's log-probability and this many alternatives' (0-20; None: none)."""
 
     prompt: str | Sequence[dict] | Sequence[int]
     max_new_tokens: int = 128
@@ -38,6 +40,7 @@ class GenerationRequest:
     k: int | str | None = None
     speculative: bool = True
     grammar: GrammarSpec | None = None
+    logprobs: int | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):  # one stop string given bare
@@ -56,6 +59,9 @@ class GenerationRequest:
         check_seed(self.seed)
         if self.k is not None:
             check_k(self.k)
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidParameterError(f"logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, not {self.logprobs!r}")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise InvalidParameterError("grammar must be a GrammarSpec")
 

@@ -38,6 +38,7 @@ class CommitOutcome:
     tokens: list[int]  # the part of the offered block that was kept
     text_chunk: str  # new text safe to stream
     finish_reason: str | None  # "stop" (EOS or stop string), "length", or None to go on
+    logprobs: list | None = None  # the kept tokens' rounds.TokenLogprob, when the generation records them
 
 
 @dataclass

@@ -87,14 +87,26 @@ class VerifyResult:
 
 
 @dataclass
+class TokenLogprob:
+    """A committed token's log-probability under the distribution it was drawn from (core/sampling.py's
+    `token_logprobs`), and the likeliest tokens there with theirs."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token, logprob), likeliest first
+
+
+@dataclass
 class GenerationResult:
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" or "length"
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
 
 
 @dataclass
 class StreamChunk:
     text: str  # new text (may be empty while a multi-byte character or stop string is pending)
     token_ids: list[int]  # tokens committed this round
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for

@@ -94,6 +94,35 @@ def processed_probs(
     return probs
 
 
+def token_logprobs(
+    logits: torch.Tensor,  # (T, V): the rows that decided `tokens` (a grammar's mask already applied)
+    tokens: Sequence[int],  # (T,) the tokens committed from them
+    params: SamplingParams,
+    history: Sequence[int],  # the context before tokens[0]
+    top: int,
+) -> list:
+    """Each committed token's log-probability and the `top` likeliest tokens', under the distribution it was
+    drawn from: the processed one (temperature, top-k/p, min-p, repetition penalty: what OpenAI reports
+    with sampling), or for greedy decoding the model's own softmax (a one-hot law says nothing). Row by
+    row, each with its own history, so the figures are those of plain decoding whatever the rounds."""
+    from specdec.core.rounds import TokenLogprob
+
+    out = []
+    for row, token in enumerate(tokens):
+        seen = torch.tensor([*history, *tokens[:row]], device=logits.device)
+        if params.greedy:
+            values = logits[row: row + 1].float().log_softmax(-1)[0]
+            if params.repetition_penalty != 1.0:
+                values = repetition_penalized(logits[row: row + 1].float(), seen, (), params.repetition_penalty)
+                values = values.log_softmax(-1)[0]
+        else:
+            values = processed_probs(logits[row: row + 1].float(), params, seen)[0].log()
+        best = torch.topk(values, top) if top else None
+        out.append(TokenLogprob(int(token), float(values[token]),
+                                [] if best is None else list(zip(best.indices.tolist(), best.values.tolist()))))
+    return out
+
+
 def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """(...,) the token each row of probs (..., V) puts at uniform u (...,) in [0, 1): the first index whose
     cumulative mass exceeds u * total, so a zero-probability token is never drawn (also where rounding
