@@ -46,6 +46,29 @@ def make_tokenizer(merges: bool = True) -> transformers.PreTrainedTokenizerFast:
 
 VOCAB = len(byte_level_vocab()[0])  # 263
 
+# A code model's extra tokens: fill-in-the-middle (Qwen2.5-Coder's names) and Hermes tool-call markers.
+CODER_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>", "<tool_call>",
+                "</tool_call>"]
+CODER_VOCAB = VOCAB + len(CODER_TOKENS)
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}"
+    "\n</tools>\nFor each function call, return <tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{%- if m.tool_calls %}{% for call in m.tool_calls %}"
+    "<tool_call>\n{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}\n</tool_call>"
+    "{% endfor %}{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_coder_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """The tiny tokenizer with FIM and tool-call tokens and a Hermes-style chat template (tools listed)."""
+    tokenizer = make_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS + CODER_TOKENS[:5]})
+    tokenizer.add_tokens(CODER_TOKENS[5:])  # the tool markers are text tokens, as in Qwen2.5
+    tokenizer.chat_template = HERMES_TEMPLATE
+    return tokenizer
+
 
 def tiny_config(kind: str = "llama", vocab_size: int = VOCAB, **overrides):
     common = dict(

@@ -198,14 +198,15 @@ class SpeculativeGenerator:
         Thread-safe: a server calls it off its worker thread."""
         ids = request.token_ids
         if ids is None:
-            return self.encode(request.prompt, request.chat)
+            return self.encode(request.prompt, request.chat, request.tools)
         vocab = self.target.model.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise InvalidParameterError(f"prompt token ids must be in [0, {vocab})")
         return ids
 
-    def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
-        """Token ids of a prompt; chat messages (or text, when chat is on) go through the chat template."""
+    def encode(self, prompt: Prompt, chat: bool | None = None, tools: Sequence[dict] | None = None) -> list[int]:
+        """Token ids of a prompt; chat messages (or text, when chat is on) go through the chat template,
+        which lists `tools` (function definitions) where given."""
         tokenizer = self.target.tokenizer
         _check_text(prompt)
         if chat is None:
@@ -215,7 +216,8 @@ class SpeculativeGenerator:
                 raise InvalidParameterError(f"model {self.target.name!r} has no chat template; use a plain prompt")
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
             _check_messages(messages)
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            extra = {"tools": list(tools)} if tools else {}
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
             ids = ids["input_ids"] if hasattr(ids, "keys") else ids
             return list(ids)
         if not isinstance(prompt, str):
@@ -274,7 +276,9 @@ def _check_messages(messages: list) -> None:
     if not messages:
         raise InvalidParameterError("messages must not be empty")
     for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not isinstance(
-            message.get("content"), str
-        ):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidParameterError('each message needs a string "role" and a string "content"')
+        calls = message.get("tool_calls")
+        if not isinstance(message.get("content"), str) and not (calls and message.get("content") is None):
+            raise InvalidParameterError('each message needs a string "role" and a string "content" (or, from '
+                                        'the assistant, "tool_calls")')

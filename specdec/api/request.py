@@ -29,7 +29,8 @@ class GenerationRequest:
     k: draft tokens per round for this request (None: the generator's), as `--k` reads it;
     speculative: False decodes plainly (no drafter) with everything else the same;
     grammar: what the output must match (a JSON schema, a regex, ...: api/structured.py), or None;
-    logprobs: record each token's log-probability and this many alternatives' (0-20; None: none)."""
+    logprobs: record each token's log-probability and this many alternatives' (0-20; None: none);
+    tools: function definitions (OpenAI's `tools`) the chat template lists for the model."""
 
     prompt: str | Sequence[dict] | Sequence[int]
     max_new_tokens: int = 128
@@ -41,6 +42,7 @@ class GenerationRequest:
     speculative: bool = True
     grammar: GrammarSpec | None = None
     logprobs: int | None = None
+    tools: tuple[dict, ...] | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):  # one stop string given bare

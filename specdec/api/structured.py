@@ -22,6 +22,18 @@ from specdec.core.constraint import Constraint
 from specdec.errors import InvalidParameterError
 
 GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf")
+# Whitespace a JSON output may put between its tokens: enough for pretty-printing (a newline and an
+# indentation several levels deep), bounded so that no model can fill its whole answer with blanks (a weak
+# or unlucky one does, under llguidance's unbounded default). A schema's own "x-guidance" options win.
+JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,24}"}
+
+
+def with_json_options(schema: dict) -> dict:
+    """The schema with JSON_OPTIONS as its "x-guidance" defaults, unless it sets its own whitespace."""
+    own = schema.get("x-guidance", {})
+    if "whitespace_flexible" in own or "whitespace_pattern" in own:
+        return schema
+    return {**schema, "x-guidance": {**JSON_OPTIONS, **own}}
 
 
 @dataclass(frozen=True)
@@ -49,12 +61,12 @@ def compile_grammar(kind: str, source) -> str:
         raise InvalidParameterError(f"unknown grammar kind {kind!r} (choose from {', '.join(GRAMMAR_KINDS)})")
     try:
         if kind == "json_object":
-            grammar = LLMatcher.grammar_from_json_schema({"type": "object"})
+            grammar = LLMatcher.grammar_from_json_schema(with_json_options({"type": "object"}))
         elif kind == "json_schema":
             schema = json.loads(source) if isinstance(source, str) else source
             if not isinstance(schema, dict):
                 raise InvalidParameterError("a JSON schema must be a JSON object")
-            grammar = LLMatcher.grammar_from_json_schema(schema)
+            grammar = LLMatcher.grammar_from_json_schema(with_json_options(schema))
         elif not isinstance(source, str) or not source:
             raise InvalidParameterError(f"a {kind} grammar must be non-empty text")
         elif kind == "regex":

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
+import random
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,16 +23,10 @@ from specdec.api.generator import SpeculativeGenerator
 from specdec.api.request import GenerationRequest
 from specdec.server.guard import GuardSettings, RequestGuard
 from specdec.server.metrics import ServerMetrics
-from specdec.server.protocol import (
-    BadRequest,
-    ChatCompletionRequest,
-    CompletionRequest,
-    error_body,
-    new_id,
-    now,
-    parse_request,
-    usage,
-)
+from specdec.server.infill import InfillRequest, require_fim
+from specdec.server.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, error_body, parse_request
+from specdec.server.replies import Reply, speculative_stats, sse
+from specdec.server.tools import speaks_hermes
 from specdec.api.prefix_cache import PrefixCache
 from specdec.server.scheduler import PREFILL_TOKENS_PER_STEP, Job, QueueFullError, Scheduler
 
@@ -40,7 +34,7 @@ from specdec.server.scheduler import PREFILL_TOKENS_PER_STEP, Job, QueueFullErro
 DISCONNECT_POLL_SECONDS = 0.25
 
 
-KNOWN_ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
+KNOWN_ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/infill")
 RETRY_AFTER_SECONDS = "5"  # what a 503 (queue full, shutting down) suggests to a client
 
 
@@ -164,61 +158,133 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
         return await complete(request, "/v1/completions", CompletionRequest)
 
     async def complete(request: Request, endpoint: str, kind: type) -> Response:
-        arrived = time.perf_counter()
         try:
-            raw = await request.body()
-            if len(raw) > settings.max_request_bytes:  # a body sent without Content-Length
-                return error(413, f"the body is larger than {settings.max_request_bytes} bytes",
-                             "invalid_request_error", endpoint)
+            raw = await read_body(request, endpoint)
             body = parse_request(raw, kind)
-            job = Job(make_request(body))
-            await run_in_threadpool(scheduler.encode, job)  # off the worker: tokenizing may take a while
-            prompt_length = len(job.request.prompt)
+            generation_request = make_request(body)
+        except BodyTooLarge as exc:
+            return error(413, str(exc), "invalid_request_error", endpoint)
+        except BadRequest as exc:
+            return error(400, str(exc), "invalid_request_error", endpoint, exc.param)
+        except SpecdecError as exc:
+            return error(400, str(exc), "invalid_request_error", endpoint)
+        tools = isinstance(body, ChatCompletionRequest) and body.uses_tools
+        reply = Reply(kind is ChatCompletionRequest, settings.model_name, body.include_usage, token_text,
+                      tools=tools, choices=body.n)
+        return await run_jobs(request, endpoint, generation_request, body.n, body.stream, reply)
+
+    async def run_jobs(request: Request, endpoint: str, generation_request: GenerationRequest, n: int, stream: bool,
+                       reply, infill: bool = False) -> Response:
+        """Submit the request's `n` choices (seeds seed, seed + 1, ...), wait until they start, then answer
+        whole or as a stream."""
+        arrived = time.perf_counter()
+        jobs: list[Job] = []
+        try:
+            first = Job(generation_request)
+            await run_in_threadpool(scheduler.encode, first)  # off the worker: tokenizing may take a while
+            prompt_length = len(first.request.prompt)
             if settings.max_prompt_tokens is not None and prompt_length > settings.max_prompt_tokens:
                 return error(400, f"the prompt is {prompt_length} tokens; this server takes at most "
                              f"{settings.max_prompt_tokens}", "invalid_request_error", endpoint,
                              code="context_length_exceeded")
-            scheduler.submit(job)
+            base = first.request.seed if first.request.seed is not None else random.getrandbits(63)
+            jobs = [Job(first.request.replace(seed=base + i if n > 1 or first.request.seed is not None else None))
+                    for i in range(n)]
+            for job in jobs:
+                scheduler.submit(job)
         except BadRequest as exc:
             return error(400, str(exc), "invalid_request_error", endpoint, exc.param)
         except QueueFullError as exc:
+            for job in jobs:
+                job.cancel()
             return error(503, str(exc), "server_busy", endpoint)
         except SpecdecError as exc:
             return error(400, str(exc), "invalid_request_error", endpoint)
-        first_kind, first = await next_event(job, request)  # waits in the queue until admitted
-        if first_kind == "error":
-            code = "context_length_exceeded" if isinstance(first, ContextLengthError) else None
-            return error(400, str(first), "invalid_request_error", endpoint, code=code)
-        if first_kind == "cancelled" and await request.is_disconnected():  # gone while queued or prefilling
-            return error(499, "the client closed the request", "invalid_request_error", endpoint)
-        if first_kind != "started":
-            return error(500 if first_kind == "failed" else 503, f"generation {first_kind}: {first}",
-                         "server_error", endpoint)
-        prompt_tokens = first
-        reply = Reply(kind is ChatCompletionRequest, settings.model_name, body.include_usage)
-        if body.stream:  # the status goes out now; a non-streamed reply's status is known at its end
-            metrics.requests.labels(endpoint, "200").inc()
-            return StreamingResponse(stream_events(job, reply, prompt_tokens, arrived),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        result = await finish(job, request)
-        if result is None:
-            if await request.is_disconnected():  # nobody reads this reply: count it as nginx does, not as a 503
+        prompt_tokens = 0
+        for job in jobs:  # each waits in the queue until admitted
+            first_kind, first_payload = await next_event(job, request)
+            if first_kind != "started":
+                for other in jobs:
+                    other.cancel()
+            if first_kind == "error":
+                code = "context_length_exceeded" if isinstance(first_payload, ContextLengthError) else None
+                return error(400, str(first_payload), "invalid_request_error", endpoint, code=code)
+            if first_kind == "cancelled" and await request.is_disconnected():  # gone while queued or prefilling
                 return error(499, "the client closed the request", "invalid_request_error", endpoint)
-            return error(503, "generation cancelled: the server is shutting down", "server_error", endpoint)
-        if isinstance(result, Exception):
-            return error(500, f"generation failed: {result}", "server_error", endpoint)
+            if first_kind != "started":
+                return error(500 if first_kind == "failed" else 503, f"generation {first_kind}: {first_payload}",
+                             "server_error", endpoint)
+            prompt_tokens = first_payload
+        if stream:  # the status goes out now; a non-streamed reply's status is known at its end
+            metrics.requests.labels(endpoint, "200").inc()
+            events = infill_events(jobs[0], reply, arrived) if infill else stream_events(jobs, reply, prompt_tokens,
+                                                                                        arrived)
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        results = []
+        for job in jobs:
+            result = await finish(job, request)
+            if result is None or isinstance(result, Exception):
+                for other in jobs:
+                    other.cancel()
+            if result is None:
+                if await request.is_disconnected():  # nobody reads this reply: count it as nginx does, not a 503
+                    return error(499, "the client closed the request", "invalid_request_error", endpoint)
+                return error(503, "generation cancelled: the server is shutting down", "server_error", endpoint)
+            if isinstance(result, Exception):
+                return error(500, f"generation failed: {result}", "server_error", endpoint)
+            results.append(result)
         metrics.requests.labels(endpoint, "200").inc()
-        return JSONResponse(reply.whole(result, prompt_tokens))
+        return JSONResponse(reply.whole(results, prompt_tokens))
+
+    async def read_body(request: Request, endpoint: str) -> bytes:
+        raw = await request.body()
+        if len(raw) > settings.max_request_bytes:  # a body sent without Content-Length
+            raise BodyTooLarge(f"the body is larger than {settings.max_request_bytes} bytes")
+        return raw
+
+    def token_text(token: int) -> str:
+        return generator.target.tokenizer.decode([token], skip_special_tokens=False)
 
     def make_request(body) -> GenerationRequest:
         if body.model is not None and body.model != settings.model_name:
             raise BadRequest(f"model {body.model!r} is not served here (this server serves "
                              f"{settings.model_name!r})", "model")
+        tokenizer = generator.target.tokenizer
+        if isinstance(body, ChatCompletionRequest) and body.uses_tools and not speaks_hermes(tokenizer):
+            raise BadRequest(f"model {settings.model_name!r}: its chat template does not list tools "
+                             "(Hermes-style <tool_call> templates are supported)", "tools")
         try:
-            return body.generation_request(settings.default_max_tokens)
+            request = body.generation_request(settings.default_max_tokens, tokenizer)
         except SpecdecError as exc:
-            raise BadRequest(str(exc)) from None
+            raise BadRequest(str(exc), getattr(exc, "param", None)) from None
+        if isinstance(body, CompletionRequest) and body.suffix is not None:
+            if not isinstance(body.prompt, str):
+                raise BadRequest("suffix needs a text prompt", "suffix")
+            fim = require_fim(tokenizer, settings.model_name, "suffix")
+            request = request.replace(prompt=fim.prompt(body.prompt, body.suffix), chat=False)
+        return request
+
+    @app.post("/infill", responses=ERROR_RESPONSES)
+    async def infill(request: Request):
+        """llama.cpp's fill-in-the-middle endpoint, as editor plugins (llama.vim, llama.vscode) call it."""
+        endpoint = "/infill"
+        try:
+            body = parse_request(await read_body(request, endpoint), InfillRequest)
+            fim = require_fim(generator.target.tokenizer, settings.model_name, "input_prefix")
+            prompt = fim.prompt(body.input_prefix, body.input_suffix,
+                                [(chunk.filename, chunk.text) for chunk in body.input_extra], lead=body.prompt)
+            limit = body.n_predict if body.n_predict > 0 else settings.default_max_tokens
+            generation_request = GenerationRequest(prompt, limit, body.sampling(), body.checked_stop(),
+                                                   None if body.seed in (None, -1) else body.seed, chat=False)
+        except BodyTooLarge as exc:
+            return error(413, str(exc), "invalid_request_error", endpoint)
+        except BadRequest as exc:
+            return error(400, str(exc), "invalid_request_error", endpoint, exc.param)
+        except SpecdecError as exc:
+            return error(400, str(exc), "invalid_request_error", endpoint)
+        return await run_jobs(request, endpoint, generation_request, 1, body.stream,
+                              InfillReply(settings.model_name), infill=True)
 
     async def next_event(job: Job, request: Request) -> tuple[str, object]:
         """The job's next event; a client that disconnects meanwhile cancels the job (within a round). The
@@ -250,80 +316,95 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
             if kind == "cancelled":
                 return None
 
-    async def stream_events(job: Job, reply: "Reply", prompt_tokens: int, arrived: float) -> AsyncIterator[str]:
+    async def stream_events(jobs: list[Job], reply, prompt_tokens: int, arrived: float) -> AsyncIterator[str]:
+        """The choices' chunks as their rounds commit text, interleaved (each chunk names its choice)."""
         first_text = True
+        results: list[GenerationResult | None] = [None] * len(jobs)
         try:
-            yield sse(reply.chunk(role=True))
-            while True:
-                kind, payload = await job.events.get()
+            for index in range(len(jobs)):
+                yield sse(reply.opening(index))
+            async for index, kind, payload in merged_events(jobs):
                 if kind == "chunk":
-                    if payload.text:
-                        if first_text:
-                            metrics.time_to_first_token.observe(time.perf_counter() - arrived)
-                            first_text = False
-                        yield sse(reply.chunk(text=payload.text))
+                    chunks = reply.delta(index, payload.text, payload.logprobs)
+                    if chunks and first_text:
+                        metrics.time_to_first_token.observe(time.perf_counter() - arrived)
+                        first_text = False
+                    for chunk in chunks:
+                        yield sse(chunk)
                 elif kind == "done":
-                    yield sse(reply.chunk(finish_reason=payload.finish_reason, result=payload))
-                    if reply.include_usage:
-                        yield sse(reply.usage_chunk(payload, prompt_tokens))
-                    break
+                    results[index] = payload
+                    for chunk in reply.closing(index, payload):
+                        yield sse(chunk)
                 else:  # failed or cancelled: tell the client in-band, the status line is already sent
                     yield sse(error_body(f"generation {kind}: {payload}", "server_error"))
                     break
+            if reply.include_usage and all(result is not None for result in results):
+                yield sse(reply.usage_chunk(results, prompt_tokens))
             yield "data: [DONE]\n\n"
         finally:
-            job.cancel()  # no-op when finished; frees the slot when the client disconnected
+            for job in jobs:
+                job.cancel()  # no-op when finished; frees the slots when the client disconnected
+
+    async def infill_events(job: Job, reply: "InfillReply", arrived: float) -> AsyncIterator[str]:
+        """llama-server's stream: `data: {"content": ..., "stop": false}` per round, a last one with stop true."""
+        try:
+            while True:
+                kind, payload = await job.events.get()
+                if kind == "chunk" and payload.text:
+                    yield sse(reply.chunk(payload.text))
+                elif kind == "done":
+                    yield sse(reply.last(payload))
+                    break
+                elif kind != "chunk":
+                    yield sse(error_body(f"generation {kind}: {payload}", "server_error"))
+                    break
+        finally:
+            job.cancel()
 
     return app
 
 
-def sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+async def merged_events(jobs: list[Job]):
+    """(choice index, kind, payload) of several jobs' events as they come; a job's stream ends with its
+    "done" (or another final event)."""
+    pending = {asyncio.ensure_future(job.events.get()): index for index, job in enumerate(jobs)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda task: pending[task]):
+                index = pending.pop(task)
+                kind, payload = task.result()
+                yield index, kind, payload
+                if kind == "chunk":
+                    pending[asyncio.ensure_future(jobs[index].events.get())] = index
+    finally:
+        for task in pending:
+            task.cancel()
 
 
-class Reply:
-    """Builds OpenAI response objects for one request (chat.completion or text_completion)."""
-
-    def __init__(self, chat: bool, model: str, include_usage: bool):
-        self.chat, self.model, self.include_usage = chat, model, include_usage
-        self.id = new_id("chatcmpl" if chat else "cmpl")
-        self.created = now()
-
-    def _envelope(self, obj: str, choices: list) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
-
-    def whole(self, result: GenerationResult, prompt_tokens: int) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "finish_reason": result.finish_reason, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": result.text, "finish_reason": result.finish_reason, "logprobs": None}
-        body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
-        body["usage"] = usage(prompt_tokens, len(result.token_ids))
-        body["specdec"] = speculative_stats(result)
-        return body
-
-    def chunk(self, text: str = "", role: bool = False, finish_reason: str | None = None,
-              result: GenerationResult | None = None) -> dict:
-        if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
-        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
-        if result is not None:
-            body["specdec"] = speculative_stats(result)
-        return body
-
-    def usage_chunk(self, result: GenerationResult, prompt_tokens: int) -> dict:
-        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = usage(prompt_tokens, len(result.token_ids))
-        return body
+class BodyTooLarge(BadRequest):
+    """A body over --max-request-bytes that came without a Content-Length (HTTP 413)."""
 
 
-def speculative_stats(result: GenerationResult) -> dict:
-    """The extension field with this request's speculation figures."""
-    s = result.stats
-    return {"drafter": s.drafter, "rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
-            "acceptance_rate": round(s.acceptance_rate, 4), "tau": round(s.tau, 4),
-            "tokens_per_second": round(s.decode_tokens_per_second, 2)}
+class InfillReply:
+    """llama-server's `/infill` response shape: content, stop, token counts, timings."""
+
+    def __init__(self, model: str):
+        self.model = model
+
+    def chunk(self, text: str) -> dict:
+        return {"content": text, "stop": False}
+
+    def last(self, result: GenerationResult) -> dict:
+        return {"content": "", "stop": True, **self._summary(result)}
+
+    def whole(self, results: list[GenerationResult], prompt_tokens: int) -> dict:
+        result = results[0]
+        return {"content": result.text, "stop": True, "tokens_evaluated": prompt_tokens, **self._summary(result)}
+
+    def _summary(self, result: GenerationResult) -> dict:
+        s = result.stats
+        return {"model": self.model, "tokens_predicted": len(result.token_ids),
+                "stop_type": "limit" if result.finish_reason == "length" else "eos",
+                "timings": {"predicted_n": s.new_tokens, "predicted_per_second": s.decode_tokens_per_second},
+                "specdec": speculative_stats(result)}

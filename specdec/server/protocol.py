@@ -1,6 +1,6 @@
 """OpenAI request bodies: parsing, validation and the response/chunk shapes.
 
-Policy for fields (docs/server.md):
+Policy for fields (docs/server.md has the table of every field):
 - fields we implement are validated strictly: a wrong type or an out-of-range value is a 400;
 - OpenAI fields we do not implement are accepted at their neutral value (e.g. `presence_penalty: 0`,
   `logprobs: false`, `n: 1`) and rejected with a 400 otherwise, so a client never silently gets
@@ -17,27 +17,23 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specdec.api.request import GenerationRequest
+from specdec.api.request import MAX_TOP_LOGPROBS, GenerationRequest
+from specdec.api.structured import GrammarSpec
 from specdec.core.sampling import SamplingParams, check_seed
 from specdec.core.speculation_length import check_k, is_auto
 from specdec.errors import InvalidParameterError
 
 # OpenAI fields we accept only at their neutral value: field -> values that mean "off".
 NEUTRAL_ONLY: dict[str, tuple] = {
-    "n": (1, None),
     "presence_penalty": (0, 0.0, None),
     "frequency_penalty": (0, 0.0, None),
     "logit_bias": (None, {}),
-    "logprobs": (False, None),
-    "top_logprobs": (None, 0),
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
-    "functions": (None, []),
-    "response_format": (None, {"type": "text"}),
+    "functions": (None, []),  # the deprecated form of `tools`
+    "function_call": (None, "none", "auto"),
     "best_of": (None, 1),
     "echo": (False, None),
-    "suffix": (None, ""),
 }
+MAX_CHOICES = 16  # `n`: choices per request (each a generation of its own, run together)
 
 
 MAX_STOP_CHARS = 256  # each stop string is searched for after every round: keep that cheap
@@ -71,10 +67,40 @@ class SpeculativeOptions(BaseModel):
         return k
 
 
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    name: str
+    arguments: str  # JSON text
+
+
+class CalledTool(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict]
+    content: str | list[dict] | None = None
+    name: str | None = None
+    tool_calls: list[CalledTool] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool's result: which call it answers
 
     @field_validator("content")
     @classmethod
@@ -85,6 +111,51 @@ class ChatMessage(BaseModel):
                 raise ValueError("only text content parts are supported")
             return "".join(p["text"] for p in content)
         return content
+
+    @model_validator(mode="after")
+    def _content_or_calls(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (an assistant message may give tool_calls instead)")
+        return self
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it: tool calls' arguments as objects, not JSON text."""
+        message: dict = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [{"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": _json_or_text(call.function.arguments)}}
+                for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+def _json_or_text(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict | None = None  # {"name": ..., "schema": {...}, "strict": true}
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and not isinstance((self.json_schema or {}).get("schema"), dict):
+            raise ValueError('type "json_schema" needs json_schema.schema, a JSON schema object')
+        return self
+
+    def grammar(self) -> GrammarSpec | None:
+        if self.type == "json_object":
+            return GrammarSpec("json_object")
+        if self.type == "json_schema":
+            return GrammarSpec("json_schema", self.json_schema["schema"])
+        return None
 
 
 class _Common(BaseModel):
@@ -102,6 +173,10 @@ class _Common(BaseModel):
     stream: bool = False
     stream_options: dict | None = None
     speculative: SpeculativeOptions | None = None
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    response_format: ResponseFormat | None = None
+    json_schema: dict | None = None  # llama-server's extension: the output's JSON schema
+    grammar: str | None = None  # llama-server's extension: a GBNF grammar
 
     @field_validator("seed")
     @classmethod
@@ -142,20 +217,95 @@ class _Common(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
 
-    def generation_request(self, default_max_tokens: int) -> GenerationRequest:
-        """The API's request for this body (InvalidParameterError where its settings do not go together)."""
+    def output_grammar(self) -> GrammarSpec | None:
+        """What the output must match: response_format, or llama-server's json_schema / grammar (one)."""
+        given = [name for name in ("response_format", "json_schema", "grammar") if getattr(self, name) is not None
+                 and not (name == "response_format" and self.response_format.type == "text")]
+        if len(given) > 1:
+            raise BadRequest(f"give one of {', '.join(given)}, not several", given[1])
+        try:
+            if self.json_schema is not None:
+                return GrammarSpec("json_schema", self.json_schema)
+            if self.grammar is not None:
+                return GrammarSpec("gbnf", self.grammar)
+            return None if self.response_format is None else self.response_format.grammar()
+        except InvalidParameterError as error:
+            raise BadRequest(str(error), given[0]) from None
+
+    def generation_request(self, default_max_tokens: int, tokenizer=None) -> GenerationRequest:
+        """The API's request for this body (InvalidParameterError where its settings do not go together);
+        `tokenizer`: the served model's (a tool call grammar writes its markers as its tokens)."""
         prompt, chat = self.prompt_and_chat()
         sampling = SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                                   min_p=self.min_p, repetition_penalty=self.repetition_penalty)
         spec = self.speculative
         return GenerationRequest(prompt, self.token_limit or default_max_tokens,
                                  sampling, tuple(self.stop or ()), self.seed, chat,
-                                 k=spec.k if spec else None, speculative=spec.enabled if spec else True)
+                                 k=spec.k if spec else None, speculative=spec.enabled if spec else True,
+                                 grammar=self.output_grammar(), logprobs=self.top_alternatives())
+
+    def top_alternatives(self) -> int | None:
+        """How many alternatives each token's log-probability comes with (None: no log-probabilities)."""
+        return None
 
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict | None = None
+    parallel_tool_calls: bool = True
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _tool_choice(self):
+        choice = self.tool_choice
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+            if not isinstance(name, str):
+                raise ValueError('tool_choice must be "none", "auto", "required" or '
+                                 '{"type": "function", "function": {"name": ...}}')
+            if name not in [tool.function.name for tool in self.tools or []]:
+                raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+        elif choice == "required" and not self.tools:
+            raise ValueError('tool_choice "required" needs tools')
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def uses_tools(self) -> bool:
+        """Whether the tools are listed to the model and its answer read for calls."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def forced_tool(self) -> str | None | bool:
+        """False: the model may answer in text; True: it must call a tool; a name: it must call that one."""
+        if isinstance(self.tool_choice, dict):
+            return self.tool_choice["function"]["name"]
+        return self.tool_choice == "required"
+
+    def tool_definitions(self) -> tuple[dict, ...]:
+        return tuple(tool.model_dump(exclude_none=True) for tool in self.tools or [])
+
+    def generation_request(self, default_max_tokens: int, tokenizer=None) -> GenerationRequest:
+        request = super().generation_request(default_max_tokens, tokenizer)
+        if not self.uses_tools:
+            return request
+        forced = self.forced_tool
+        grammar = request.grammar
+        if forced:
+            from specdec.server.tools import call_grammar
+
+            if grammar is not None:
+                raise BadRequest("a required tool call and a response format cannot both apply", "tool_choice")
+            grammar = call_grammar(list(self.tool_definitions()), forced if isinstance(forced, str) else None,
+                                   tokenizer, self.parallel_tool_calls)
+        return request.replace(tools=self.tool_definitions(), grammar=grammar)
+
+    def top_alternatives(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -167,11 +317,13 @@ class ChatCompletionRequest(_Common):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def prompt_and_chat(self) -> tuple[list[dict], bool]:
-        return [{"role": m.role, "content": m.content} for m in self.messages], True
+        return [message.for_template() for message in self.messages], True
 
 
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int]
+    suffix: str | None = None  # fill-in-the-middle: the text after the completion (models with FIM tokens)
+    logprobs: int | None = Field(default=None, ge=0, le=5)  # the legacy API's top alternatives per token
 
     @field_validator("prompt")
     @classmethod
@@ -181,7 +333,8 @@ class CompletionRequest(_Common):
                 raise ValueError("must not be empty")
             if isinstance(prompt[0], str):
                 if len(prompt) != 1:
-                    raise ValueError("one prompt per request (n and batched prompts are not supported)")
+                    raise ValueError("one prompt per request (batched prompts are not supported; n gives several "
+                                     "choices)")
                 prompt = prompt[0]
         if prompt == "":
             raise ValueError("must not be empty")
@@ -193,6 +346,9 @@ class CompletionRequest(_Common):
 
     def prompt_and_chat(self) -> tuple[str | list[int], bool]:
         return self.prompt, False
+
+    def top_alternatives(self) -> int | None:
+        return self.logprobs
 
 
 def parse_request(body: bytes, kind: type[_Common]) -> _Common:

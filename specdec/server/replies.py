@@ -1,0 +1,139 @@
+"""OpenAI response bodies for one request: chat.completion / text_completion objects, their stream chunks,
+`logprobs` in each API's shape, and tool calls read back from the text (server/tools.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from specdec.core.rounds import GenerationResult, TokenLogprob
+from specdec.server.protocol import new_id, now, usage
+from specdec.server.tools import CallStream, ToolCall, parse_calls
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def speculative_stats(result: GenerationResult) -> dict:
+    """The extension field with this request's speculation figures."""
+    s = result.stats
+    return {"drafter": s.drafter, "rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
+            "acceptance_rate": round(s.acceptance_rate, 4), "tau": round(s.tau, 4),
+            "tokens_per_second": round(s.decode_tokens_per_second, 2)}
+
+
+class Reply:
+    """Builds the response objects of one request (chat.completion or text_completion), its `n` choices
+    included. token_text(id) spells a token for `logprobs`; with `tools` a chat answer's tool calls are
+    read back into `tool_calls` (finish_reason "tool_calls")."""
+
+    def __init__(self, chat: bool, model: str, include_usage: bool, token_text: Callable[[int], str],
+                 tools: bool = False, choices: int = 1):
+        self.chat, self.model, self.include_usage, self.tools = chat, model, include_usage, tools
+        self.token_text = token_text
+        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.created = now()
+        self.streams = [CallStream() for _ in range(choices)] if tools else []
+        self.text_offsets = [0] * choices  # completions' logprobs: where each token's text starts
+
+    def _envelope(self, obj: str, choices: list) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    @property
+    def _object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    # -- whole replies ---------------------------------------------------------------------------
+    def whole(self, results: list[GenerationResult], prompt_tokens: int) -> dict:
+        choices = [self._choice(index, result) for index, result in enumerate(results)]
+        body = self._envelope(self._object, choices)
+        body["usage"] = usage(prompt_tokens, sum(len(result.token_ids) for result in results))
+        body["specdec"] = speculative_stats(results[0]) if len(results) == 1 else [
+            speculative_stats(result) for result in results]
+        return body
+
+    def _choice(self, index: int, result: GenerationResult) -> dict:
+        logprobs = None if result.logprobs is None else self.logprobs(result.logprobs, index)
+        if not self.chat:
+            return {"index": index, "text": result.text, "finish_reason": result.finish_reason, "logprobs": logprobs}
+        content, calls = parse_calls(result.text) if self.tools else (result.text, [])
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [call.to_openai() for call in calls]
+        return {"index": index, "message": message, "logprobs": logprobs,
+                "finish_reason": "tool_calls" if calls else result.finish_reason}
+
+    # -- stream chunks ---------------------------------------------------------------------------
+    def opening(self, index: int = 0) -> dict:
+        """A choice's first chunk: the assistant role (chat), or an empty text."""
+        if self.chat:
+            return self._chunk(index, {"role": "assistant", "content": ""})
+        return self._chunk(index, text="")
+
+    def delta(self, index: int, text: str, logprobs: list[TokenLogprob] | None) -> list[dict]:
+        """The chunks for new text of choice `index` (none where it is held: a tool call being written)."""
+        chunks = []
+        entries = None if logprobs is None else self.logprobs(logprobs, index)
+        if not self.chat:
+            return [self._chunk(index, text=text, logprobs=entries)] if text or entries else []
+        calls: list[ToolCall] = []
+        if self.streams:
+            text, calls = self.streams[index].feed(text)
+        if text or entries:
+            chunks.append(self._chunk(index, {"content": text}, logprobs=entries))
+        chunks += [self._chunk(index, {"tool_calls": [call.to_openai(self.streams[index].calls - len(calls) + n)]})
+                   for n, call in enumerate(calls)]
+        return chunks
+
+    def closing(self, index: int, result: GenerationResult) -> list[dict]:
+        """A choice's last chunks: held text, then its finish_reason (with the speculation figures)."""
+        chunks, reason = [], result.finish_reason
+        if self.streams:
+            rest = self.streams[index].finish()
+            if rest:
+                chunks.append(self._chunk(index, {"content": rest}))
+            reason = "tool_calls" if self.streams[index].calls else reason
+        last = self._chunk(index, {} if self.chat else None, text="" if not self.chat else None,
+                           finish_reason=reason)
+        last["specdec"] = speculative_stats(result)
+        return chunks + [last]
+
+    def usage_chunk(self, results: list[GenerationResult], prompt_tokens: int) -> dict:
+        body = self._envelope(self._object + ("" if not self.chat else ".chunk"), [])
+        body["usage"] = usage(prompt_tokens, sum(len(result.token_ids) for result in results))
+        return body
+
+    def _chunk(self, index: int, delta: dict | None = None, text: str | None = None, finish_reason: str | None = None,
+               logprobs: dict | None = None) -> dict:
+        if self.chat:
+            choice = {"index": index, "delta": delta or {}, "finish_reason": finish_reason, "logprobs": logprobs}
+            return self._envelope("chat.completion.chunk", [choice])
+        choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": logprobs}
+        return self._envelope("text_completion", [choice])
+
+    # -- logprobs ----------------------------------------------------------------------------------
+    def logprobs(self, entries: list[TokenLogprob], index: int = 0) -> dict:
+        """Chat: {"content": [{token, logprob, bytes, top_logprobs}]}; completions: the legacy columns."""
+        if self.chat:
+            return {"content": [{**self._token(entry.token, entry.logprob),
+                                 "top_logprobs": [self._token(token, value) for token, value in entry.top]}
+                                for entry in entries]}
+        tokens = [self.token_text(entry.token) for entry in entries]
+        offsets = []
+        for text in tokens:
+            offsets.append(self.text_offsets[index])
+            self.text_offsets[index] += len(text)
+        return {"tokens": tokens, "token_logprobs": [finite(entry.logprob) for entry in entries],
+                "top_logprobs": [{self.token_text(token): finite(value) for token, value in entry.top}
+                                 for entry in entries],
+                "text_offset": offsets}
+
+    def _token(self, token: int, logprob: float) -> dict:
+        text = self.token_text(token)
+        return {"token": text, "logprob": finite(logprob), "bytes": list(text.encode("utf-8"))}
+
+
+def finite(logprob: float) -> float:
+    """A log-probability JSON can carry: impossible tokens (-inf) as -9999.0, as OpenAI reports them."""
+    return max(logprob, -9999.0)

@@ -1,0 +1,135 @@
+"""Tool calls in the Hermes format (Qwen2.5, Qwen3, Hermes and the many templates that copied it): the chat
+template lists the tools, and the model answers a call as
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+(several in a row for parallel calls). Here: whether a model's template speaks it, the grammar that makes
+`tool_choice` "required" or a named function certain (the calls' JSON checked against each function's
+parameter schema, by the same exact constrained decoding as any schema), and parsing the text back into
+OpenAI's `tool_calls`, whole or as a stream.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from specdec.api.structured import GrammarSpec, with_json_options
+from specdec.errors import InvalidParameterError
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+    def to_openai(self, index: int | None = None) -> dict:
+        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return call if index is None else {"index": index, **call}
+
+
+def speaks_hermes(tokenizer) -> bool:
+    """Whether the tokenizer's chat template lists tools and expects Hermes-style calls."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return OPEN in template and "tools" in template
+
+
+def tool_names(tools: list[dict]) -> list[str]:
+    return [tool["function"]["name"] for tool in tools]
+
+
+def call_grammar(tools: list[dict], only: str | None, tokenizer, parallel: bool = True) -> GrammarSpec:
+    """The grammar of one or more calls (one where `parallel` is off), each of a listed function (`only`:
+    of that one) with arguments its parameter schema allows. The markers are written as the tokenizer's
+    own added tokens where it has them (a grammar then matches those tokens, not their spelled-out text)."""
+    chosen = [tool["function"] for tool in tools if only is None or tool["function"]["name"] == only]
+    if not chosen:
+        raise InvalidParameterError(f"tool_choice names {only!r}, which is not among the tools")
+    calls = [{"type": "object", "properties": {"name": {"const": function["name"]},
+                                               "arguments": function.get("parameters") or {"type": "object"}},
+              "required": ["name", "arguments"], "additionalProperties": False} for function in chosen]
+    schema = with_json_options(calls[0] if len(calls) == 1 else {"anyOf": calls})
+    vocabulary = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
+    opening = OPEN if OPEN in vocabulary else json.dumps(OPEN)
+    closing = CLOSE if CLOSE in vocabulary else json.dumps(CLOSE)
+    repeat = "+" if parallel else ""
+    lark = (f"start: call{repeat}\n"
+            f"call: {opening} \"\\n\" %json {json.dumps(schema)} \"\\n\" {closing} \"\\n\"?\n")
+    return GrammarSpec("lark", lark)
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def parse_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+    """(the text outside the calls, or None when there is none; the calls). A call whose JSON does not read
+    as {"name": ..., "arguments": ...} stays in the text."""
+    calls, kept, position = [], [], 0
+    for match in _CALL.finditer(text):
+        call = _read_call(match.group(1))
+        if call is None:
+            continue
+        kept.append(text[position:match.start()])
+        position = match.end()
+        calls.append(call)
+    kept.append(text[position:])
+    content = "".join(kept).strip()
+    return (content or None) if calls else text, calls
+
+
+def _read_call(body: str) -> ToolCall | None:
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    return ToolCall(new_call_id(), value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments))
+
+
+class CallStream:
+    """Streamed text split into content deltas and whole tool calls: text before a call streams as content;
+    from `<tool_call>` on it is held until its `</tool_call>` arrives and the call is read."""
+
+    def __init__(self):
+        self.pending = ""  # text not yet handed out: a possible call or the start of a marker
+        self.calls = 0
+
+    def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        self.pending += text
+        content, calls = "", []
+        while True:
+            start = self.pending.find(OPEN)
+            if start < 0:  # hold back what could still become the opening marker
+                hold = next((n for n in range(min(len(OPEN) - 1, len(self.pending)), 0, -1)
+                             if OPEN.startswith(self.pending[-n:])), 0)
+                content += self.pending[:len(self.pending) - hold]
+                self.pending = self.pending[len(self.pending) - hold:]
+                return content, calls
+            content += self.pending[:start]
+            end = self.pending.find(CLOSE, start)
+            if end < 0:
+                self.pending = self.pending[start:]
+                return content, calls
+            call = _read_call(self.pending[start + len(OPEN):end].strip())
+            if call is None:  # not a call after all: it was text
+                content += self.pending[:end + len(CLOSE)]
+            else:
+                calls.append(call)
+                self.calls += 1
+            self.pending = self.pending[end + len(CLOSE):].lstrip("\n") if call else self.pending[end + len(CLOSE):]
+
+    def finish(self) -> str:
+        """What is still held (an unfinished call's text), as content."""
+        rest, self.pending = self.pending, ""
+        return rest

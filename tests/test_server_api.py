@@ -1,0 +1,137 @@
+"""The requests agents and editors send, through the `openai` client as they send them: structured outputs,
+tool calls (streamed, and the round trip with a tool's result), logprobs, n choices, fill-in-the-middle
+(`suffix`) and llama.cpp's `/infill`. A tiny code model: FIM tokens and a Hermes-style tool template."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.api.generator import SpeculativeGenerator
+from specdec.drafters.ngram import NgramDrafter
+from specdec.models.sources.loading import load_model
+from test_server import RunningServer
+from tiny_models import CODER_VOCAB, make_coder_tokenizer, save_tiny_model
+
+MESSAGES = [{"role": "user", "content": "the weather the weather in Paris"}]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
+                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city", "days"], "additionalProperties": False,
+                   "x-guidance": {"whitespace_flexible": False}}}}
+SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "score": {"type": "integer",
+          "minimum": 0, "maximum": 9}}, "required": ["answer", "score"], "additionalProperties": False,
+          "x-guidance": {"whitespace_flexible": False}}
+
+
+@pytest.fixture(scope="module")
+def coder(tmp_path_factory):
+    path = save_tiny_model(tmp_path_factory.mktemp("coder") / "tiny-coder", "qwen2", seed=3,
+                           tokenizer=make_coder_tokenizer(), vocab_size=CODER_VOCAB, max_position_embeddings=2048)
+    target = load_model(str(path))
+    running = RunningServer(SpeculativeGenerator(target, NgramDrafter(), 4))
+    yield running
+    running.stop()
+
+
+def test_json_schema_outputs_match_their_schema(coder):
+    import jsonschema
+
+    for body in [{"response_format": {"type": "json_schema", "json_schema": {"name": "verdict", "schema": SCHEMA,
+                                                                            "strict": True}}},
+                 {"extra_body": {"json_schema": SCHEMA}}]:  # llama-server's field
+        reply = coder.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=64, temperature=0,
+                                                     **body)
+        jsonschema.validate(json.loads(reply.choices[0].message.content), SCHEMA)
+    reply = coder.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=48, temperature=0,
+                                                 response_format={"type": "json_object"})
+    assert reply.choices[0].finish_reason == "length" or isinstance(json.loads(reply.choices[0].message.content), dict)
+
+
+def test_a_required_tool_call_streams_and_the_round_trip_completes(coder):
+    stream = coder.client.chat.completions.create(model="tiny", messages=MESSAGES, tools=[WEATHER],
+                                                  tool_choice="required", parallel_tool_calls=False, max_tokens=512,
+                                                  temperature=0, stream=True)
+    calls, content, finish = {}, "", None
+    for chunk in stream:
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for call in choice.delta.tool_calls or []:
+            calls[call.index] = call
+        finish = choice.finish_reason or finish
+    assert finish == "tool_calls" and list(calls) == [0] and content.strip() == ""
+    call = calls[0]
+    assert call.function.name == "get_weather" and call.id and call.type == "function"
+    arguments = json.loads(call.function.arguments)
+    assert arguments["city"] in ("Paris", "Oslo") and 1 <= arguments["days"] <= 7
+    # the same call, not streamed
+    whole = coder.client.chat.completions.create(model="tiny", messages=MESSAGES, tools=[WEATHER],
+                                                 tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                                 parallel_tool_calls=False, max_tokens=512, temperature=0)
+    message = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "tool_calls" and message.tool_calls[0].function.name == "get_weather"
+    assert json.loads(message.tool_calls[0].function.arguments) == arguments
+    # the tool's result goes back; the model answers in text
+    history = MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [message.tool_calls[0].model_dump()]},
+                          {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "18C, sunny"}]
+    final = coder.client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER], tool_choice="none",
+                                                 max_tokens=8, temperature=0)
+    assert final.choices[0].message.tool_calls is None and final.choices[0].finish_reason in ("stop", "length")
+
+
+def test_logprobs_are_the_same_with_and_without_speculation(coder):
+    def ask(enabled: bool):
+        return coder.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=24, temperature=0.8,
+                                                    seed=5, logprobs=True, top_logprobs=3,
+                                                    extra_body={"speculative": {"enabled": enabled}})
+    on, off = ask(True), ask(False)
+    assert on.choices[0].message.content == off.choices[0].message.content
+    entries_on, entries_off = on.choices[0].logprobs.content, off.choices[0].logprobs.content
+    assert [e.logprob for e in entries_on] == [e.logprob for e in entries_off] and len(entries_on) == 24
+    assert all(len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob >= e.logprob - 1e-6 for e in entries_on)
+    legacy = coder.client.completions.create(model="tiny", prompt="the weather", max_tokens=6, temperature=0, logprobs=2)
+    columns = legacy.choices[0].logprobs
+    assert len(columns.tokens) == len(columns.token_logprobs) == 6 and all(len(top) <= 2 for top in columns.top_logprobs)
+    assert "".join(columns.tokens) == legacy.choices[0].text
+
+
+def test_n_choices_are_the_seeded_generations_of_seed_plus_i(coder):
+    several = coder.client.completions.create(model="tiny", prompt="the weather in", max_tokens=12, temperature=0.9,
+                                              seed=40, n=3)
+    assert [choice.index for choice in several.choices] == [0, 1, 2]
+    for i, choice in enumerate(several.choices):
+        alone = coder.client.completions.create(model="tiny", prompt="the weather in", max_tokens=12, temperature=0.9,
+                                                seed=40 + i)
+        assert choice.text == alone.choices[0].text
+    streamed = coder.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0.9,
+                                                    seed=40, n=2, stream=True)
+    texts = ["", ""]
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    for i, text in enumerate(texts):
+        alone = coder.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, temperature=0.9,
+                                                     seed=40 + i)
+        assert text == alone.choices[0].message.content
+
+
+def test_fill_in_the_middle_through_suffix_and_infill(coder):
+    generator = coder.generator
+    prompt = "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c<|fim_middle|>"
+    expected = generator.generate(prompt, 16, chat=False).text
+    reply = coder.client.completions.create(model="tiny", prompt="def add(a, b):\n    ", suffix="\n    return c",
+                                            max_tokens=16, temperature=0)
+    assert reply.choices[0].text == expected
+    body = {"input_prefix": "def add(a, b):\n    ", "input_suffix": "\n    return c", "n_predict": 16,
+            "input_extra": [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}]}
+    status, text = coder.request("POST", "/infill", json.dumps(body))
+    answer = json.loads(text)
+    assert status == 200 and answer["stop"] is True and answer["tokens_predicted"] >= 1
+    with_files = ("<|repo_name|>myproject\n<|file_sep|>util.py\ndef sub(a, b):\n    return a - b\n<|file_sep|>\n"
+                  "<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n    return c<|fim_middle|>")
+    assert answer["content"] == generator.generate(with_files, 16, chat=False).text
+    status, text = coder.request("POST", "/infill", json.dumps({**body, "stream": True}))
+    events = [json.loads(line[6:]) for line in text.split("\n\n") if line.startswith("data: ")]
+    assert status == 200 and events[-1]["stop"] and "".join(e["content"] for e in events) == answer["content"]
