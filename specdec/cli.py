@@ -11,9 +11,9 @@ import json
 import os
 import sys
 
-from specdec.cli_options import (OneLineParser, add_k_option, add_model_options, add_sampling_options,
-                                 add_speculation_options, add_target_option, generator_options_from_args,
-                                 read_prompt_argument, request_from_args)
+from specdec.cli_options import (OneLineParser, add_k_option, add_model_options, add_output_options,
+                                 add_sampling_options, add_speculation_options, add_target_option,
+                                 generator_options_from_args, read_prompt_argument, request_from_args)
 from specdec.errors import InvalidParameterError, SpecdecError
 
 EXIT_USAGE = 2
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=256)
     add_sampling_options(gen)
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_output_options(gen)
     chat = gen.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the chat template (default when the model has one)")

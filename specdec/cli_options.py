@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from specdec.api.options import GeneratorOptions
 from specdec.api.request import GenerationRequest
+from specdec.api.structured import GrammarSpec
 from specdec.core.sampling import SamplingParams
 from specdec.core.speculation_length import K_HELP, parse_k
 from specdec.errors import InvalidParameterError
@@ -91,6 +93,35 @@ def add_sampling_options(parser: argparse.ArgumentParser, temperature: float = 0
                            help="with sampling: the text is the one plain sampling gives for this seed")
 
 
+def add_output_options(parser: argparse.ArgumentParser) -> None:
+    """What the output must match (one of them): a JSON schema, a regex, a grammar file."""
+    group = parser.add_argument_group("structured output (exact: the target's law masked to the grammar)")
+    chosen = group.add_mutually_exclusive_group()
+    chosen.add_argument("--json-schema", metavar="FILE", default=None,
+                        help="a JSON schema file the output must validate against ('object': any JSON object)")
+    chosen.add_argument("--regex", default=None, help="a regular expression the whole output must match")
+    chosen.add_argument("--grammar", metavar="FILE", default=None,
+                        help="a grammar file: llama.cpp's GBNF (.gbnf) or llguidance's Lark (.lark)")
+
+
+def grammar_from_args(args) -> GrammarSpec | None:
+    """The output's grammar from --json-schema / --regex / --grammar (checked: a bad one is one line)."""
+    if args.regex is not None:
+        return GrammarSpec("regex", args.regex)
+    path = args.json_schema or args.grammar
+    if path is None:
+        return None
+    if args.json_schema == "object":
+        return GrammarSpec("json_object")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise InvalidParameterError(f"{path}: cannot read it ({getattr(error, 'strerror', None) or error})") from None
+    if args.json_schema:
+        return GrammarSpec("json_schema", text)
+    return GrammarSpec("lark" if path.endswith(".lark") else "gbnf", text)
+
+
 def sampling_from_args(args) -> SamplingParams:
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repetition_penalty=args.repetition_penalty)
@@ -105,7 +136,7 @@ def generator_options_from_args(args) -> GeneratorOptions:
 def request_from_args(args, prompt) -> GenerationRequest:
     """`specdec generate`'s request (prompt: the text, or "" for a template that batch files fill in)."""
     return GenerationRequest(prompt, args.max_new_tokens, sampling_from_args(args), tuple(args.stop), args.seed,
-                             args.chat)
+                             args.chat, grammar=grammar_from_args(args))
 
 
 def read_prompt_argument(prompt: str) -> str:
