@@ -157,17 +157,19 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
     async def completions(request: Request):
         return await complete(request, "/v1/completions", CompletionRequest)
 
+    def refused(exc: SpecdecError, endpoint: str) -> JSONResponse:
+        """A request refused before it ran: 413 for a body too large, else 400 naming the field at fault."""
+        if isinstance(exc, BodyTooLarge):
+            return error(413, str(exc), "invalid_request_error", endpoint)
+        return error(400, str(exc), "invalid_request_error", endpoint, getattr(exc, "param", None))
+
     async def complete(request: Request, endpoint: str, kind: type) -> Response:
         try:
             raw = await read_body(request, endpoint)
             body = parse_request(raw, kind)
             generation_request = make_request(body)
-        except BodyTooLarge as exc:
-            return error(413, str(exc), "invalid_request_error", endpoint)
-        except BadRequest as exc:
-            return error(400, str(exc), "invalid_request_error", endpoint, exc.param)
         except SpecdecError as exc:
-            return error(400, str(exc), "invalid_request_error", endpoint)
+            return refused(exc, endpoint)
         tools = isinstance(body, ChatCompletionRequest) and body.uses_tools
         reply = Reply(kind is ChatCompletionRequest, settings.model_name, body.include_usage, token_text,
                       tools=tools, choices=body.n)
@@ -277,12 +279,8 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
             limit = body.n_predict if body.n_predict > 0 else settings.default_max_tokens
             generation_request = GenerationRequest(prompt, limit, body.sampling(), body.checked_stop(),
                                                    None if body.seed in (None, -1) else body.seed, chat=False)
-        except BodyTooLarge as exc:
-            return error(413, str(exc), "invalid_request_error", endpoint)
-        except BadRequest as exc:
-            return error(400, str(exc), "invalid_request_error", endpoint, exc.param)
         except SpecdecError as exc:
-            return error(400, str(exc), "invalid_request_error", endpoint)
+            return refused(exc, endpoint)
         return await run_jobs(request, endpoint, generation_request, 1, body.stream,
                               InfillReply(settings.model_name), infill=True)
 
