@@ -97,14 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--drafters", default="default", help="comma-separated drafter specs ('default': what "
                        "generate would run for this target)")
     bench.add_argument("--tasks", default="code,mt_bench", help="comma-separated: mt_bench, translation, "
-                       "summarization, qa, math_reasoning, rag, code")
+                       "summarization, qa, math_reasoning, rag, code, edit (code edits: ask 256+ tokens), "
+                       "longdoc (2-3k-token files quoted)")
     bench.add_argument("--limit", type=int, default=5, help="prompts per task")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     add_sampling_options(bench, seed_default=0)
     bench.add_argument("--acceptance", default="match",
                        help="comma-separated sampling rules to run each drafter under (match, rejection)")
     bench.add_argument("--peers", default="", help="comma-separated peers: transformers' plain, lookup, assisted:MODEL; "
-                       "llama.cpp's llamacpp, llamacpp-draft:MODEL (programs from $SPECDEC_LLAMA_CPP or PATH)")
+                       "llama.cpp's llamacpp, llamacpp-draft:MODEL[@N], llamacpp-spec:TYPES[@N][:MODEL] and "
+                       "llamacpp-best (each mode; the report's best row) (programs from $SPECDEC_LLAMA_CPP or PATH)")
     bench.add_argument("--spec-bench", default=None, help="path to Spec-Bench question.jsonl")
     bench.add_argument("--json", dest="json_out", default=None, help="write all results to this JSON file")
     bench.add_argument("--out", default=None, help="directory for report.md, results.json and PNG charts")

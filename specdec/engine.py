@@ -88,6 +88,7 @@ class PreparedRound:
     tree: TokenTree | None
     request: ForwardRequest  # the verify forward
     draft_seconds: float
+    catch_up_seconds: float = 0.0  # of draft_seconds, the drafter's catching up with the context (a prefill)
 
 
 @dataclass
@@ -290,7 +291,8 @@ class Generation:
         t0 = time.perf_counter()
         draft = self._draft(max_draft)
         tree = None if draft.is_chain else TokenTree.from_draft(draft.tokens, draft.parents)
-        return PreparedRound(draft, tree, self._verify_request(draft, tree), time.perf_counter() - t0)
+        catch_up = self.drafter.catch_up_seconds if self._drafted else 0.0
+        return PreparedRound(draft, tree, self._verify_request(draft, tree), time.perf_counter() - t0, catch_up)
 
     def finish_round(self, prepared: "PreparedRound", out, verify_started: float,
                       verify_ended: float | None = None) -> CommitOutcome:
@@ -306,7 +308,9 @@ class Generation:
         t3 = time.perf_counter()
         verify_seconds = (verify_ended or t2) - verify_started
         if not self._forced:  # a forced draft says nothing of the drafter or of K
-            self.engine.speculation.observe(len(draft), result.num_accepted, prepared.draft_seconds, verify_seconds)
+            # a catch-up is paid once, not per drafted token: left out of the cost K is chosen by
+            self.engine.speculation.observe(len(draft), result.num_accepted,
+                                            prepared.draft_seconds - prepared.catch_up_seconds, verify_seconds)
         self.rounds.append(RoundStats(self._k, len(draft), result.num_accepted, len(outcome.tokens),
                                       prepared.draft_seconds, verify_seconds, t3 - t2))
         return outcome

@@ -322,11 +322,30 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     drafter = CombinedDrafter([Fixed("lookup", [70, 50]), Fixed("model", [1, 2])])
     drafter.begin([50, 60], SamplingParams(), 64)
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]  # unmeasured: cheapest first
-    drafter.rates = [10.0, 40.0]  # tokens/s of the rounds each source drafted
+    drafter.rates, drafter.undrafted_rate = [10.0, 40.0], 1.0  # tokens/s of the rounds each source drafted
     chosen = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens[0] for _ in range(2 * RETRY_EVERY)]
     assert chosen.count(70) == 2 and chosen.count(1) == 2 * RETRY_EVERY - 2  # retried every RETRY_EVERY rounds
     drafter.rates = [50.0, 40.0]
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]
+
+    # a free lookup is always asked, and a verbatim copy is taken whatever the rates say
+    lookup = Fixed("lookup", [70, 50])
+    lookup.free_to_propose, lookup.proposal_is_verbatim = True, lambda: True
+    drafter = CombinedDrafter([lookup, Fixed("model", [1, 2])])
+    drafter.begin([50, 60], SamplingParams(), 64)
+    drafter.rates = [10.0, 40.0]
+    assert all(drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50] for _ in range(RETRY_EVERY))
+
+    # the model is passed over where rounds without a draft commit faster
+    drafter = CombinedDrafter([Fixed("lookup", []), Fixed("model", [1, 2])])
+    drafter.begin([50, 60], SamplingParams(), 64)
+    drafter.rates, drafter.undrafted_rate = [None, 5.0], 20.0
+    drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(2 * RETRY_EVERY)]
+    assert drafts.count([]) == 2 * RETRY_EVERY - 2 and drafts.count([1, 2]) == 2
+    drafter.begin([50, 60], SamplingParams(), 64)  # no round without a draft measured yet: one now and then
+    drafter.rates = [None, 5.0]
+    drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(2 * RETRY_EVERY)]
+    assert drafts.count([]) == 2
 
 
 def test_combined_drafter_refuses_tree_drafters_and_none(models):
@@ -400,15 +419,16 @@ def test_draft_vocab_option_errors_are_clear(models):
 
 
 def test_prompt_window_prefills_only_the_last_tokens(models):
-    """context=N: the draft's cache holds the prompt's last N - 1 tokens (the last is fed with the first
-    draft step), at their true positions; drafting then runs on from there."""
+    """context=N: the draft's cache holds the prompt's last N tokens at their true positions, prefilled by
+    the first proposal (not by `begin`: combined with lookup, a draft may never be asked); drafting then
+    runs on from there."""
     target = models["target"]
     drafter = make_drafter(f"draft:{target.path}@context=4", target, "cpu", "float32")
     prompt = list(range(5, 25))
     drafter.begin(prompt, SamplingParams(), 64)
-    assert (drafter.skipped, drafter.cache.length) == (16, 3)
+    assert (drafter.skipped, drafter.cache.length) == (16, 0)
     draft = drafter.propose(prompt, 3, SamplingParams(), None)
-    assert len(draft.tokens) == 3 and drafter.cache.length == 3 + 1 + 2  # the window, the last prompt token, 2 drafts
+    assert len(draft.tokens) == 3 and drafter.cache.length == 4 + 2  # the window, 2 drafts (the last is not fed)
 
 
 @needs_kernel

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from specdec.bench.llama_cpp import parse_timings
+from specdec.bench.llama_cpp import LlamaCppMode, parse_peer, parse_timings
 from specdec.errors import InvalidParameterError
 
 # Lines as llama.cpp 0c1e570 prints them (llama-completion, llama-speculative-simple).
@@ -24,12 +24,38 @@ SPECULATIVE_LOG = """\
 
 
 def test_parse_timings():
-    tokens, seconds = parse_timings(COMPLETION_LOG, "plain")
+    tokens, seconds = parse_timings(COMPLETION_LOG, False, 64)
     assert tokens == 64 and seconds == pytest.approx(2.75628)  # prompt + generation, not load
-    tokens, seconds = parse_timings(SPECULATIVE_LOG, "draft")
+    tokens, seconds = parse_timings(SPECULATIVE_LOG, True, 100)
     assert tokens == 68 and seconds == pytest.approx(4.304)
+    tokens, seconds = parse_timings(SPECULATIVE_LOG, True, 34)  # drafted past -n: counted to the limit
+    assert tokens == 34 and seconds == pytest.approx(0.201 + 4.103 / 2)
     with pytest.raises(RuntimeError, match="timings"):
-        parse_timings("error: something else", "plain")
+        parse_timings("error: something else", False, 64)
+
+
+def test_peer_specs_name_llama_cpp_modes():
+    plain, *ngram = parse_peer("llamacpp-best", None)
+    assert plain == LlamaCppMode() and all(len(mode.spec_types) == 1 for mode in ngram)
+    with_draft = parse_peer("llamacpp-best", "qwen2.5-coder-0.5b-instruct")
+    assert LlamaCppMode(("draft-simple",), 8, "qwen2.5-coder-0.5b-instruct") in with_draft
+    assert parse_peer("llamacpp-spec:ngram-mod+draft-simple@16:small", None) == [
+        LlamaCppMode(("ngram-mod", "draft-simple"), 16, "small")]
+    assert parse_peer("llamacpp-draft:small", None)[0].name == "llama.cpp-spec:draft-simple:small"
+    assert parse_peer("lookup", None) == []
+    with pytest.raises(InvalidParameterError, match="draft length"):
+        parse_peer("llamacpp-draft:small@0", None)
+
+
+def test_best_peer_row_takes_the_fastest_mode_per_task():
+    from specdec.bench.report import BEST_PEER, add_best_peer
+
+    summary = {"plain": {"code": {"tokens_per_second": 10.0}},
+               "llama.cpp": {"code": {"tokens_per_second": 8.0}, "qa": {"tokens_per_second": 9.0}},
+               "llama.cpp-spec:ngram-mod": {"code": {"tokens_per_second": 12.0}, "qa": {"tokens_per_second": 7.0}}}
+    add_best_peer(summary)
+    assert summary[BEST_PEER]["code"]["best_of"] == "llama.cpp-spec:ngram-mod"
+    assert summary[BEST_PEER]["qa"]["best_of"] == "llama.cpp"
 
 
 def test_missing_llama_cpp_is_one_clear_line(tiny_dirs, tmp_path, monkeypatch):

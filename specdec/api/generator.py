@@ -19,7 +19,7 @@ from specdec.api.structured import GrammarConstraint, GrammarSpec
 from specdec.core.commit import StopCriteria
 from specdec.core.rounds import GenerationResult, StreamChunk
 from specdec.core.speculation_length import FixedK, SpeculationLength, is_auto, speculation_length
-from specdec.drafters import Drafter, make_drafter, parse_spec
+from specdec.drafters import Drafter, draft_model_of, make_drafter
 from specdec.engine import Generation, SpeculativeEngine
 from specdec.errors import InvalidParameterError, SpecdecError
 from specdec.models.sources import zoo
@@ -31,8 +31,11 @@ from specdec.models.sources.zoo import DEFAULT_MODEL
 # float32 on the CPU kernel: its own quantized copy. The zoo's 1.5B is a GGUF file dequantized, so the file's
 # own blocks (quant:gguf) draft for it: nearly every token accepted, more than a 4-bit re-quantization gets,
 # at the same cost a step (~1.1 GB more memory, ~25 s to repack the blocks at the first use, then a cache).
-# On its GGUF blocks the 1.5B is served best by its 0.5B sibling re-quantized to 4 bits (pulled on first
-# use, as the target is: the default does the fastest exact thing without flags), with an LM head over the
+# On its GGUF blocks the 1.5B is served best by lookup where the text repeats the prompt or itself (edits,
+# quoted files) and elsewhere by its 0.5B sibling (combined.py chooses per round). The sibling is
+# re-quantized to 4 bits (pulled on first use, as the target is: the default does the fastest exact thing
+# without flags), reads only the prompt's last 64 tokens (lookup covers what repeats the prompt; a long
+# prompt's prefill cost the model more than it drafted), with an LM head over the
 # first 32768 ids only: Qwen's 151,936-row head holds over a quarter of the 0.5B's weights, and byte-pair ids
 # come roughly in merge (frequency) order, so the rows cut rarely hold the target's next token. Its 4-bit
 # groups are 128 inputs wide, not 32: a draft step is memory-bound, and a float16 scale per 32 codes is an
@@ -41,7 +44,8 @@ from specdec.models.sources.zoo import DEFAULT_MODEL
 DEFAULT_DRAFTERS: dict[tuple[str, str], str] = {
     ("qwen2.5-coder-1.5b-instruct", "float32"): "quant:gguf",
     ("qwen2.5-coder-1.5b-instruct", "bf16"): "quant:gguf",
-    ("qwen2.5-coder-1.5b-instruct", "gguf"): "draft:qwen2.5-coder-0.5b-instruct@weights=int4:128,vocab=32768",
+    ("qwen2.5-coder-1.5b-instruct", "gguf"):
+        "ngram+draft:qwen2.5-coder-0.5b-instruct@weights=int4:128,vocab=32768,context=64",
 }
 
 
@@ -69,8 +73,7 @@ def default_drafter(target: LoadedModel) -> str:
         return "ngram"
     if spec == "quant:gguf" and gguf_source(target.path) is None:
         return "quant:int4"  # its float32 weights did not come from a GGUF file at hand: a 4-bit copy
-    parsed = parse_spec(spec)
-    draft = parsed.argument if parsed.kind == "draft" else None
+    draft = draft_model_of(spec)
     if draft is not None and not zoo.is_pulled(draft):
         print(f"specdec: {target.name}'s default draft is {draft} ({zoo.REGISTRY[draft].size_bytes / 1e6:.0f} MB; "
               "--drafter ngram needs none)", file=sys.stderr)

@@ -2,7 +2,16 @@
 same prompt tokens, the same thread count.
 
     --peers llamacpp                     llama-completion (plain decoding)
-    --peers llamacpp-draft:MODEL         llama-speculative-simple with MODEL's GGUF as the draft
+    --peers llamacpp-draft:MODEL[@N]     llama-speculative-simple with MODEL's GGUF as the draft (N draft tokens
+                                         a round, its --spec-draft-n-max; its default 3)
+    --peers llamacpp-spec:TYPES[@N][:MODEL]  llama-speculative-simple --spec-type TYPES ('+'-joined chain such
+                                         as ngram-mod+draft-simple; MODEL: the draft for draft-simple)
+    --peers llamacpp-best                each of the above that suits the target (its n-gram types, its zoo
+                                         draft at n-max 3 and 8, a chain); the report's "llama.cpp best" row
+                                         takes the fastest per task and names it
+
+Its speculative program drafts past `-n` (a round is committed whole): tokens beyond the limit are not
+counted, and its decode time is scaled to the tokens counted.
 
 Checked with llama.cpp 0c1e570 (October 2026, the source llama-cpp-python 0.3.36 vendors), built with
 `cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build --target llama-completion
@@ -23,12 +32,63 @@ import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.bench.peers import PeerRun
 from specdec.errors import InvalidParameterError
 
-PROGRAMS = {"plain": "llama-completion", "draft": "llama-speculative-simple"}
+NGRAM_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache")
+BEST_PREFIX = "llama.cpp"  # every llama.cpp method's name starts so; the report's best row reads them
+
+
+@dataclass(frozen=True)
+class LlamaCppMode:
+    """One way to run llama.cpp: plain, or speculative with `spec_types` (its --spec-type list)."""
+
+    spec_types: tuple[str, ...] = ()
+    n_max: int | None = None  # --spec-draft-n-max (draft types); None: its default
+    draft: str | None = None  # the draft model spec for draft-simple
+
+    @property
+    def name(self) -> str:
+        if not self.spec_types:
+            return BEST_PREFIX
+        return (f"{BEST_PREFIX}-spec:{'+'.join(self.spec_types)}" + (f"@{self.n_max}" if self.n_max else "")
+                + (f":{self.draft}" if self.draft else ""))
+
+
+def parse_peer(peer: str, default_draft: str | None) -> list[LlamaCppMode]:
+    """The llama.cpp modes a `--peers` entry names (module docstring); [] when it names no llama.cpp peer."""
+    mode, _, rest = peer.partition(":")
+    if mode == "llamacpp" and not rest:
+        return [LlamaCppMode()]
+    if mode == "llamacpp-best" and not rest:
+        modes = [LlamaCppMode()] + [LlamaCppMode((kind,)) for kind in NGRAM_TYPES]
+        if default_draft:
+            modes += [LlamaCppMode(("draft-simple",), n, default_draft) for n in (3, 8)]
+            modes.append(LlamaCppMode(("ngram-mod", "draft-simple"), 8, default_draft))
+        return modes
+    if mode == "llamacpp-draft":
+        model, _, n_max = rest.partition("@")
+        return [LlamaCppMode(("draft-simple",), _draft_tokens(n_max, peer), model or default_draft)]
+    if mode == "llamacpp-spec":
+        types_and_n, _, model = rest.partition(":")
+        types, _, n_max = types_and_n.partition("@")
+        kinds = tuple(kind for kind in types.split("+") if kind)
+        if not kinds:
+            raise InvalidParameterError(f"peer {peer!r}: name llama.cpp --spec-type values, e.g. llamacpp-spec:ngram-mod")
+        draft = (model or default_draft) if "draft-simple" in kinds else None
+        return [LlamaCppMode(kinds, _draft_tokens(n_max, peer), draft)]
+    return []
+
+
+def _draft_tokens(text: str, peer: str) -> int | None:
+    if not text:
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= 64:
+        raise InvalidParameterError(f"peer {peer!r}: @N takes a draft length from 1 to 64")
+    return int(text)
 
 
 def find_program(name: str) -> Path:
@@ -57,42 +117,51 @@ def gguf_file(spec: str) -> Path:
 
 
 class LlamaCppPeer:
-    """`mode` "plain" (llama-completion) or "draft" (llama-speculative-simple, needs draft_spec)."""
+    """llama-completion (plain) or llama-speculative-simple (any --spec-type chain) on the target's GGUF."""
 
-    def __init__(self, target_spec: str, mode: str, tokenizer, threads: int, draft_spec: str | None = None):
+    def __init__(self, target_spec: str, mode: LlamaCppMode, tokenizer, threads: int):
         self.mode, self.tokenizer, self.threads = mode, tokenizer, threads
-        self.program = find_program(PROGRAMS[mode])
+        self.speculative = bool(mode.spec_types)
+        self.program = find_program("llama-speculative-simple" if self.speculative else "llama-completion")
         self.target = gguf_file(target_spec)
-        self.draft = gguf_file(draft_spec) if mode == "draft" else None
+        if "draft-simple" in mode.spec_types and not mode.draft:
+            raise InvalidParameterError(f"peer {mode.name}: draft-simple needs a draft model (...:MODEL)")
+        self.draft = gguf_file(mode.draft) if mode.draft else None
 
     @property
     def name(self) -> str:
-        return "llama.cpp" if self.mode == "plain" else "llama.cpp-draft"
+        return self.mode.name
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: tuple[int, ...]) -> PeerRun:
         with tempfile.TemporaryDirectory() as folder:
             prompt = Path(folder) / "prompt.txt"
             prompt.write_text(self.tokenizer.decode(prompt_ids))
             command = [str(self.program), "-m", str(self.target), "-f", str(prompt), "-n", str(max_new_tokens),
-                       "-t", str(self.threads), "--temp", "0", "-c", "4096"]
-            if self.mode == "draft":  # its defaults otherwise (3 draft tokens per round)
-                command += ["-md", str(self.draft), "-td", str(self.threads), "--spec-type", "draft-simple"]
+                       "-t", str(self.threads), "--temp", "0", "-c", "8192"]
+            if self.speculative:
+                command += ["--spec-type", ",".join(self.mode.spec_types)]
+                if self.mode.n_max:
+                    command += ["--spec-draft-n-max", str(self.mode.n_max)]
+                if self.draft:
+                    command += ["-md", str(self.draft), "-td", str(self.threads)]
             else:
                 command += ["-no-cnv"]
             done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise RuntimeError(f"{self.program.name} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
-        tokens, seconds = parse_timings(done.stderr + done.stdout, self.mode)
+        tokens, seconds = parse_timings(done.stderr + done.stdout, self.speculative, max_new_tokens)
         return PeerRun(tokens, seconds, None)
 
 
-def parse_timings(log: str, mode: str) -> tuple[int, float]:
-    """(generated tokens, seconds of prompt processing + generation) from a llama.cpp program's log."""
-    if mode == "draft":
+def parse_timings(log: str, speculative: bool, max_new_tokens: int) -> tuple[int, float]:
+    """(generated tokens up to the limit, seconds of prompt processing + generation) from a llama.cpp log."""
+    if speculative:
         encoded = re.search(r"encoded\s+\d+ tokens in\s+([\d.]+) seconds", log)
         decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
         if encoded and decoded:
-            return int(decoded.group(1)), float(encoded.group(1)) + float(decoded.group(2))
+            tokens = int(decoded.group(1))
+            counted = min(tokens, max_new_tokens)  # a round drafted past -n is committed whole
+            return counted, float(encoded.group(1)) + float(decoded.group(2)) * counted / max(tokens, 1)
     else:
         prompt = re.search(r"prompt eval time =\s+([\d.]+) ms", log)
         generation = re.search(r"\seval time =\s+([\d.]+) ms /\s+(\d+) runs", log)

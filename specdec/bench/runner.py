@@ -11,11 +11,12 @@ from tqdm import tqdm
 
 from specdec.bench.peers import TransformersPeer
 from specdec.bench.roofline import Roofline, measure_roofline
-from specdec.api.generator import SpeculativeGenerator, default_drafter
+from specdec.api.generator import DEFAULT_DRAFTERS, SpeculativeGenerator, default_drafter
 from specdec.api.request import GenerationRequest
 from specdec.bench.tasks import BenchPrompt
 from specdec.core.sampling import SamplingParams
-from specdec.drafters import make_drafter
+from specdec.drafters import draft_model_of, make_drafter
+from specdec.errors import InvalidParameterError
 from specdec.models.sources.loading import LoadedModel, load_model, resolve_model_dir
 
 PLAIN = "plain"
@@ -127,6 +128,12 @@ class Method:
         return run, result.token_ids
 
 
+def zoo_draft(target_name: str) -> str | None:
+    """The draft model our default pairs with this target's GGUF (llama.cpp's draft peers run the same one)."""
+    spec = DEFAULT_DRAFTERS.get((target_name, "gguf"))
+    return draft_model_of(spec) if spec else None
+
+
 def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
     methods = [Method(PLAIN, SpeculativeGenerator(target, None))]
     for spec in config.drafters:
@@ -140,12 +147,16 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
             methods.append(Method(label, SpeculativeGenerator(target, drafter, config.k, rule)))
     for peer in config.peers:
         mode, _, model = peer.partition(":")
-        if mode in ("llamacpp", "llamacpp-draft"):
-            from specdec.bench.llama_cpp import LlamaCppPeer
+        if mode.startswith("llamacpp"):
+            from specdec.bench.llama_cpp import LlamaCppPeer, parse_peer
 
-            cpp = LlamaCppPeer(config.target, "plain" if mode == "llamacpp" else "draft", target.tokenizer,
-                               torch.get_num_threads(), model or None)
-            methods.append(Method(cpp.name + (f":{model}" if model else ""), peer=cpp))
+            cpp_modes = parse_peer(peer, zoo_draft(target.name))
+            if not cpp_modes:
+                raise InvalidParameterError(f"unknown llama.cpp peer {peer!r} (llamacpp, llamacpp-draft:MODEL[@N], "
+                                            "llamacpp-spec:TYPES[@N][:MODEL], llamacpp-best)")
+            for cpp_mode in cpp_modes:
+                cpp = LlamaCppPeer(config.target, cpp_mode, target.tokenizer, torch.get_num_threads())
+                methods.append(Method(cpp.name, peer=cpp))
             continue
         assistant = resolve_model_dir(model)[1] if mode == "assisted" else None
         transformers_peer = TransformersPeer(target.path, mode, assistant, config.device, config.dtype)

@@ -5,8 +5,14 @@ passages) and asks the model where lookup has nothing. A cheap source's proposal
 one (a one-token match is often wrong where the model would have drafted well), so the drafter measures,
 for each source, the tokens committed per second of the rounds it drafted (draft + verify), and passes
 over a source whose rate is below a later source's; every few rounds it tries it anyway, so a source
-that starts paying (the answer begins to quote the prompt) is taken again. Exactness needs nothing new:
-whichever source proposed, its draft is verified by the same rule.
+that starts paying (the answer begins to quote the prompt) is taken again. Two exceptions: a lookup
+source is always asked (it costs nothing), and its proposal is taken whatever the rates say when it
+copies a long run of the context verbatim (`proposal_is_verbatim`); and the last source, the model, is
+passed over too when its rounds commit fewer tokens per second than rounds with no draft at all (text
+the model drafts badly), so a model only runs where it pays. A draft model prefills the prompt at its
+first proposal, so a generation that lookup drafts throughout never pays for the model.
+
+Exactness needs nothing new: whichever source proposed, its draft is verified by the same rule.
 
 The sources that did not propose this round keep lagging state (a draft model's cache holds committed
 tokens only and catches up at its next proposal), which the drafter contract allows; only the source
@@ -40,12 +46,15 @@ class CombinedDrafter(Drafter):
         self.sources = list(sources)
         self.name = "+".join(source.name for source in self.sources)
         self.proposer: int | None = None
+        self.verbatim = False  # the proposer's draft copied a long run of the context
         self.started = 0.0
         self.begin_rates()
 
     def begin_rates(self) -> None:
         self.rates: list[float | None] = [None] * len(self.sources)  # committed tokens per second, per source
         self.passed = [0] * len(self.sources)
+        self.proposals = [0] * len(self.sources)
+        self.undrafted_rate: float | None = None  # the same for rounds nobody drafted (a plain step)
 
     def fresh(self) -> "CombinedDrafter":
         return CombinedDrafter([source.fresh() for source in self.sources])
@@ -67,27 +76,44 @@ class CombinedDrafter(Drafter):
         self.proposer = None
         self.started = time.perf_counter()
         for index, source in enumerate(self.sources):
-            if index + 1 < len(self.sources) and self._outpaced(index):
+            outpaced = self._outpaced(index)
+            if outpaced and not source.free_to_propose:
                 continue
             draft = source.propose(context, max_tokens, params, noise)
-            if len(draft):
-                self.proposer = index
+            if len(draft) and (not outpaced or source.proposal_is_verbatim()):
+                self.proposer, self.verbatim = index, source.proposal_is_verbatim()
+                self.catch_up_seconds = source.catch_up_seconds
                 return draft
+        self.catch_up_seconds = 0.0
         return Draft.empty()
 
     def _outpaced(self, index: int) -> bool:
-        """Whether a later source has measured a higher rate than this one (then skip it, but not forever)."""
-        later = [rate for rate in self.rates[index + 1:] if rate is not None]
+        """Whether a later source (for the last one: rounds without a draft) has measured a higher rate than
+        this one; then skip it, but not forever."""
+        last = index + 1 == len(self.sources)
         own = self.rates[index]
+        if last and own is not None and self.undrafted_rate is None:
+            # the model always proposes, so a round without a draft is measured by skipping it now and then
+            self.passed[index] += 1
+            return self.passed[index] % RETRY_EVERY == 0
+        later = [rate for rate in [*self.rates[index + 1:], self.undrafted_rate if last else None]
+                 if rate is not None]
         if own is None or not later or own >= max(later):
             return False
         self.passed[index] += 1
         return self.passed[index] % RETRY_EVERY != 0
 
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
+        rate = len(result.tokens) / max(time.perf_counter() - self.started, 1e-9)
         if self.proposer is None:
+            old = self.undrafted_rate
+            self.undrafted_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
             return
         self.sources[self.proposer].on_verified(context, draft, result)
-        rate = len(result.tokens) / max(time.perf_counter() - self.started, 1e-9)
+        self.proposals[self.proposer] += 1
+        if self.proposals[self.proposer] == 1 or self.verbatim:
+            # A source's first round is cold (a draft model prefills the prompt in it). A verbatim copy is taken
+            # whatever the rates say, and its high yield must not carry the same source's weak guesses.
+            return
         old = self.rates[self.proposer]
         self.rates[self.proposer] = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate

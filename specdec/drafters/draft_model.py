@@ -2,8 +2,8 @@
 
 The draft model keeps its own KV cache. It lags the committed context by at
 least one token: `propose` first feeds the committed tokens it has not seen
-(usually the last accepted token and the recovered/bonus one) together with the
-first draft step, then one token per step. The last draft token is never fed;
+(usually the last accepted token and the recovered/bonus one; at the first
+proposal, the prompt) together with the first draft step, then one token per step. The last draft token is never fed;
 `on_verified` truncates the cache to the committed tokens it saw.
 
 Prompt window (`context=N`): the draft prefills only the prompt's last N tokens (at their true
@@ -25,6 +25,7 @@ out, so the acceptance rule stays exact.
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
@@ -38,6 +39,10 @@ from specdec.models.base import positions_after
 from specdec.models.kv_cache import KVCache
 from specdec.models.sources.loading import LoadedModel
 from specdec.core.sampling import SamplingParams, inverse_cdf, processed_probs
+
+
+# More unseen tokens than a round commits at most: the first forward of a proposal is a prefill.
+CATCH_UP = 8
 
 
 def same_tokenizer(target: LoadedModel, draft: LoadedModel) -> bool:
@@ -88,12 +93,8 @@ class DraftModelDrafter(Drafter):
         if (target_cache is not None and self.skipped == 0 and self.cache.can_copy_from(target_cache)
                 and target_cache.length == len(prompt_ids) - 1):
             self.cache.copy_prefix_from(target_cache, target_cache.length)
-            return
-        head = list(prompt_ids[self.skipped:-1])
-        if head:
-            tokens = torch.tensor([head], device=self.model.device)  # (1, window - 1)
-            self.model.forward(tokens, positions_after(self.skipped, len(head), 1, tokens.device), self.cache,
-                               last_logits_only=True)
+        # Otherwise the prompt is prefilled by the first `propose`, with whatever was committed since: a
+        # drafter combined with lookup may never be asked, and then never pays for the prompt.
 
     def _vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """(V_draft,) -> (V_target,): pad missing ids with -inf, drop ids the target lacks."""
@@ -114,13 +115,17 @@ class DraftModelDrafter(Drafter):
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         feed = pending
+        self.catch_up_seconds = 0.0
         for _ in range(max_tokens):
+            started = time.perf_counter()
             out = self.model.forward(
                 torch.tensor([feed], device=device),
                 positions_after(self.skipped + self.cache.length, len(feed), 1, device),
                 self.cache,
                 last_logits_only=True,
             )
+            if len(feed) > CATCH_UP:  # a prefill of what was committed while others drafted, or of the prompt
+                self.catch_up_seconds = time.perf_counter() - started
             logits = self._vocab_logits(out.logits[0, -1])  # (V,)
             if greedy:
                 token = int(logits.argmax())

@@ -28,7 +28,13 @@ from specdec.errors import InvalidParameterError
 from specdec.core.sampling import SamplingParams
 
 
+# A match of this many tokens or more is a verbatim copy (code being edited, a passage quoted): rarely wrong.
+VERBATIM_MATCH = 3
+
+
 class NgramDrafter(Drafter):
+    free_to_propose = True
+
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, never_propose: frozenset[int] = frozenset()):
         if not 1 <= min_ngram <= max_ngram:
             raise InvalidParameterError("ngram sizes need 1 <= min_ngram <= max_ngram")
@@ -49,6 +55,7 @@ class NgramDrafter(Drafter):
         self.indexed = 0  # context positions whose n-grams (ending there) are indexed
         self.refuted: set[int] = set()  # continuation starts whose first token the target rejected
         self.proposed_start: int | None = None
+        self.matched = 0  # length of the n-gram the last proposal matched (0: none)
 
     def _catch_up(self, context: Sequence[int]) -> None:
         # Index n-grams ending before the last token: only those have a known continuation.
@@ -61,7 +68,7 @@ class NgramDrafter(Drafter):
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 noise: NoiseStream | None) -> Draft:
         self._catch_up(context)
-        self.proposed_start = None
+        self.proposed_start, self.matched = None, 0
         for n in self.sizes:
             if len(context) <= n:
                 continue
@@ -74,9 +81,12 @@ class NgramDrafter(Drafter):
                     tokens = tokens[:i]
                     break
             if tokens:
-                self.proposed_start = start
+                self.proposed_start, self.matched = start, n
                 return Draft.chain(tokens)
         return Draft.empty()
+
+    def proposal_is_verbatim(self) -> bool:
+        return self.matched >= VERBATIM_MATCH
 
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
         # The index holds committed tokens only; new ones are indexed at the next propose.

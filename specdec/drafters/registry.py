@@ -128,6 +128,15 @@ def parse_spec(text: str) -> DrafterSpec:
     return spec
 
 
+def draft_model_of(spec: str) -> str | None:
+    """The draft model a spec runs ('draft:MODEL', alone or in a '+' chain), else None."""
+    for part in spec.split("+"):
+        parsed = parse_spec(part) if part != "none" else None
+        if parsed is not None and parsed.kind == "draft":
+            return parsed.argument
+    return None
+
+
 def split_drafter_specs(text: str) -> list[str]:
     """'ngram,eagle@depth=4,topk=4,draft:M,lookahead:4,3,4' -> ['ngram', 'eagle@depth=4,topk=4', 'draft:M',
     'lookahead:4,3,4']: a list of specs (bench --drafters) where a drafter's options (key=value after '@')
