@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -39,6 +40,7 @@ WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
                    "required": ["city", "unit"]}}}
+MODEL = "qwen2.5-coder-1.5b-instruct"  # the name both servers are asked for (llama-server takes any)
 TOOL_QUESTION = [{"role": "user", "content": "What is the weather in Paris right now, in Celsius?"}]
 
 
@@ -79,7 +81,7 @@ def json_rate(client: openai.OpenAI, ours: bool) -> float:
         fmt = {"response_format": {"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA}}} \
             if ours else {}
         start = time.perf_counter()
-        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}],
+        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
                                                max_tokens=256, temperature=0, extra_body=extra, **fmt)
         seconds += time.perf_counter() - start
         tokens += reply.usage.completion_tokens
@@ -89,14 +91,17 @@ def json_rate(client: openai.OpenAI, ours: bool) -> float:
 
 def tool_round_trip(client: openai.OpenAI) -> float:
     start = time.perf_counter()
-    first = client.chat.completions.create(model="m", messages=TOOL_QUESTION, tools=[WEATHER], temperature=0,
-                                           max_tokens=128)
+    # "required": the call is constrained by its arguments' schema on both servers (with "auto" the 1.5B
+    # sometimes answers with a JSON code block instead of its template's <tool_call> tags)
+    first = client.chat.completions.create(model=MODEL, messages=TOOL_QUESTION, tools=[WEATHER], temperature=0,
+                                           max_tokens=128, tool_choice="required")
     calls = first.choices[0].message.tool_calls
-    if not calls:
-        raise RuntimeError(f"no tool call: {first.choices[0].message.content!r}")
+    if not calls:  # reported as a failed round trip (nan), with what came back instead
+        print(f"no tool call from {client.base_url}: {first.choices[0].message.content!r:.120}", file=sys.stderr)
+        return float("nan")
     history = TOOL_QUESTION + [first.choices[0].message.model_dump(exclude_none=True),
                                {"role": "tool", "tool_call_id": calls[0].id, "content": '{"temperature": 18}'}]
-    final = client.chat.completions.create(model="m", messages=history, tools=[WEATHER], temperature=0,
+    final = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], temperature=0,
                                            max_tokens=128)
     assert final.choices[0].message.content
     return time.perf_counter() - start
@@ -106,7 +111,8 @@ def fim_latency(base: str, ours: bool) -> float:
     prefix, suffix = fim_case()
     start = time.perf_counter()
     if ours:
-        post(base + "/v1/completions", {"prompt": prefix, "suffix": suffix, "max_tokens": 64, "temperature": 0})
+        post(base + "/v1/completions", {"model": MODEL, "prompt": prefix, "suffix": suffix, "max_tokens": 64,
+                                        "temperature": 0})
     else:
         post(base + "/infill", {"input_prefix": prefix, "input_suffix": suffix, "n_predict": 64, "temperature": 0})
     return time.perf_counter() - start
@@ -117,7 +123,7 @@ def logprobs_rate(client: openai.OpenAI, on: bool) -> float:
     for prompt in JSON_PROMPTS[:2]:
         start = time.perf_counter()
         extra = {"logprobs": True, "top_logprobs": 5} if on else {}
-        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}],
+        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
                                                max_tokens=128, temperature=0, **extra)
         seconds += time.perf_counter() - start
         tokens += reply.usage.completion_tokens
@@ -133,6 +139,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--server-args", default="", help="more `specdec serve` options")
     args = parser.parse_args()
+    global MODEL
+    MODEL = args.target
 
     from specdec.bench.llama_cpp import gguf_file
 
@@ -176,7 +184,7 @@ def main() -> None:
         ours.terminate()
         ours.wait(30)
     best_json = max(results, key=lambda spec: results[spec]["json"][1])
-    best_tools = min(results, key=lambda spec: results[spec]["tools"][1])
+    best_tools = min(results, key=lambda spec: (math.isnan(results[spec]["tools"][1]), results[spec]["tools"][1]))
     best_fim = min(results, key=lambda spec: results[spec]["fim"][1])
     j, t, f = results[best_json]["json"], results[best_tools]["tools"], results[best_fim]["fim"]
     print("| workload | ours | llama-server (its best --spec-type) | ratio |")
