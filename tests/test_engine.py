@@ -335,6 +335,11 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     drafter.begin([50, 60], SamplingParams(), 64)
     drafter.rates = [10.0, 40.0]
     assert all(drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50] for _ in range(RETRY_EVERY))
+    lookup.proposal_is_verbatim = lambda: False  # a weak guess waits until the model has been measured
+    drafter.rates = [None, None]
+    assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [1, 2]
+    drafter.rates = [30.0, 20.0]
+    assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]
 
     # the model is passed over where rounds without a draft commit faster
     drafter = CombinedDrafter([Fixed("lookup", []), Fixed("model", [1, 2])])

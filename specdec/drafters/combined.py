@@ -7,7 +7,9 @@ for each source, the tokens committed per second of the rounds it drafted (draft
 over a source whose rate is below a later source's; every few rounds it tries it anyway, so a source
 that starts paying (the answer begins to quote the prompt) is taken again. Two exceptions: a lookup
 source is always asked (it costs nothing), and its proposal is taken whatever the rates say when it
-copies a long run of the context verbatim (`proposal_is_verbatim`); and the last source, the model, is
+copies a long run of the context verbatim (`proposal_is_verbatim`), while its weaker guesses wait until the
+sources after it have been measured (in prose a one-token match nearly always exists, and the model would
+otherwise never be tried); and the last source, the model, is
 passed over too when its rounds commit fewer tokens per second than rounds with no draft at all (text
 the model drafts badly), so a model only runs where it pays. A draft model prefills the prompt at its
 first proposal, so a generation that lookup drafts throughout never pays for the model.
@@ -96,6 +98,8 @@ class CombinedDrafter(Drafter):
             # the model always proposes, so a round without a draft is measured by skipping it now and then
             self.passed[index] += 1
             return self.passed[index] % RETRY_EVERY == 0
+        if self.sources[index].free_to_propose and None in self.rates[index + 1:]:
+            return True  # a lookup's weak guess waits until the model after it has been measured
         later = [rate for rate in [*self.rates[index + 1:], self.undrafted_rate if last else None]
                  if rate is not None]
         if own is None or not later or own >= max(later):

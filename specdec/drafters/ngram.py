@@ -15,6 +15,9 @@ stops before a control token (a chat prompt's suffix matched in the template
 continues with <|im_start|>, which an answer never contains), and a match whose
 first token was rejected is not proposed again until the index moves on to a
 newer occurrence of its n-gram (a shorter n-gram may still match).
+
+With `@memory=TOKENS`, where the context has no match the drafter asks a memory of what earlier
+generations produced (continuation_memory.py), shared by the requests a server runs with it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from specdec.drafters.base import Drafter, container_bytes
+from specdec.drafters.continuation_memory import ContinuationMemory
 from specdec.core.randomness import NoiseStream
 from specdec.core.rounds import Draft, VerifyResult
 from specdec.errors import InvalidParameterError
@@ -35,20 +39,24 @@ VERBATIM_MATCH = 3
 class NgramDrafter(Drafter):
     free_to_propose = True
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, never_propose: frozenset[int] = frozenset()):
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, never_propose: frozenset[int] = frozenset(),
+                 memory: ContinuationMemory | None = None, name: str = "ngram"):
+        """memory: continuations of earlier generations, shared by this drafter's `fresh` copies, asked
+        where the context itself has no match (None: this generation's context only)."""
         if not 1 <= min_ngram <= max_ngram:
             raise InvalidParameterError("ngram sizes need 1 <= min_ngram <= max_ngram")
-        self.name = "ngram"
+        self.name = name
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.never_propose = never_propose
+        self.memory = memory
         self.sizes = list(range(max_ngram, min_ngram - 1, -1))  # longest first
         self.begin([], SamplingParams(), 0)
 
     def fresh(self) -> "NgramDrafter":
-        return NgramDrafter(self.max_ngram, self.min_ngram, self.never_propose)
+        return NgramDrafter(self.max_ngram, self.min_ngram, self.never_propose, self.memory, self.name)
 
     def memory_bytes(self) -> int:
-        return container_bytes(self.index)
+        return container_bytes(self.index) + (self.memory.memory_bytes() if self.memory is not None else 0)
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int = 0) -> None:
         self.index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
@@ -56,6 +64,14 @@ class NgramDrafter(Drafter):
         self.refuted: set[int] = set()  # continuation starts whose first token the target rejected
         self.proposed_start: int | None = None
         self.matched = 0  # length of the n-gram the last proposal matched (0: none)
+        self.prompt_length = len(prompt_ids)
+        self.remembered = len(prompt_ids)  # context positions handed to the memory (generated tokens only)
+        self.sequence = self.memory.start() if self.memory is not None and prompt_ids else None
+
+    def _remember(self, context: Sequence[int]) -> None:
+        if self.sequence is not None and len(context) > self.remembered:
+            self.memory.extend(self.sequence, context[self.remembered:])
+            self.remembered = len(context)
 
     def _catch_up(self, context: Sequence[int]) -> None:
         # Index n-grams ending before the last token: only those have a known continuation.
@@ -68,6 +84,7 @@ class NgramDrafter(Drafter):
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 noise: NoiseStream | None) -> Draft:
         self._catch_up(context)
+        self._remember(context)
         self.proposed_start, self.matched = None, 0
         for n in self.sizes:
             if len(context) <= n:
@@ -75,28 +92,46 @@ class NgramDrafter(Drafter):
             start = self.index[n].get(tuple(context[-n:]))
             if start is None or start in self.refuted:
                 continue
-            tokens = context[start:start + max_tokens]
-            for i, token in enumerate(tokens):
-                if token in self.never_propose:
-                    tokens = tokens[:i]
-                    break
+            tokens = self._proposable(context[start:start + max_tokens])
             if tokens:
                 self.proposed_start, self.matched = start, n
                 return Draft.chain(tokens)
+        if self.memory is not None:
+            tokens, matched = self.memory.propose(context, max_tokens)
+            tokens = self._proposable(tokens)
+            if tokens:
+                self.matched = matched
+                return Draft.chain(tokens)
         return Draft.empty()
+
+    def _proposable(self, tokens: Sequence[int]) -> list[int]:
+        """The tokens before the first control token (an answer never contains the template's markers)."""
+        for i, token in enumerate(tokens):
+            if token in self.never_propose:
+                return list(tokens[:i])
+        return list(tokens)
 
     def proposal_is_verbatim(self) -> bool:
         return self.matched >= VERBATIM_MATCH
 
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
         # The index holds committed tokens only; new ones are indexed at the next propose.
+        self._remember(context)
         if self.proposed_start is not None and result.num_accepted == 0:
             self.refuted.add(self.proposed_start)
 
 
+def check(spec) -> None:
+    """`ngram[:MAX_N][@memory=TOKENS]`'s values, before anything loads."""
+    if spec.argument and not (spec.argument.isdigit() and int(spec.argument) >= 1):
+        raise InvalidParameterError(f"ngram drafter: {spec.argument!r} is not a maximum n-gram size")
+    if spec.options.get("memory", 1) < 1:
+        raise InvalidParameterError("ngram drafter: memory=TOKENS takes a positive number of tokens")
+
+
 def build(spec, target, device: str, dtype: str) -> NgramDrafter:
-    """`ngram[:MAX_N]` (a registry.DrafterSpec)."""
-    arg = spec.argument
-    if arg and not arg.isdigit():
-        raise InvalidParameterError(f"ngram drafter: {arg!r} is not a maximum n-gram size")
-    return NgramDrafter(max_ngram=int(arg) if arg else 4, never_propose=target.control_token_ids())
+    """`ngram[:MAX_N][@memory=TOKENS]` (a registry.DrafterSpec)."""
+    check(spec)
+    memory = ContinuationMemory(spec.options["memory"]) if "memory" in spec.options else None
+    return NgramDrafter(max_ngram=int(spec.argument) if spec.argument else 4,
+                        never_propose=target.control_token_ids(), memory=memory, name=spec.text or "ngram")

@@ -65,8 +65,9 @@ def _function(path: str) -> Callable:
 
 
 KINDS = [
-    DrafterKind("ngram", "ngram[:MAX_N]", "lookup of the context's last tokens in prompt + output",
-                "specdec.drafters.ngram:build", test_spec="ngram"),
+    DrafterKind("ngram", "ngram[:MAX_N][@memory=TOKENS]", "lookup of the context's last tokens in prompt + "
+                "output (memory: and in earlier generations' outputs)", "specdec.drafters.ngram:build",
+                options={"memory": int}, checker="specdec.drafters.ngram:check", test_spec="ngram"),
     DrafterKind("draft", "draft:MODEL[@confidence=C,vocab=N,context=N,weights=FORMAT]",
                 "a smaller model (another tokenizer's drafts go through text)",
                 "specdec.drafters.draft_model:build", needs_argument=True, test_spec="draft:{target}",
