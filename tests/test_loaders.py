@@ -149,3 +149,51 @@ def test_corrupt_safetensors(tiny_dirs, tmp_path):
     (copy / "model.safetensors").write_bytes(b"\x00\x01garbage")
     with pytest.raises(CorruptModelError):
         load_model(str(copy))
+
+
+def test_gguf_file_reads_what_gguf_py_reads(tmp_path):
+    """The index reader against gguf-py's GGUFReader on the same file: every tensor's type, shape and bytes,
+    the scalar keys; an array longer than SHORT_ARRAY is skipped, not read."""
+    from specdec.models.sources import gguf_file
+
+    path = write_tiny_gguf(tmp_path / "index.gguf", make_hf_model("qwen2", seed=3), {"default": "Q8_0",
+                                                                                      "ffn_down.weight": "Q4_K"})
+    ours, theirs = gguf_file.GgufFile(path), gguf.GGUFReader(str(path))
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, reference in zip(ours.tensors, theirs.tensors):
+        assert mine.tensor_type == reference.tensor_type
+        assert tuple(mine.shape) == tuple(int(d) for d in reference.shape)
+        assert np.array_equal(mine.data, reference.data)
+    for key, field in theirs.fields.items():
+        if key.startswith("GGUF."):  # GGUFReader's own header entries, not metadata
+            continue
+        if field.types and field.types[0] not in (gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING):
+            assert ours.field(key) == pytest.approx(field.contents()), key
+    tokens = len(theirs.fields["tokenizer.ggml.tokens"].data)
+    assert ours.field("tokenizer.ggml.tokens") == theirs.fields["tokenizer.ggml.tokens"].contents()
+    short = gguf_file.SHORT_ARRAY
+    try:
+        gguf_file.SHORT_ARRAY = tokens - 1
+        skipped = gguf_file.GgufFile(path).field("tokenizer.ggml.tokens")
+    finally:
+        gguf_file.SHORT_ARRAY = short
+    assert skipped == gguf_file.SkippedArray(gguf.GGUFValueType.STRING, tokens)
+
+
+def test_a_warm_gguf_load_reads_no_metadata_array(tmp_path, monkeypatch):
+    """After the first load converted the config and tokenizer, loading again needs none of the file's metadata
+    arrays (a real tokenizer's run to 151,936 entries) and never gguf-py's GGUFReader."""
+    from specdec.models.sources import gguf_file
+
+    path = write_tiny_gguf(tmp_path / "warm.gguf", make_hf_model("qwen2", seed=6), "Q8_0")
+    cold = load_model(str(path), weights="gguf")
+    monkeypatch.setattr(gguf_file, "SHORT_ARRAY", 0)  # every array counts as long: skipped, never read
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", lambda *args, **kwargs: pytest.fail("GGUFReader used"))
+    skipped = []
+    skip = gguf_file.GgufFile._skip_array
+    monkeypatch.setattr(gguf_file.GgufFile, "_skip_array",
+                        lambda self, *args: (skipped.append(args[1]), skip(self, *args))[1])
+    warm = load_model(str(path), weights="gguf")
+    assert VOCAB in skipped  # the tokenizer's arrays were skipped, not read
+    with torch.no_grad():
+        assert torch.equal(native_logits(warm), native_logits(cold))
