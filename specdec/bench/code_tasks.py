@@ -54,10 +54,16 @@ QUOTES = (
 
 
 def edit_prompts() -> list[tuple[str, str]]:
-    """(id, chat prompt) per edit."""
-    return [(name, f"{instruction} Reply with the whole function in one Python code block.\n\n"
-                   f"```python\n{textwrap.dedent(inspect.getsource(source()))}```")
-            for name, source, instruction in EDITS]
+    """(id, chat prompt) per edit whose function this Python version has."""
+    prompts = []
+    for name, source, instruction in EDITS:
+        try:
+            code = textwrap.dedent(inspect.getsource(source()))
+        except AttributeError:  # renamed or gone in this Python version
+            continue
+        prompts.append((name, f"{instruction} Reply with the whole function in one Python code block.\n\n"
+                              f"```python\n{code}```"))
+    return prompts
 
 
 def longdoc_prompts() -> list[tuple[str, str]]:
