@@ -64,7 +64,6 @@ class NgramDrafter(Drafter):
         self.refuted: set[int] = set()  # continuation starts whose first token the target rejected
         self.proposed_start: int | None = None
         self.matched = 0  # length of the n-gram the last proposal matched (0: none)
-        self.prompt_length = len(prompt_ids)
         self.remembered = len(prompt_ids)  # context positions handed to the memory (generated tokens only)
         self.sequence = self.memory.start() if self.memory is not None and prompt_ids else None
 
