@@ -41,7 +41,8 @@ from specdec.models.sources.loading import LoadedModel
 from specdec.core.sampling import SamplingParams, inverse_cdf, processed_probs
 
 
-# More unseen tokens than a round commits at most: the first forward of a proposal is a prefill.
+# More unseen tokens than the draft's own rounds leave behind (one or two): the first forward of this
+# proposal is a prefill (the prompt, or what other sources drafted since).
 CATCH_UP = 8
 
 
