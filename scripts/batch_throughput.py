@@ -4,8 +4,9 @@
         [--batches 4,8,16] [--prompts 16] [--max-new-tokens 64] [--tasks code,mt_bench,...]
 
 For each drafter: the prompts generated one after another (generate), then all of them with generate_batch
-at each batch size; total generated tokens / wall seconds (prefills included), and whether every output
-equals its one-at-a-time output (greedy).
+at each batch size; total generated tokens / wall seconds (prefills included), the draft tokens verified (a
+batch's rows go to drafts only where the measured pass cost says they pay, so this varies with the machine's
+load), and whether every output equals its one-at-a-time output (greedy).
 """
 
 from __future__ import annotations
@@ -34,22 +35,24 @@ def main() -> None:
     prompts = [p.prompt for p in load_prompts(tasks, max(1, args.prompts // len(tasks) + 1))][: args.prompts]
     print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, {len(prompts)} prompts, "
           f"{args.max_new_tokens} new tokens, greedy")
-    print("| drafter | mode | tokens/s | vs one at a time | outputs equal |")
-    print("|---|---|---|---|---|")
+    print("| drafter | mode | tokens/s | vs one at a time | draft tokens verified | outputs equal |")
+    print("|---|---|---|---|---|---|")
     for drafter in args.drafters.split(","):
         generator = SpeculativeGenerator.from_pretrained(args.target, drafter=drafter, k=args.k)
         generator.generate(prompts[0], 8)  # warm-up: kernels, caches
         started = time.perf_counter()
         alone = [generator.generate(p, args.max_new_tokens) for p in prompts]
         base = sum(len(r.token_ids) for r in alone) / (time.perf_counter() - started)
-        print(f"| {drafter} | one at a time | {base:.1f} | 1.00x | |", flush=True)
+        drafted = sum(r.stats.drafted for r in alone)
+        print(f"| {drafter} | one at a time | {base:.1f} | 1.00x | {drafted} | |", flush=True)
         for size in map(int, args.batches.split(",")):
             started = time.perf_counter()
             together = generator.generate_batch(prompts, args.max_new_tokens, max_batch=size)
             speed = sum(len(r.token_ids) for r in together) / (time.perf_counter() - started)
             equal = sum(a.token_ids == b.token_ids for a, b in zip(alone, together))
-            print(f"| {drafter} | batch {size} | {speed:.1f} | {speed / base:.2f}x | {equal}/{len(prompts)} |",
-                  flush=True)
+            drafted = sum(r.stats.drafted for r in together)
+            print(f"| {drafter} | batch {size} | {speed:.1f} | {speed / base:.2f}x | {drafted} | "
+                  f"{equal}/{len(prompts)} |", flush=True)
 
 
 if __name__ == "__main__":
