@@ -1,9 +1,12 @@
 """Our server against llama-server on the requests agents and editors send, same GGUF, one run each side,
 interleaved: JSON-schema outputs, a tool-calling round trip through the `openai` client, fill-in-the-middle
-(64 new tokens in a ~1,500-token file: ours `/v1/completions` with `suffix`, llama-server's `/infill`), and
-ours with `logprobs` on against off.
+(64 new tokens in a ~1,500-token file: ours `/v1/completions` with `suffix`, llama-server's `/infill`),
+multi-turn edits (a conversation that edits one function three times, each answer the whole function:
+the earlier answers are in the prompt, so the next one mostly repeats them), and ours with `logprobs` on
+against off.
 
     python scripts/api_bench.py --llama-cpp BIN_DIR [--target qwen2.5-coder-1.5b-instruct] [--repeats 3]
+        [--workloads json,tools,fim,edits]
 
 llama-server runs once per `--spec-type` listed (`--llama-spec none,ngram-simple,ngram-mod,draft-simple`; the
 draft model for draft-simple: the target's zoo sibling), and each workload reports its best. Prints a
@@ -73,6 +76,37 @@ def fim_case() -> tuple[str, str]:
     return source[:cut], source[cut:]
 
 
+def edit_sessions() -> list[tuple[str, tuple[str, ...]]]:
+    """(a function's source, the edits asked one after another): real code from the standard library."""
+    import heapq
+    import inspect
+    import textwrap
+
+    return [(inspect.getsource(textwrap.TextWrapper._wrap_chunks),
+             ("Add type hints to this method's signature.", "Now rewrite its docstring in Google style.",
+              "Now rename the local variable `chunks` to `pieces` everywhere.")),
+            (inspect.getsource(heapq.merge),
+             ("Rename the local variable `h` to `heap` everywhere in this function.",
+              "Now add type hints to its signature.", "Now translate every comment into French."))]
+
+
+def edits_rate(client: openai.OpenAI) -> float:
+    """Completion tokens per second (prompt processing included) over multi-turn editing conversations, each
+    turn's answer the whole function again (greedy)."""
+    tokens, seconds = 0, 0.0
+    for source, edits in edit_sessions():
+        messages: list[dict] = []
+        for turn, edit in enumerate(edits):
+            ask = f"{edit} Reply with the whole function in one code block."
+            messages.append({"role": "user", "content": f"{ask}\n\n```python\n{source}```" if turn == 0 else ask})
+            start = time.perf_counter()
+            reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=768, temperature=0)
+            seconds += time.perf_counter() - start
+            tokens += reply.usage.completion_tokens
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    return tokens / seconds
+
+
 def json_rate(client: openai.OpenAI, ours: bool) -> float:
     """Completion tokens per second over the JSON prompts (greedy, the schema enforced)."""
     tokens, seconds = 0, 0.0
@@ -130,6 +164,14 @@ def logprobs_rate(client: openai.OpenAI, on: bool) -> float:
     return tokens / seconds
 
 
+def best_mode(results: dict[str, dict], workload: str, higher_is_better: bool) -> str:
+    """The peer's --spec-type with its highest rate or shortest time on the workload (a failed run, nan, never
+    unless every one failed)."""
+    values = {spec: measured[workload][1] for spec, measured in results.items()}
+    ran = [spec for spec, value in values.items() if not math.isnan(value)] or list(values)
+    return (max if higher_is_better else min)(ran, key=values.get)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-cpp", default=os.environ.get("SPECDEC_LLAMA_CPP"), required=False)
@@ -138,9 +180,13 @@ def main() -> None:
     parser.add_argument("--llama-spec", default="none,ngram-simple,ngram-mod,draft-simple")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--server-args", default="", help="more `specdec serve` options")
+    parser.add_argument("--workloads", default="json,tools,fim,edits", help="comma-separated, of json,tools,fim,edits")
     args = parser.parse_args()
     global MODEL
     MODEL = args.target
+    workloads = args.workloads.split(",")
+    if not set(workloads) <= {"json", "tools", "fim", "edits"}:
+        parser.error(f"--workloads: choose from json,tools,fim,edits, not {args.workloads!r}")
 
     from specdec.bench.llama_cpp import gguf_file
 
@@ -164,15 +210,16 @@ def main() -> None:
                 theirs_url = f"http://127.0.0.1:{theirs_port}"
                 wait_healthy(theirs_url)
                 theirs_client = openai.OpenAI(base_url=theirs_url + "/v1", api_key="x", max_retries=0)
-                rows = {"json": ([], []), "tools": ([], []), "fim": ([], [])}
+                measures = {"json": (lambda: json_rate(ours_client, True), lambda: json_rate(theirs_client, False)),
+                            "tools": (lambda: tool_round_trip(ours_client), lambda: tool_round_trip(theirs_client)),
+                            "fim": (lambda: fim_latency(ours_url, True), lambda: fim_latency(theirs_url, False)),
+                            "edits": (lambda: edits_rate(ours_client), lambda: edits_rate(theirs_client))}
+                rows = {name: ([], []) for name in workloads}
                 json_rate(ours_client, True), json_rate(theirs_client, False)  # warm both
                 for _ in range(args.repeats):  # interleaved: each measurement ours then theirs
-                    rows["json"][0].append(json_rate(ours_client, True))
-                    rows["json"][1].append(json_rate(theirs_client, False))
-                    rows["tools"][0].append(tool_round_trip(ours_client))
-                    rows["tools"][1].append(tool_round_trip(theirs_client))
-                    rows["fim"][0].append(fim_latency(ours_url, True))
-                    rows["fim"][1].append(fim_latency(theirs_url, False))
+                    for name in workloads:
+                        rows[name][0].append(measures[name][0]())
+                        rows[name][1].append(measures[name][1]())
                 results[spec] = {name: (statistics.median(a), statistics.median(b)) for name, (a, b) in rows.items()}
                 print(f"llama-server --spec-type {spec}: {results[spec]}", file=sys.stderr, flush=True)
             finally:
@@ -183,15 +230,17 @@ def main() -> None:
     finally:
         ours.terminate()
         ours.wait(30)
-    best_json = max(results, key=lambda spec: results[spec]["json"][1])
-    best_tools = min(results, key=lambda spec: (math.isnan(results[spec]["tools"][1]), results[spec]["tools"][1]))
-    best_fim = min(results, key=lambda spec: results[spec]["fim"][1])
-    j, t, f = results[best_json]["json"], results[best_tools]["tools"], results[best_fim]["fim"]
     print("| workload | ours | llama-server (its best --spec-type) | ratio |")
     print("|---|---|---|---|")
-    print(f"| JSON-schema outputs, tokens/s | {j[0]:.1f} | {j[1]:.1f} ({best_json}) | {j[0] / j[1]:.2f}x |")
-    print(f"| tool-call round trip, s | {t[0]:.2f} | {t[1]:.2f} ({best_tools}) | {t[0] / t[1]:.2f}x the time |")
-    print(f"| fill-in-the-middle, 64 tokens, s | {f[0]:.2f} | {f[1]:.2f} ({best_fim}) | {f[0] / f[1]:.2f}x the time |")
+    rows_printed = {"json": ("JSON-schema outputs, tokens/s", True), "tools": ("tool-call round trip, s", False),
+                    "fim": ("fill-in-the-middle, 64 tokens, s", False),
+                    "edits": ("multi-turn edits (2 conversations, 3 turns), tokens/s", True)}
+    for name in workloads:
+        label, higher_is_better = rows_printed[name]
+        best = best_mode(results, name, higher_is_better)
+        ours_value, theirs_value = results[best][name]
+        unit = "x" if higher_is_better else "x the time"
+        print(f"| {label} | {ours_value:.2f} | {theirs_value:.2f} ({best}) | {ours_value / theirs_value:.2f}{unit} |")
     print(f"| logprobs on / off, tokens/s (ours) | {statistics.median(on):.1f} / {statistics.median(off):.1f} | - | "
           f"{statistics.median(on) / statistics.median(off):.2f}x |")
     print(json.dumps(results), file=sys.stderr)

@@ -135,8 +135,9 @@ class LlamaCppPeer:
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: tuple[int, ...]) -> PeerRun:
         with tempfile.TemporaryDirectory() as folder:
             prompt = Path(folder) / "prompt.txt"
-            prompt.write_text(self.tokenizer.decode(prompt_ids))
-            command = [str(self.program), "-m", str(self.target), "-f", str(prompt), "-n", str(max_new_tokens),
+            prompt.write_text(self.tokenizer.decode(prompt_ids), encoding="utf-8")
+            # -bf reads the file as it is; -f drops a final newline, which every chat prompt ends with
+            command = [str(self.program), "-m", str(self.target), "-bf", str(prompt), "-n", str(max_new_tokens),
                        "-t", str(self.threads), "--temp", "0", "-c", "8192"]
             if self.speculative:
                 command += ["--spec-type", ",".join(self.mode.spec_types)]

@@ -1,0 +1,86 @@
+"""Greedy text against llama.cpp's on the same GGUF file: does our decoding of a file's blocks say what
+llama.cpp's says?
+
+    python scripts/llama_cpp_agreement.py FILE.gguf... [--llama-cpp BIN_DIR] [--prompts 5] [--tokens 64]
+
+For each file and each of the shipped code prompts (chat-formatted by the model's template): our plain greedy
+decoding of the file's own blocks (`--weights auto`), and `llama-completion --temp 0` on the same prompt
+text. Both round activations to 8 bits before the integer products, but not at the same points nor in the
+same order of sums, so a near-tie between two tokens can go either way; from there the texts part. Reported
+per file: outputs identical (every token of ours agreeing), and the tokens of ours that agree before the
+first difference (the shortest, and the mean over prompts, out of the tokens generated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+def llama_text(program: Path, path: Path, prompt: str, tokens: int) -> str:
+    """llama-completion's greedy continuation of `prompt` (its text only: no prompt echo, no end marker; it may
+    end with a newline of its own, which agreement by prefix ignores)."""
+    with tempfile.TemporaryDirectory() as folder:
+        prompt_file = Path(folder) / "prompt.txt"
+        prompt_file.write_text(prompt, encoding="utf-8")  # -bf: as it is (-f would drop the final newline)
+        done = subprocess.run([str(program), "-m", str(path), "-bf", str(prompt_file), "-n", str(tokens), "-t", "2",
+                               "--temp", "0", "-c", "4096", "-no-cnv", "--no-display-prompt", "--no-warmup"],
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL, check=True)
+    return done.stdout.replace(" [end of text]", "")
+
+
+def agreeing_tokens(token_ids: list[int], text: str, tokenizer) -> int:
+    """How many of our tokens, from the first, decode to a prefix of `text` (an end-of-turn token as nothing)."""
+    low, high = 0, len(token_ids)
+    while low < high:  # the agreeing prefixes are a prefix-closed set: bisect for the longest
+        middle = (low + high + 1) // 2
+        if text.startswith(tokenizer.decode(token_ids[:middle], skip_special_tokens=True)):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+")
+    parser.add_argument("--llama-cpp", default=os.environ.get("SPECDEC_LLAMA_CPP"))
+    parser.add_argument("--prompts", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=64)
+    args = parser.parse_args()
+    if not args.llama_cpp:
+        parser.error("needs --llama-cpp BIN_DIR or SPECDEC_LLAMA_CPP (a llama.cpp build's bin/ folder)")
+
+    from specdec.api.generator import SpeculativeGenerator
+    from specdec.api.request import GenerationRequest
+    from specdec.bench.tasks import load_prompts
+    from specdec.models.sources.loading import load_model
+
+    program = Path(args.llama_cpp) / "llama-completion"
+    prompts = [p.prompt for p in load_prompts(["code"], args.prompts)]
+    print("| file | outputs identical | tokens agreeing before the first difference: shortest / mean / of |")
+    print("|---|---|---|")
+    for name in args.files:
+        path = Path(name)
+        generator = SpeculativeGenerator(load_model(str(path), weights="auto"), None)
+        identical, agreeing, generated = 0, [], []
+        for prompt in prompts:
+            ours = generator.generate(prompt, args.tokens)
+            prompt_text = generator.target.tokenizer.decode(generator.prompt_ids(GenerationRequest(prompt)))
+            theirs = llama_text(program, path, prompt_text, args.tokens)
+            agreeing.append(agreeing_tokens(ours.token_ids, theirs, generator.target.tokenizer))
+            generated.append(len(ours.token_ids))
+            identical += agreeing[-1] == len(ours.token_ids)
+        print(f"| {path.name} | {identical}/{len(prompts)} | {min(agreeing)} / {sum(agreeing) / len(agreeing):.1f} / "
+              f"{sum(generated) / len(generated):.0f} |", flush=True)
+        del generator
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(2)
+    main()
