@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA/F16
 LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf-py quantizes to these
 FORMATS = LEGACY + ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 LAYOUT = {"Q8_0": "signed", "Q5_0": "sixbits", "Q5_1": "sixbits", "Q5_K": "sixbits", "Q6_K": "sixbits",
-          "IQ4_NL": "iq4", "IQ4_XS": "iq4"}  # the rest: nibbles
+          "IQ4_NL": "iq4", "IQ4_XS": "iq4", "Q2_K": "crumbs"}  # the rest: nibbles
 
 
 def blocks_of(format_name: str, rows: int, cols: int, seed: int) -> np.ndarray:
@@ -51,8 +51,8 @@ def test_blocks_decode_to_the_values_gguf_dequantizes_to(format_name):
     expected = gguf_reference(raw, format_name, 24, 512)
     assert torch.equal(weights.dequantize(), expected)  # equal values (zeros may differ in sign only)
     assert weights.layout == LAYOUT.get(format_name, "nibbles")
-    if weights.layout != "signed":  # the kernel's 16-bit partial sums need codes < 16 (nibbles) or < 64 (sixbits)
-        assert weights.codes.max() < (64 if weights.layout == "sixbits" else 16)
+    if weights.layout != "signed":  # each layout's bits hold its codes (and the kernel's 16-bit partial sums)
+        assert weights.codes.max() < {"sixbits": 64, "crumbs": 4}.get(weights.layout, 16)
     rows = torch.tensor([[3, 0], [23, 7]])
     assert torch.equal(weights.dequantize(rows), expected[rows])
 
@@ -139,6 +139,19 @@ def test_fused_matrices_of_different_formats_keep_every_value():
     signed = concatenate([parts[0], q8])
     assert signed.layout == "signed"
     assert torch.equal(signed.dequantize(), torch.cat([parts[0].dequantize(), q8.dequantize()]))
+
+
+def test_q2_k_codes_stay_two_bits_and_widen_when_fused():
+    """Q2_K alone keeps its 2-bit codes (16 bytes a step of 8 inputs x 8 columns); fused with Q3_K (as
+    llama.cpp's Q2_K preset mixes q, k and v) the codes widen to 4 bits; both read back every value."""
+    alone = decode(blocks_of("Q2_K", 16, 512, seed=3), "Q2_K", 16, 512)
+    layer = GgufLinear(alone, None, [16])
+    assert alone.layout == "crumbs" and layer.packed.shape == (2, 512 // 8, 16)
+    ids = torch.tensor([[0, 5, 9, 15]])
+    assert torch.equal(layer.embedding_rows(ids), alone.dequantize()[ids])
+    fused = concatenate([alone, decode(blocks_of("Q3_K", 8, 512, seed=4), "Q3_K", 8, 512)])
+    assert fused.layout == "nibbles"
+    assert torch.equal(GgufLinear(fused, None, [16, 8]).embedding_rows(ids), fused.dequantize()[ids])
 
 
 TOKENS = torch.tensor([[5, 17, 42, 99, 3, 7, 120, 64]])

@@ -106,10 +106,12 @@ def test_a_seed_gives_plain_sampling_text_with_ngram_and_the_shipped_eagle_head(
     assert accepted > 0
 
 
-@pytest.mark.parametrize("drafter,acceptance", [("ngram", "match"), ("eagle", "rejection")])
+@pytest.mark.parametrize("drafter,acceptance", [("eagle", "rejection")])
 def test_certify_passes_on_the_default_model(smollm2, drafter, acceptance):
     """The CI-sized certify run (docs/certify.md): greedy equality on two prompts, and 150 sampled draws of
-    one prompt (few: the statistics' power is tested on tiny models; a tree drafter under the rejection rule, a chain drafter under the match rule)."""
+    one prompt (few: the statistics' power is tested on tiny models), a tree drafter under the rejection rule.
+    A chain drafter under the match rule is certified on tiny models (test_certify.py) and checked token for
+    token on this model by the seeded test above."""
     from specdec.bench.tasks import load_prompts
     from specdec.certify import CertifySettings, certify_local
     from specdec.drafters import make_drafter

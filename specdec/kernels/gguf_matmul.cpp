@@ -13,6 +13,10 @@
 //
 // Codes, in integer_matmul.cpp's column-block layouts:
 //   NIBBLES (q in 0..15): its 4-bit layout; int16 partial sums are safe for a whole block of 32
+//   CRUMBS  (q in 0..3: Q2_K): per step of 8 inputs x 8 columns, 16 bytes: byte m holds the codes of the
+//           step's first[m], first[m + 16], second[m], second[m + 16] (the vectors Nibbles::load makes) in
+//           bits 0-1, 2-3, 4-5, 6-7. 2 bits a weight, as in the file (in NIBBLES they would stream twice the
+//           bytes); summed as NIBBLES
 //   SIXBITS (q in 0..63: Q6_K, Q5_0, and 4-bit codes promoted to share a matrix with them): per step of 8
 //           inputs x 8 columns, the 4-bit layout's 32 bytes of low nibbles, then 16 bytes of the codes' top
 //           two bits: byte m holds those of the step's first[m], first[m + 16], second[m], second[m + 16]
@@ -42,9 +46,16 @@ namespace {
 
 using namespace integer_blocks;
 
-enum Layout { NIBBLES = 0, SIXBITS = 1, SIGNED = 2, IQ4 = 3 };
+enum Layout { NIBBLES = 0, SIXBITS = 1, SIGNED = 2, IQ4 = 3, CRUMBS = 4 };
 
-constexpr int64_t bytes_per_step(int layout) { return layout == SIXBITS ? 48 : layout == SIGNED ? 64 : 32; }
+constexpr int64_t bytes_per_step(int layout) {
+    return layout == SIXBITS ? 48 : layout == SIGNED ? 64 : layout == CRUMBS ? 16 : 32;
+}
+// The i-quants (IQ4 layout) have no minimum (mn = 0, dmin = 0): its FMA would add exact zeros, so skipping
+// it changes no bit. Promoted to SIGNED (fused with other formats) they share their matrix's minimum path.
+constexpr bool has_minimum(int layout) { return layout != IQ4; }
+// Layouts whose int16 partial sums hold a whole group (the 256-bit path without VNNI).
+constexpr bool small_codes(int layout) { return layout == NIBBLES || layout == CRUMBS; }
 // Layouts whose codes are signed bytes once loaded (multiplied with the sign trick).
 constexpr bool signed_codes(int layout) { return layout == SIGNED || layout == IQ4; }
 
@@ -65,6 +76,14 @@ template <int LAYOUT>
 inline void step_codes(const uint8_t* at, __m256i& first, __m256i& second) {
     if (LAYOUT == SIGNED) {
         Bytes::load(at, first, second);
+        return;
+    }
+    if (LAYOUT == CRUMBS) {  // bits 0-1 of each byte: first[m] from pairs >> 0 (low lane) and >> 2 (high lane), ...
+        const __m256i pairs = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+        const __m256i mask = _mm256_set1_epi8(0x03);
+        first = _mm256_and_si256(_mm256_blend_epi32(pairs, _mm256_srli_epi16(pairs, 2), 0xF0), mask);
+        second = _mm256_and_si256(_mm256_blend_epi32(_mm256_srli_epi16(pairs, 4), _mm256_srli_epi16(pairs, 6), 0xF0),
+                                  mask);
         return;
     }
     Nibbles::load(at, first, second);
@@ -96,10 +115,10 @@ struct ColumnBlock {
         if (k0 % S == 0) {
             const uint16_t* at = sb + (k0 / S) * 16;
             d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
-            dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 8)));
+            if (has_minimum(LAYOUT)) dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 8)));
         }
         scale = _mm256_mul_ps(d, int8_lanes(gc + g * 16));
-        minimum = _mm256_mul_ps(dmin, int8_lanes(gc + g * 16 + 8));
+        if (has_minimum(LAYOUT)) minimum = _mm256_mul_ps(dmin, int8_lanes(gc + g * 16 + 8));
     }
     inline const uint8_t* step(int64_t k) const { return w + (k / 8) * bytes_per_step(LAYOUT); }
 };
@@ -115,7 +134,7 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
     __m256 acc[TB], part[TB];
 #pragma GCC unroll 16
     for (int t = 0; t < TB; t++) acc[t] = part[t] = _mm256_setzero_ps();
-    __m256 d = _mm256_setzero_ps(), dmin = d, scale, minimum;
+    __m256 d = _mm256_setzero_ps(), dmin = d, scale, minimum = d;
     for (int64_t g = 0; g < groups; g++) {
         const int64_t k0 = g * G;
         block_of.group_scales(g, S, d, dmin, scale, minimum);
@@ -148,7 +167,7 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
                 }
                 const __m256i p0 = _mm256_maddubs_epi16(first_abs, x0);
                 const __m256i p1 = _mm256_maddubs_epi16(second_abs, x1);
-                if (LAYOUT == NIBBLES) {
+                if (small_codes(LAYOUT)) {
                     sum[t] = _mm256_add_epi16(_mm256_add_epi16(sum[t], p0), p1);
                 } else if (LAYOUT == SIXBITS) {  // a step's two products fit 16 bits
                     sum[t] = _mm256_add_epi32(sum[t], _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones));
@@ -160,9 +179,9 @@ inline void column_block(const int8_t* xq, const float* dx, const float* xsum, c
         }
 #pragma GCC unroll 16
         for (int t = 0; t < TB; t++) {
-            const __m256i total = !VNNI && LAYOUT == NIBBLES ? _mm256_madd_epi16(sum[t], ones) : sum[t];
+            const __m256i total = !VNNI && small_codes(LAYOUT) ? _mm256_madd_epi16(sum[t], ones) : sum[t];
             part[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), scale, part[t]);
-            part[t] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(xsum[(t0 + t) * groups + g]), part[t]);
+            if (has_minimum(LAYOUT)) part[t] = _mm256_fmadd_ps(minimum, _mm256_set1_ps(xsum[(t0 + t) * groups + g]), part[t]);
         }
         if ((k0 + G) % S == 0) {  // the super-block's end: times the rows' activation scales
             const int64_t s = k0 / S;
@@ -194,6 +213,16 @@ inline __m512i join(__m256i low, __m256i high) { return _mm512_inserti64x4(_mm51
 // operations: half the instructions of unpacking each block on its own and joining them.
 template <int LAYOUT>
 inline void pair_step_codes(const uint8_t* left, const uint8_t* right, __m512i& first, __m512i& second) {
+    constexpr __mmask16 HIGH_HALVES = 0xF0F0;  // dwords 4-7 of each 256-bit half
+    if (LAYOUT == CRUMBS) {  // as step_codes
+        const __m512i pairs = join(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(left))),
+                                   _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(right))));
+        const __m512i mask = _mm512_set1_epi8(0x03);
+        first = _mm512_and_si512(_mm512_mask_blend_epi32(HIGH_HALVES, pairs, _mm512_srli_epi16(pairs, 2)), mask);
+        second = _mm512_and_si512(_mm512_mask_blend_epi32(HIGH_HALVES, _mm512_srli_epi16(pairs, 4),
+                                                          _mm512_srli_epi16(pairs, 6)), mask);
+        return;
+    }
     const __m512i packed = join(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(left)),
                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(right)));
     const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
@@ -209,7 +238,6 @@ inline void pair_step_codes(const uint8_t* left, const uint8_t* right, __m512i& 
         const __m512i top = join(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(left + 32))),
                                  _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(right + 32))));
         const __m512i mask = _mm512_set1_epi8(0x30);
-        constexpr __mmask16 HIGH_HALVES = 0xF0F0;  // dwords 4-7 of each 256-bit half
         first = _mm512_ternarylogic_epi32(first, _mm512_mask_blend_epi32(HIGH_HALVES, _mm512_slli_epi16(top, 4),
                                                                          _mm512_slli_epi16(top, 2)), mask, 0xF8);
         second = _mm512_ternarylogic_epi32(second, _mm512_mask_blend_epi32(HIGH_HALVES, top, _mm512_srli_epi16(top, 2)),
@@ -235,7 +263,7 @@ inline void prefetch_pair_stream(const void* at, int64_t along, int64_t stream_b
     for (int64_t line = 0; line < size; line += 64) _mm_prefetch(ahead + line, SPECDEC_PREFETCH_HINT);
 }
 
-// Rows t0..t0+TB-1 times column blocks c and c + 1 (NIBBLES, SIXBITS and IQ4).
+// Rows t0..t0+TB-1 times column blocks c and c + 1 (every layout but SIGNED).
 template <int TB, int LAYOUT, int G>
 inline void column_pair(const int8_t* xq, const float* dx, const float* xsum, const uint8_t* codes,
                         const int8_t* group_codes, const uint16_t* super, float* y, int64_t K, int64_t N, int64_t S,
@@ -247,7 +275,7 @@ inline void column_pair(const int8_t* xq, const float* dx, const float* xsum, co
     __m512 acc[TB], part[TB];
 #pragma GCC unroll 16
     for (int t = 0; t < TB; t++) acc[t] = part[t] = _mm512_setzero_ps();
-    __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, dmin[2] = {d[0], d[1]}, scale[2], minimum[2];
+    __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, dmin[2] = {d[0], d[1]}, scale[2], minimum[2] = {d[0], d[1]};
     for (int64_t g = 0; g < groups; g++) {
         const int64_t k0 = g * G;
         left.group_scales(g, S, d[0], dmin[0], scale[0], minimum[0]);
@@ -282,7 +310,7 @@ inline void column_pair(const int8_t* xq, const float* dx, const float* xsum, co
                 sum[t] = _mm512_sub_epi32(sum[t], _mm512_set1_epi32(OFFSET * group_sum));
             }
             part[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), scales, part[t]);
-            part[t] = _mm512_fmadd_ps(minimums, _mm512_set1_ps(xsum[(t0 + t) * groups + g]), part[t]);
+            if (has_minimum(LAYOUT)) part[t] = _mm512_fmadd_ps(minimums, _mm512_set1_ps(xsum[(t0 + t) * groups + g]), part[t]);
         }
         if ((k0 + G) % S == 0) {
             const int64_t s = k0 / S;
@@ -350,7 +378,7 @@ void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, con
 
 }  // namespace
 
-// layout: 0 nibbles, 1 six bits, 2 signed bytes, 3 IQ4 indices; group 16 or 32; super_size a multiple of group
+// layout: 0 nibbles, 1 six bits, 2 signed bytes, 3 IQ4 indices, 4 two bits; group 16 or 32; super_size a multiple of group
 // and of 32.
 extern "C" void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super,
                             float* y, int64_t T, int64_t K, int64_t N, int32_t layout, int64_t group,
@@ -365,6 +393,9 @@ extern "C" void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* 
             break;
         case IQ4:
             (small ? matmul<IQ4, 16> : matmul<IQ4, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);
+            break;
+        case CRUMBS:
+            (small ? matmul<CRUMBS, 16> : matmul<CRUMBS, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);
             break;
         default:
             (small ? matmul<SIGNED, 16> : matmul<SIGNED, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);

@@ -25,7 +25,8 @@ multiplies by exactly these values.
 | IQ4_NL | IQ4[0..15] | 32 | 32 | 1 | 0 | d | 0 |
 | IQ4_XS | IQ4[0..15] | 32 | 256 | 6-bit scale - 32 | 0 | d | 0 |
 
-(-4 d, -8 d, -16 d, -32 d and -dmin are exact in float16.) Q3_K's codes are its 2-bit values plus 4 times
+(-4 d, -8 d, -16 d, -32 d and -dmin are exact in float16.) Q2_K's codes keep their two bits (layout
+"crumbs"), the others' are held in 4 bits or more. Q3_K's codes are its 2-bit values plus 4 times
 its high bit, so q - 4 is the file's signed 3-bit value. The i-quants' codes index a fixed table of 16
 int8 values (IQ4: `gguf.quants.IQ4_NL.kvalues`): their layout "iq4" keeps the 4-bit index, the kernel
 looks the value up; promoted to "signed" the codes are the values themselves.
@@ -41,17 +42,22 @@ import torch
 SUPPORTED_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 # Tensor types whose values are stored as floats: their matrices run on float panels of their own type.
 FLOAT_FORMATS = {"F32": "float32", "F16": "fp16", "BF16": "bf16"}
-# Each layout's codes: nibbles 0..15, sixbits 0..63, signed int8, iq4 an index into IQ4_VALUES.
-LAYOUTS = ("nibbles", "sixbits", "signed", "iq4")
+# Each layout's codes: crumbs 0..3, nibbles 0..15, sixbits 0..63, signed int8, iq4 an index into IQ4_VALUES.
+LAYOUTS = ("crumbs", "nibbles", "sixbits", "signed", "iq4")
+# Unsigned layouts, each holding the codes of those before it.
+WIDENING = ("crumbs", "nibbles", "sixbits")
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # llama.cpp's kvalues_iq4nl
 
 
 def common_layout(layouts: set[str]) -> str:
-    """The most specific layout that holds every code of `layouts`: "sixbits" holds nibbles, "signed" holds
-    everything (iq4 codes as their values)."""
+    """The most specific layout that holds every code of `layouts`: the widest of them where all are unsigned
+    (sixbits holds nibbles, which hold crumbs), else "signed", which holds everything (iq4 codes as their
+    values)."""
     if len(layouts) == 1:
         return next(iter(layouts))
-    return "sixbits" if layouts == {"nibbles", "sixbits"} else "signed"
+    if layouts <= set(WIDENING):
+        return max(layouts, key=WIDENING.index)
+    return "signed"
 
 
 @dataclass
@@ -65,7 +71,7 @@ class BlockWeights:
     dmin: torch.Tensor  # (N, K / super_group) float16
     group: int
     super_group: int
-    layout: str  # "nibbles" (codes < 16), "sixbits" (codes < 64), "signed" (int8 codes), "iq4" (IQ4_VALUES index)
+    layout: str  # "crumbs" (codes < 4), "nibbles" (< 16), "sixbits" (< 64), "signed" (int8), "iq4" (IQ4_VALUES index)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -193,7 +199,7 @@ def _decode_q2_k(blocks: np.ndarray, rows: int, cols: int) -> BlockWeights:
     d, dmin = _half(blocks[..., 80:82]), _half(blocks[..., 82:84])
     return _weights(codes.reshape(rows, cols), (scales & 0x0F).reshape(rows, -1).astype(np.int8),
                     (scales >> 4).reshape(rows, -1).astype(np.int8), d.reshape(rows, -1), (-dmin).reshape(rows, -1),
-                    16, 256, "nibbles")
+                    16, 256, "crumbs")
 
 
 def _decode_q3_k(blocks: np.ndarray, rows: int, cols: int) -> BlockWeights:

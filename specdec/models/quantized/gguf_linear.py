@@ -39,7 +39,8 @@ class GgufLinear(PackedLinear):
             return pair.view(blocks, INTEGER_COLUMNS, -1, 2).permute(0, 2, 3, 1).contiguous()
 
         codes = pad(weights.codes).view(torch.uint8)  # signed codes travel as their bytes
-        self.register_buffer("packed", pack_sixbits(codes) if weights.layout == "sixbits"
+        packers = {"sixbits": pack_sixbits, "crumbs": pack_bit_pairs}  # crumbs: gguf_matmul.cpp's two-bit layout
+        self.register_buffer("packed", packers[weights.layout](codes) if weights.layout in packers
                              else pack_codes(codes, 8 if weights.layout == "signed" else 4))
         self.register_buffer("scales", by_column_block(weights.sc, weights.mn))
         self.register_buffer("super_scales", by_column_block(weights.d, weights.dmin))
@@ -83,6 +84,8 @@ class GgufLinear(PackedLinear):
         layout = self.block_form["layout"]
         if layout == "sixbits":
             codes = unpack_sixbits(self.packed, tokens, self.in_features)
+        elif layout == "crumbs":
+            codes = unpack_bit_pairs(self.packed, tokens, self.in_features)
         else:
             codes = unpack_codes(self.packed, tokens, self.in_features)
         if layout == "signed":
@@ -100,30 +103,38 @@ class GgufLinear(PackedLinear):
         return dequantize_parts(codes, sc, mn, d, dmin, self.block_form["group"], self.block_form["super_group"])
 
 
+def pack_bit_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """Codes below 4 (N, K) uint8, N a multiple of 8 -> (N/8, K/8, 16): per step of 8 inputs x 8 columns,
+    byte m holds the codes of the 4-bit layout's first[m], first[m + 16], second[m], second[m + 16] (the two
+    vectors of a step its loader makes) in bits 0-1, 2-3, 4-5, 6-7."""
+    rows, cols = codes.shape
+    pairs = codes.view(rows // INTEGER_COLUMNS, INTEGER_COLUMNS, cols // 8, 2, 4)  # (C, 8 cols, steps, half, 4)
+    pairs = pairs.permute(0, 2, 3, 1, 4).reshape(rows // INTEGER_COLUMNS, cols // 8, 2, 32)  # [.., 0, m]: first[m]
+    first, second = pairs[:, :, 0], pairs[:, :, 1]
+    return (first[..., :16] | (first[..., 16:] << 2) | (second[..., :16] << 4) | (second[..., 16:] << 6)).contiguous()
+
+
+def unpack_bit_pairs(packed: torch.Tensor, rows: torch.Tensor, in_features: int) -> torch.Tensor:
+    """`rows` of the code matrix pack_bit_pairs packed (its 16 bytes a step: `packed` (C, K/8, 16)): (..., K)."""
+    block, column = rows // INTEGER_COLUMNS, rows % INTEGER_COLUMNS
+    pairs = packed[block]  # (..., steps, 16)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)
+    codes = (pairs.unsqueeze(-2) >> shifts.view(4, 1)) & 3  # (..., steps, 4: first lo/hi, second lo/hi, 16)
+    codes = codes.view(*pairs.shape[:-1], 2, INTEGER_COLUMNS, 4)  # (..., steps, half, m = 4 column + input)
+    index = column.view(*rows.shape, 1, 1, 1, 1).expand(*codes.shape[:-2], 1, 4)
+    return torch.take_along_dim(codes, index, dim=-2).squeeze(-2).reshape(*rows.shape, in_features)
+
+
 def pack_sixbits(codes: torch.Tensor) -> torch.Tensor:
     """Codes below 64 (N, K) uint8, N a multiple of 8 -> gguf_matmul.cpp's six-bit layout (N/8, K/8, 48):
     per step of 8 inputs, the 4-bit layout's 32 bytes of low nibbles, then 16 bytes of top bit pairs."""
-    low = pack_codes(codes & 0x0F, 4)  # (C, K/8, 32)
-    rows, cols = codes.shape
-    top = (codes >> 4).view(rows // INTEGER_COLUMNS, INTEGER_COLUMNS, cols // 8, 2, 4)  # (C, 8 cols, steps, half, 4)
-    top = top.permute(0, 2, 3, 1, 4).reshape(rows // INTEGER_COLUMNS, cols // 8, 2, 32)  # [.., 0, m]: first[m]
-    first, second = top[:, :, 0], top[:, :, 1]
-    pairs = first[..., :16] | (first[..., 16:] << 2) | (second[..., :16] << 4) | (second[..., 16:] << 6)
-    return torch.cat([low, pairs], dim=-1).contiguous()
+    return torch.cat([pack_codes(codes & 0x0F, 4), pack_bit_pairs(codes >> 4)], dim=-1).contiguous()
 
 
 def unpack_sixbits(packed: torch.Tensor, rows: torch.Tensor, in_features: int) -> torch.Tensor:
     """`rows` of the code matrix pack_sixbits packed: (..., K) uint8."""
-    block, column = rows // INTEGER_COLUMNS, rows % INTEGER_COLUMNS
     low = unpack_codes(packed[:, :, :32], rows, in_features)  # (..., K)
-    pairs = packed[block][..., 32:]  # (..., steps, 16)
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)
-    top = (pairs.unsqueeze(-2) >> shifts.view(4, 1)) & 3  # (..., steps, 4: first lo/hi, second lo/hi, 16)
-    top = top.view(*pairs.shape[:-1], 2, 32)  # (..., steps, half, m): first[m], second[m]
-    top = top.view(*pairs.shape[:-1], 2, INTEGER_COLUMNS, 4)  # m = 4 column + input
-    index = column.view(*rows.shape, 1, 1, 1, 1).expand(*top.shape[:-2], 1, 4)
-    top = torch.take_along_dim(top, index, dim=-2).squeeze(-2)  # (..., steps, half, 4)
-    return low | (top.reshape(*rows.shape, in_features) << 4)
+    return low | (unpack_bit_pairs(packed[:, :, 32:], rows, in_features) << 4)
 
 
 # -- a model's layers from a GGUF file ------------------------------------------------------------------

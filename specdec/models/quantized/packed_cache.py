@@ -27,7 +27,7 @@ from specdec.models.quantized.packed_linear import PackedLinear
 from specdec.paths import replace_flushed, specdec_home
 
 # Bump when a packed layout changes (panels, code order, scale layout): old files are then ignored.
-LAYOUT_VERSION = 2  # 2: untied embeddings of GGUF-sourced models cached as the file's blocks
+LAYOUT_VERSION = 3  # 2: untied embeddings of GGUF-sourced models cached as the file's blocks; 3: Q2_K in 2 bits
 _META_KEY = "specdec_packed_layouts"
 
 
