@@ -78,16 +78,17 @@ def fim_case() -> tuple[str, str]:
 
 def edit_sessions() -> list[tuple[str, tuple[str, ...]]]:
     """(a function's source, the edits asked one after another): real code from the standard library."""
-    import heapq
+    import glob
     import inspect
     import textwrap
 
-    return [(inspect.getsource(textwrap.TextWrapper._wrap_chunks),
-             ("Add type hints to this method's signature.", "Now rewrite its docstring in Google style.",
-              "Now rename the local variable `chunks` to `pieces` everywhere.")),
-            (inspect.getsource(heapq.merge),
-             ("Rename the local variable `h` to `heap` everywhere in this function.",
-              "Now add type hints to its signature.", "Now translate every comment into French."))]
+    return [(inspect.getsource(textwrap.dedent),
+             ("Add type hints to this function's signature.",
+              "Now rename the local variable `margin` to `common_margin` everywhere.",
+              "Now translate every comment into French.")),
+            (inspect.getsource(glob._iglob),
+             ("Add a docstring to this function that explains each parameter.", "Now add type hints to its signature.",
+              "Now rename the parameter `dironly` to `directories_only` everywhere."))]
 
 
 def edits_rate(client: openai.OpenAI) -> float:
