@@ -1,7 +1,7 @@
 """Greedy text against llama.cpp's on the same GGUF file: does our decoding of a file's blocks say what
 llama.cpp's says?
 
-    python scripts/llama_cpp_agreement.py FILE.gguf... [--llama-cpp BIN_DIR] [--prompts 5] [--tokens 64]
+    SPECDEC_LLAMA_CPP=BIN_DIR python scripts/llama_cpp_agreement.py FILE.gguf... [--prompts 5] [--tokens 64]
 
 For each file and each of the shipped code prompts (chat-formatted by the model's template): our plain greedy
 decoding of the file's own blocks (`--weights auto`), and `llama-completion --temp 0` on the same prompt
@@ -14,7 +14,6 @@ first difference (the shortest, and the mean over prompts, out of the tokens gen
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -49,19 +48,21 @@ def agreeing_tokens(token_ids: list[int], text: str, tokenizer) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+")
-    parser.add_argument("--llama-cpp", default=os.environ.get("SPECDEC_LLAMA_CPP"))
     parser.add_argument("--prompts", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
-    if not args.llama_cpp:
-        parser.error("needs --llama-cpp BIN_DIR or SPECDEC_LLAMA_CPP (a llama.cpp build's bin/ folder)")
 
     from specdec.api.generator import SpeculativeGenerator
     from specdec.api.request import GenerationRequest
+    from specdec.bench.llama_cpp import find_program
     from specdec.bench.tasks import load_prompts
+    from specdec.errors import InvalidParameterError
     from specdec.models.sources.loading import load_model
 
-    program = Path(args.llama_cpp) / "llama-completion"
+    try:
+        program = find_program("llama-completion")  # $SPECDEC_LLAMA_CPP or PATH, as the bench's peer
+    except InvalidParameterError as error:
+        parser.error(str(error))
     prompts = [p.prompt for p in load_prompts(["code"], args.prompts)]
     print("| file | outputs identical | tokens agreeing before the first difference: shortest / mean / of |")
     print("|---|---|---|")
