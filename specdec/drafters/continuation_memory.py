@@ -8,6 +8,10 @@ the longest suffix of the context (and of the draft so far) that the memory hold
 seen most often after it, again and again. Exactness needs nothing: what it proposes is verified like
 any draft.
 
+Each generation is recorded with the last tokens of its prompt as a lead-in: they are counted as the
+n-grams that came before the answer, never as tokens that followed, so a request ending like an earlier
+one (the same chat template, the same tool schema) gets that answer's first tokens as its first draft.
+
 One memory belongs to one drafter and the copies `fresh()` makes of it for concurrent requests, so it is
 scoped to the model that drafter was built for. Memory is bounded by `max_tokens`: when a new token
 would exceed it, the oldest generation's tokens are forgotten and their counts taken back, so the counts
@@ -28,21 +32,32 @@ class ContinuationMemory:
             raise ValueError("a continuation memory needs max_tokens >= 1 and order >= 2")
         self.max_tokens, self.order = max_tokens, order
         self.sequences: OrderedDict[int, list[int]] = OrderedDict()  # generation id -> its tokens, oldest first
+        self.lead_ins: dict[int, int] = {}  # generation id -> how many of its first tokens are prompt lead-in
         self.held = 0  # tokens over all sequences
         self.counts: dict[tuple[int, ...], Counter] = {}  # n-gram -> Counter of the token that followed it
         self.next_id = 0
         self.lock = threading.Lock()  # the server's generations run on several threads
 
-    def start(self) -> int:
-        """A new generation's id, to `extend` as its tokens are committed."""
+    def start(self, prompt_ids: Sequence[int] = ()) -> int:
+        """A new generation's id, to `extend` as its tokens are committed; the prompt's last `order` tokens
+        are its lead-in (held and bounded like the rest, but never counted as a continuation)."""
         with self.lock:
             self.next_id += 1
-            self.sequences[self.next_id] = []
+            lead_in = list(prompt_ids[-self.order:])
+            while self.held + len(lead_in) > self.max_tokens and self._forget_oldest(keep=self.next_id):
+                pass
+            if self.held + len(lead_in) > self.max_tokens:
+                lead_in = []  # a memory too small for it records the answer alone
+            self.sequences[self.next_id] = lead_in
+            self.lead_ins[self.next_id] = len(lead_in)
+            self.held += len(lead_in)
             return self.next_id
 
     def extend(self, sequence: int, tokens: Sequence[int]) -> None:
         """Append committed tokens to a generation (one that was forgotten meanwhile starts again)."""
         with self.lock:
+            if sequence not in self.sequences:
+                self.lead_ins[sequence] = 0
             held = self.sequences.setdefault(sequence, [])
             for token in tokens:
                 if self.held >= self.max_tokens and not self._forget_oldest(keep=sequence):
@@ -56,7 +71,8 @@ class ContinuationMemory:
         if oldest is None:
             return False
         tokens = self.sequences.pop(oldest)
-        for end in range(len(tokens)):
+        lead_in = self.lead_ins.pop(oldest)
+        for end in range(lead_in, len(tokens)):
             self._count(tokens, end, -1)
         self.held -= len(tokens)
         return True

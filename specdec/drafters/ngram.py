@@ -65,7 +65,7 @@ class NgramDrafter(Drafter):
         self.proposed_start: int | None = None
         self.matched = 0  # length of the n-gram the last proposal matched (0: none)
         self.remembered = len(prompt_ids)  # context positions handed to the memory (generated tokens only)
-        self.sequence = self.memory.start() if self.memory is not None and prompt_ids else None
+        self.sequence = self.memory.start(prompt_ids) if self.memory is not None and prompt_ids else None
 
     def _remember(self, context: Sequence[int]) -> None:
         if self.sequence is not None and len(context) > self.remembered:
