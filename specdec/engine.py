@@ -26,7 +26,7 @@ from specdec.models.base import CausalLM, ForwardRequest, positions_after, tree_
 from specdec.core.rounds import Draft, GenerationResult, SideInputs, StreamChunk, VerifyResult
 from specdec.core.randomness import PositionalNoise, Purpose, random_seed
 from specdec.core.sampling import SamplingParams, check_seed, processed_probs, token_logprobs, tree_processed_probs
-from specdec.core.speculation_length import FixedK, SpeculationLength
+from specdec.core.speculation_length import FixedK, SourceLengths, SpeculationLength
 from specdec.core.stats import GenerationStats, RoundStats
 from specdec.core.tree import TokenTree
 from specdec.core.verify import (check_acceptance, verify_chain_greedy, verify_chain_match, verify_chain_rejection,
@@ -42,6 +42,8 @@ class SpeculativeEngine:
         self.target = target
         self.drafter = drafter
         self.speculation = speculation or FixedK(0 if drafter is None else 4)
+        if drafter is not None and isinstance(self.speculation, SourceLengths):
+            drafter.use_source_lengths(self.speculation)
         self.acceptance = acceptance
 
     @property
@@ -310,8 +312,10 @@ class Generation:
         if not self._forced:  # a forced draft says nothing of the drafter or of K
             # a catch-up is paid once, not per drafted token: left out of the cost K is chosen by
             self.engine.speculation.observe(len(draft), result.num_accepted,
-                                            prepared.draft_seconds - prepared.catch_up_seconds, verify_seconds)
-        self.rounds.append(RoundStats(self._k, len(draft), result.num_accepted, len(outcome.tokens),
+                                            prepared.draft_seconds - prepared.catch_up_seconds, verify_seconds,
+                                            draft.source)
+        asked = self._k if draft.asked is None else draft.asked
+        self.rounds.append(RoundStats(asked, len(draft), result.num_accepted, len(outcome.tokens),
                                       prepared.draft_seconds, verify_seconds, t3 - t2))
         return outcome
 
@@ -349,10 +353,7 @@ class Generation:
         below it (parents come before their children)."""
         if draft.is_chain:
             keep = min(len(draft), self.constraint.allowed_prefix(draft.tokens) + 1)
-            if keep == len(draft):
-                return draft
-            probs = None if draft.draft_probs is None else draft.draft_probs[:keep]
-            return Draft.chain(draft.tokens[:keep], probs)
+            return draft if keep == len(draft) else draft.prefix(keep)
         kept: list[int] = []  # indices of the nodes kept: their ancestors are all allowed
         for node, parent in enumerate(draft.parents):
             if (parent == -1 or parent in kept) and draft.side is None:

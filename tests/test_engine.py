@@ -292,9 +292,13 @@ def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
             return wrapped
         for source in drafter.sources:
             source.propose = counting(source, source.propose)
-        result = SpeculativeGenerator(target, drafter, k).generate(prompt, 40, chat=False)
+        generator = SpeculativeGenerator(target, drafter, k)
+        result = generator.generate(prompt, 40, chat=False)
         assert result.token_ids == plain_ids(target, prompt, 40), f"{spec} K={k} prompt={prompt!r}"
         assert drafter.name == spec
+        if k == "auto":  # each source kind drafted to its own K
+            kinds = set(generator.engine.speculation.lengths)
+            assert (1, "draft") in kinds and kinds & {(0, "verbatim"), (0, "guess")}, kinds
     assert all(proposed.values()), proposed
 
 

@@ -74,3 +74,34 @@ def test_auto_k_caps():
 
     assert speculation_length("auto").max_k == MAX_AUTO_K
     assert speculation_length("auto:5").max_k == 5
+
+
+def test_each_source_of_a_combined_drafter_gets_its_own_k():
+    """A lookup's verbatim copies (accepted ~97%), its one-token guesses (~15%) and plain steps, mixed
+    round by round as on prose: one AdaptiveK over all of them drafts every source short; SourceLengths
+    drafts the copies long and the guesses short."""
+    from specdec.core.speculation_length import SourceLengths
+
+    rng = np.random.default_rng(0)
+    per_source, pooled = SourceLengths(16), AdaptiveK(max_k=16)
+    kinds = {"verbatim": 0.97, "guess": 0.15}
+    chosen: dict = {"verbatim": [], "guess": [], "pooled verbatim": []}
+    for index in range(600):
+        kind = ("verbatim", "guess", None)[index % 3]
+        if kind is None:  # a round nobody drafted
+            per_source.observe(0, 0, 0.0, STEP)
+            pooled.observe(0, 0, 0.0, STEP)
+            continue
+        for speculation, k in ((per_source, per_source.next_k_for(kind)), (pooled, pooled.next_k())):
+            accepted = 0
+            while accepted < k and rng.random() < kinds[kind]:
+                accepted += 1
+            speculation.observe(k, accepted, 0.0001 * k, STEP + EXTRA * k, kind if speculation is per_source else None)
+            if speculation is per_source:
+                chosen[kind].append(k)
+            elif kind == "verbatim":
+                chosen["pooled verbatim"].append(k)
+    assert np.mean(chosen["verbatim"][-50:]) >= 8
+    assert np.mean(chosen["guess"][-50:]) <= 2
+    assert np.mean(chosen["pooled verbatim"][-50:]) < 0.6 * np.mean(chosen["verbatim"][-50:])
+    assert per_source.next_k() == 16  # the engine's cap: what any source may draft

@@ -18,7 +18,7 @@ from specdec.api.request import GenerationRequest, Prompt
 from specdec.api.structured import GrammarConstraint, GrammarSpec
 from specdec.core.commit import StopCriteria
 from specdec.core.rounds import GenerationResult, StreamChunk
-from specdec.core.speculation_length import FixedK, SpeculationLength, is_auto, speculation_length
+from specdec.core.speculation_length import FixedK, SourceLengths, SpeculationLength, is_auto, speculation_length
 from specdec.drafters import Drafter, draft_model_of, make_drafter
 from specdec.engine import Generation, SpeculativeEngine
 from specdec.errors import InvalidParameterError, SpecdecError
@@ -60,7 +60,9 @@ def speculation_for(drafter: Drafter | None, k: int | str) -> SpeculationLength:
     # Tree drafters (EAGLE, Medusa) draft a node budget, which AdaptiveK's chain model does not describe.
     if is_auto(k) and drafter.tree_node_budget is not None:
         return FixedK(drafter.tree_node_budget)
-    return speculation_length(k)
+    length = speculation_length(k)
+    # A combined drafter's sources are accepted at rates far apart: each gets its own K.
+    return SourceLengths(length.max_k) if is_auto(k) and drafter.drafts_per_source else length
 
 
 def default_drafter(target: LoadedModel) -> str:

@@ -6,8 +6,8 @@ core never imports a drafter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Hashable, Sequence
 
 import torch
 
@@ -47,10 +47,20 @@ class Draft:
     parents: list[int]
     draft_probs: torch.Tensor | None = None  # (N, V) float32
     side: SideInputs | None = None
+    # A drafter that combines sources says which one proposed, and the length that source was asked for:
+    # K is then measured per source (speculation_length.SourceLengths). None: the drafter is one source.
+    source: Hashable | None = None
+    asked: int | None = None
 
     @classmethod
     def chain(cls, tokens: Sequence[int], draft_probs: torch.Tensor | None = None) -> "Draft":
         return cls(list(tokens), list(range(-1, len(tokens) - 1)), draft_probs)
+
+    def prefix(self, n: int) -> "Draft":
+        """A chain's first n tokens, with their distributions and where they came from."""
+        assert self.is_chain, "only a chain has a prefix"
+        probs = None if self.draft_probs is None else self.draft_probs[:n]
+        return replace(self, tokens=self.tokens[:n], parents=self.parents[:n], draft_probs=probs)
 
     @classmethod
     def empty(cls) -> "Draft":

@@ -19,7 +19,7 @@ stayed at K = 3 where K = 5-7 pays: the untried positions never left the prior.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Hashable, Protocol
 
 import numpy as np
 
@@ -80,7 +80,11 @@ class SpeculationLength(Protocol):
 
     def next_k(self) -> int: ...
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None: ...
+    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
+                source: Hashable | None = None) -> None:
+        """One round: its draft's length, the tokens accepted, the seconds drafting and verifying took, and
+        which source of a combined drafter proposed (`Draft.source`; None: the drafter's only source, or a
+        round without a draft)."""
 
 
 class FixedK:
@@ -90,7 +94,8 @@ class FixedK:
     def next_k(self) -> int:
         return self.max_k
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
+                source: Hashable | None = None) -> None:
         pass
 
 
@@ -153,7 +158,8 @@ class AdaptiveK:
         plain_step = self.verify_seconds.get(1)
         return self.draft_per_token is not None and plain_step is not None and self.draft_per_token >= plain_step
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
+                source: Hashable | None = None) -> None:
         self.reached *= self.decay
         self.accepted *= self.decay
         reached = min(drafted, accepted + 1)  # positions whose token was judged
@@ -168,6 +174,44 @@ class AdaptiveK:
         if drafted and not after_plain_steps:
             per_token = draft_seconds / drafted
             self.draft_per_token = per_token if self.draft_per_token is None else 0.8 * self.draft_per_token + 0.2 * per_token
-        n = drafted + 1
-        old = self.verify_seconds.get(n)
-        self.verify_seconds[n] = verify_seconds if old is None else 0.8 * old + 0.2 * verify_seconds
+        self.observe_verify(drafted + 1, verify_seconds)
+
+    def observe_verify(self, rows: int, seconds: float) -> None:
+        """A verify forward over `rows` new tokens took `seconds`."""
+        old = self.verify_seconds.get(rows)
+        self.verify_seconds[rows] = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+
+class SourceLengths:
+    """K measured per source, for a drafter that combines several (`ngram+draft:MODEL`).
+
+    A lookup copying the context verbatim, a lookup's one-token guess and a draft model are accepted at
+    rates far apart; one AdaptiveK fitted to their pooled acceptance asks a verbatim copy for a token or two
+    and the model for fewer than its own acceptance pays. Here each source has its own AdaptiveK: the engine
+    takes `next_k` (the most any source may draft) as the round's cap, the drafter asks `next_k_for` the
+    source it drafts from and marks its draft with it (`Draft.source`), and `observe` files the round under
+    that source. A round without a draft (a plain step) measures the one-row forward every source compares
+    drafting against."""
+
+    def __init__(self, max_k: int):
+        self.max_k = max_k
+        self.lengths: dict[Hashable, AdaptiveK] = {}
+
+    def length(self, source: Hashable) -> AdaptiveK:
+        if source not in self.lengths:
+            self.lengths[source] = AdaptiveK(max_k=self.max_k)
+        return self.lengths[source]
+
+    def next_k(self) -> int:
+        return self.max_k
+
+    def next_k_for(self, source: Hashable) -> int:
+        return self.length(source).next_k()
+
+    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
+                source: Hashable | None = None) -> None:
+        if source is not None:
+            self.length(source).observe(drafted, accepted, draft_seconds, verify_seconds)
+        elif drafted == 0:
+            for length in self.lengths.values():
+                length.observe_verify(1, verify_seconds)

@@ -22,6 +22,7 @@ from torch import nn
 from specdec.core.randomness import NoiseStream
 from specdec.core.rounds import Draft, VerifyResult
 from specdec.core.sampling import SamplingParams
+from specdec.core.speculation_length import SourceLengths
 
 
 class Drafter(ABC):
@@ -42,6 +43,8 @@ class Drafter(ABC):
       catch_up_seconds: of the last `propose`, the seconds spent catching up with the context rather than
         drafting (a draft model prefilling the prompt at its first proposal); the engine leaves them out of
         the per-token draft cost that `k="auto"` weighs.
+      drafts_per_source: the drafter combines sources accepted at different rates; with `k="auto"` the engine
+        hands it `SourceLengths` (`use_source_lengths`) and it drafts each source to that source's own K.
     """
 
     name: str
@@ -50,6 +53,7 @@ class Drafter(ABC):
     side_capacity: int = 0
     free_to_propose: bool = False
     catch_up_seconds: float = 0.0
+    drafts_per_source: bool = False
 
     @abstractmethod
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
@@ -84,6 +88,11 @@ class Drafter(ABC):
         """Whether the last proposal copies a long run of the context (a lookup match of several tokens),
         which a combined drafter takes over any rate it measured. Default: False."""
         return False
+
+    def use_source_lengths(self, lengths: SourceLengths) -> None:
+        """For a drafter that declares drafts_per_source: from now on ask `lengths.next_k_for(source)` how many
+        tokens a source drafts (at most the engine's max_tokens) and mark each draft with its source."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare drafts_per_source")
 
     def take_prompt_cache(self, target_cache) -> None:
         """Called after the target's prefill, before `begin`: a drafter that shares the target's layout

@@ -14,6 +14,10 @@ passed over too when its rounds commit fewer tokens per second than rounds with 
 the model drafts badly), so a model only runs where it pays. A draft model prefills the prompt at its
 first proposal, so a generation that lookup drafts throughout never pays for the model.
 
+With `k="auto"` each source drafts to its own length (speculation_length.SourceLengths): a lookup's verbatim
+copies, its weaker guesses and the model each have an AdaptiveK fitted to their own acceptance, so a copy
+that runs on is drafted long while the model's guesses stay short.
+
 Exactness needs nothing new: whichever source proposed, its draft is verified by the same rule.
 
 The sources that did not propose this round keep lagging state (a draft model's cache holds committed
@@ -24,6 +28,7 @@ that proposed is told the round's result.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Sequence
 
 from specdec.drafters.base import Drafter
@@ -31,6 +36,7 @@ from specdec.errors import InvalidParameterError
 from specdec.core.randomness import NoiseStream
 from specdec.core.rounds import Draft, VerifyResult
 from specdec.core.sampling import SamplingParams
+from specdec.core.speculation_length import SourceLengths
 
 
 RATE_DECAY = 0.8  # weight of the past in each source's rate
@@ -38,6 +44,8 @@ RETRY_EVERY = 8  # a source passed over is tried again after this many of its pr
 
 
 class CombinedDrafter(Drafter):
+    drafts_per_source = True
+
     def __init__(self, sources: Sequence[Drafter]):
         if len(sources) < 2:
             raise InvalidParameterError("a combined drafter needs at least two drafters joined by '+'")
@@ -50,6 +58,7 @@ class CombinedDrafter(Drafter):
         self.proposer: int | None = None
         self.verbatim = False  # the proposer's draft copied a long run of the context
         self.started = 0.0
+        self.lengths: SourceLengths | None = None  # each source's K, when K is auto
         self.begin_rates()
 
     def begin_rates(self) -> None:
@@ -73,6 +82,9 @@ class CombinedDrafter(Drafter):
             source.begin(prompt_ids, params, max_length)
         self.begin_rates()
 
+    def use_source_lengths(self, lengths: SourceLengths) -> None:
+        self.lengths = lengths
+
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 noise: NoiseStream | None) -> Draft:
         self.proposer = None
@@ -81,13 +93,36 @@ class CombinedDrafter(Drafter):
             outpaced = self._outpaced(index)
             if outpaced and not source.free_to_propose:
                 continue
-            draft = source.propose(context, max_tokens, params, noise)
-            if len(draft) and (not outpaced or source.proposal_is_verbatim()):
-                self.proposer, self.verbatim = index, source.proposal_is_verbatim()
-                self.catch_up_seconds = source.catch_up_seconds
-                return draft
+            if source.free_to_propose:
+                # A lookup costs nothing to ask: its proposal says which kind it is (a verbatim copy or a
+                # weaker guess), and that kind's own K how much of it to keep.
+                draft = source.propose(context, max_tokens, params, noise)
+                verbatim = source.proposal_is_verbatim()
+                if not len(draft) or (outpaced and not verbatim):
+                    continue
+                key = (index, "verbatim" if verbatim else "guess")
+                k = self._length(key, max_tokens)
+                if k == 0:
+                    continue
+                draft = draft.prefix(min(k, len(draft)))
+            else:
+                key = (index, "draft")
+                k = self._length(key, max_tokens)
+                if k == 0:
+                    continue
+                draft = source.propose(context, k, params, noise)
+                verbatim = source.proposal_is_verbatim()
+                if not len(draft):
+                    continue
+            self.proposer, self.verbatim = index, verbatim
+            self.catch_up_seconds = source.catch_up_seconds
+            return draft if self.lengths is None else replace(draft, source=key, asked=k)
         self.catch_up_seconds = 0.0
         return Draft.empty()
+
+    def _length(self, key: tuple[int, str], max_tokens: int) -> int:
+        """How many tokens source kind `key` drafts this round: its own K when K is auto, else max_tokens."""
+        return max_tokens if self.lengths is None else min(max_tokens, self.lengths.next_k_for(key))
 
     def _outpaced(self, index: int) -> bool:
         """Whether a later source (for the last one: rounds without a draft) has measured a higher rate than
