@@ -1,6 +1,7 @@
 """Round by round, which source of a combined drafter (`ngram+draft:...`, the 1.5B's default) drafted, and what
 each kind of round yields: rounds, draft tokens, acceptance, tokens committed per round, milliseconds per
-round (drafting, and the whole round: draft + verify + commit), the K asked.
+round (drafting, of it a draft model's catch-up on tokens other sources committed, and the whole round:
+draft + verify + commit), the K asked.
 
     python scripts/combined_rounds.py [--target qwen2.5-coder-1.5b-instruct] [--drafter SPEC] [--tasks mt_bench]
         [--limit 4] [--max-new-tokens 192]
@@ -29,19 +30,22 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=192)
     args = parser.parse_args()
 
-    rounds: list[tuple[str, int, int, int, float, float]] = []  # kind, K asked, drafted, accepted, draft s, round s
+    # kind, K asked, drafted, accepted, draft s, catch-up s, round s
+    rounds: list[tuple[str, int, int, int, float, float, float]] = []
     propose, on_verified = CombinedDrafter.propose, CombinedDrafter.on_verified
 
     def recording_propose(self, context, max_tokens, params, noise):
         draft = propose(self, context, max_tokens, params, noise)
         kind = "none" if self.proposer is None else "model" if self.proposer == len(self.sources) - 1 else \
             "lookup-verbatim" if self.verbatim else "lookup"
-        self.recorded = (kind, max_tokens, len(draft), time.perf_counter() - self.started)
+        asked = max_tokens if draft.asked is None else draft.asked  # a source's own K (SourceLengths)
+        self.recorded = (kind, asked, len(draft), time.perf_counter() - self.started, self.catch_up_seconds)
         return draft
 
     def recording_on_verified(self, context, draft, result):
-        kind, k, drafted, draft_seconds = self.recorded
-        rounds.append((kind, k, drafted, result.num_accepted, draft_seconds, time.perf_counter() - self.started))
+        kind, k, drafted, draft_seconds, catch_up = self.recorded
+        rounds.append((kind, k, drafted, result.num_accepted, draft_seconds, catch_up,
+                       time.perf_counter() - self.started))
         on_verified(self, context, draft, result)
 
     CombinedDrafter.propose, CombinedDrafter.on_verified = recording_propose, recording_on_verified
@@ -52,19 +56,20 @@ def main() -> None:
     for prompt in prompts:
         stats = generator.generate(prompt, args.max_new_tokens).stats
         print(f"{stats.tokens_per_second:.1f} tok/s, tau {stats.tau:.2f}")
-    print("| round | rounds | draft tokens | accepted | tokens a round | draft ms a round | round ms | tokens/s | K asked |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| round | rounds | draft tokens | accepted | tokens a round | draft ms a round | of it catch-up ms | round ms "
+          "| tokens/s | K asked |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     kinds: dict[str, list] = collections.defaultdict(list)
     for kind, *rest in rounds:
         kinds[kind].append(rest)
     for kind, entries in sorted(kinds.items()):
         count = len(entries)
         drafted, accepted = sum(e[1] for e in entries), sum(e[2] for e in entries)
-        draft_ms, round_ms = 1e3 * sum(e[3] for e in entries) / count, 1e3 * sum(e[4] for e in entries) / count
+        draft_ms, catch_up_ms, round_ms = (1e3 * sum(e[i] for e in entries) / count for i in (3, 4, 5))
         tokens = (accepted + count) / count
         asked = dict(sorted(collections.Counter(e[0] for e in entries).items()))
         print(f"| {kind} | {count} | {drafted} | {accepted} ({accepted / max(drafted, 1):.0%}) | {tokens:.2f} | "
-              f"{draft_ms:.1f} | {round_ms:.1f} | {1e3 * tokens / round_ms:.1f} | {asked} |")
+              f"{draft_ms:.1f} | {catch_up_ms:.1f} | {round_ms:.1f} | {1e3 * tokens / round_ms:.1f} | {asked} |")
 
 
 if __name__ == "__main__":

@@ -357,6 +357,29 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     assert drafts.count([]) == 2
 
 
+def test_a_draft_models_catch_up_is_not_counted_against_its_round():
+    """Catching up on what other sources committed is the price of the rounds the model sat out: counted
+    in its own round, a model tried now and then looked slower than plain steps and sat out ever more."""
+    import time
+
+    from specdec.core.rounds import Draft, VerifyResult
+    from specdec.drafters.combined import CombinedDrafter
+    from specdec.drafters.ngram import NgramDrafter
+
+    class CatchingUp(NgramDrafter):
+        def propose(self, context, max_tokens, params, noise):
+            time.sleep(0.2)  # a prefill of the tokens it skipped
+            self.catch_up_seconds = 0.2
+            return Draft.chain([1, 2])
+
+    drafter = CombinedDrafter([NgramDrafter(), CatchingUp()])
+    drafter.begin([50, 60], SamplingParams(), 64)
+    for _ in range(2):  # the first round of a source is cold and not rated
+        draft = drafter.propose([50, 60], 2, SamplingParams(), None)
+        drafter.on_verified([50, 60, 1, 2, 3], draft, VerifyResult(2, [0, 1], [1, 2, 3]))
+    assert drafter.rates[1] > 3 / 0.2 * 5  # three tokens in far less than the catch-up took
+
+
 def test_combined_drafter_refuses_tree_drafters_and_none(models):
     with pytest.raises(InvalidParameterError, match="chain drafters"):
         make_drafter("ngram+lookahead", models["target"], "cpu", "float32")

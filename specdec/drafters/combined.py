@@ -118,7 +118,7 @@ class CombinedDrafter(Drafter):
             self.catch_up_seconds = source.catch_up_seconds
             return draft if self.lengths is None else replace(draft, source=key, asked=k)
         self.catch_up_seconds = 0.0
-        return Draft.empty()
+        return Draft.empty() if self.lengths is None else replace(Draft.empty(), asked=0)
 
     def _length(self, key: tuple[int, str], max_tokens: int) -> int:
         """How many tokens source kind `key` drafts this round: its own K when K is auto, else max_tokens."""
@@ -143,7 +143,11 @@ class CombinedDrafter(Drafter):
         return self.passed[index] % RETRY_EVERY != 0
 
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
-        rate = len(result.tokens) / max(time.perf_counter() - self.started, 1e-9)
+        # A draft model's catch-up on what other sources committed is the price of the rounds it sat out,
+        # not of this one: counted here it made a model tried now and then look slower than a plain step,
+        # so it sat out more and caught up on more at its next try.
+        seconds = time.perf_counter() - self.started - self.catch_up_seconds
+        rate = len(result.tokens) / max(seconds, 1e-9)
         if self.proposer is None:
             old = self.undrafted_rate
             self.undrafted_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
