@@ -14,23 +14,9 @@ first difference (the shortest, and the mean over prompts, out of the tokens gen
 from __future__ import annotations
 
 import argparse
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
-
-
-def llama_text(program: Path, path: Path, prompt: str, tokens: int) -> str:
-    """llama-completion's greedy continuation of `prompt` (its text only: no prompt echo, no end marker; it may
-    end with a newline of its own, which agreement by prefix ignores)."""
-    with tempfile.TemporaryDirectory() as folder:
-        prompt_file = Path(folder) / "prompt.txt"
-        prompt_file.write_text(prompt, encoding="utf-8")  # -bf: as it is (-f would drop the final newline)
-        done = subprocess.run([str(program), "-m", str(path), "-bf", str(prompt_file), "-n", str(tokens), "-t", "2",
-                               "--temp", "0", "-c", "4096", "-no-cnv", "--no-display-prompt", "--no-warmup"],
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL, check=True)
-    return done.stdout.replace(" [end of text]", "")
 
 
 def agreeing_tokens(token_ids: list[int], text: str, tokenizer) -> int:
@@ -54,13 +40,13 @@ def main() -> None:
 
     from specdec.api.generator import SpeculativeGenerator
     from specdec.api.request import GenerationRequest
-    from specdec.bench.llama_cpp import find_program
+    from specdec.bench.llama_cpp import LlamaCppMode, LlamaCppPeer
     from specdec.bench.tasks import load_prompts
     from specdec.errors import InvalidParameterError
     from specdec.models.sources.loading import load_model
 
-    try:
-        program = find_program("llama-completion")  # $SPECDEC_LLAMA_CPP or PATH, as the bench's peer
+    try:  # the bench's plain llama.cpp peer: llama-completion from $SPECDEC_LLAMA_CPP or PATH
+        peers = {name: LlamaCppPeer(name, LlamaCppMode(), None, threads=2) for name in args.files}
     except InvalidParameterError as error:
         parser.error(str(error))
     prompts = [p.prompt for p in load_prompts(["code"], args.prompts)]
@@ -73,7 +59,7 @@ def main() -> None:
         for prompt in prompts:
             ours = generator.generate(prompt, args.tokens)
             prompt_text = generator.target.tokenizer.decode(generator.prompt_ids(GenerationRequest(prompt)))
-            theirs = llama_text(program, path, prompt_text, args.tokens)
+            theirs, _ = peers[name].complete(prompt_text, args.tokens)
             agreeing.append(agreeing_tokens(ours.token_ids, theirs, generator.target.tokenizer))
             generated.append(len(ours.token_ids))
             identical += agreeing[-1] == len(ours.token_ids)

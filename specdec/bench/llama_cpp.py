@@ -133,9 +133,16 @@ class LlamaCppPeer:
         return self.mode.name
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: tuple[int, ...]) -> PeerRun:
+        _, log = self.complete(self.tokenizer.decode(prompt_ids), max_new_tokens)
+        tokens, seconds = parse_timings(log, self.speculative, max_new_tokens)
+        return PeerRun(tokens, seconds, None)
+
+    def complete(self, prompt_text: str, max_new_tokens: int) -> tuple[str, str]:
+        """llama.cpp's greedy continuation of prompt_text: (its text, the program's whole log). The text is
+        what it printed after the prompt (plain mode: without the prompt and its end marker)."""
         with tempfile.TemporaryDirectory() as folder:
             prompt = Path(folder) / "prompt.txt"
-            prompt.write_text(self.tokenizer.decode(prompt_ids), encoding="utf-8")
+            prompt.write_text(prompt_text, encoding="utf-8")
             # -bf reads the file as it is; -f drops a final newline, which every chat prompt ends with
             command = [str(self.program), "-m", str(self.target), "-bf", str(prompt), "-n", str(max_new_tokens),
                        "-t", str(self.threads), "--temp", "0", "-c", "8192"]
@@ -146,12 +153,11 @@ class LlamaCppPeer:
                 if self.draft:
                     command += ["-md", str(self.draft), "-td", str(self.threads)]
             else:
-                command += ["-no-cnv"]
+                command += ["-no-cnv", "--no-display-prompt"]
             done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise RuntimeError(f"{self.program.name} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
-        tokens, seconds = parse_timings(done.stderr + done.stdout, self.speculative, max_new_tokens)
-        return PeerRun(tokens, seconds, None)
+        return done.stdout.replace(" [end of text]", ""), done.stderr + done.stdout
 
 
 def parse_timings(log: str, speculative: bool, max_new_tokens: int) -> tuple[int, float]:
