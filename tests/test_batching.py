@@ -169,7 +169,12 @@ def test_cli_prompt_file_errors_are_one_line(tmp_path, capsys):
     assert "--input and --output go together" in capsys.readouterr().err
 
 
-def test_a_row_budget_shrinks_the_drafts_of_a_batch_not_its_outputs(targets):
+def test_a_row_budget_shrinks_the_drafts_of_a_batch_not_its_outputs(targets, monkeypatch):
+    from specdec.core.batch_drafts import PassCost
+
+    # The budget alone, shared evenly: the split by measured pass times depends on the machine's load (a busy
+    # CI machine made drafting look unprofitable and left `tight` without drafts); draft_caps' own test covers it.
+    monkeypatch.setattr(PassCost, "fit", lambda self: None)
     generator = generators(targets["llama"])["ngram"]
     prompts = ["a b a b a b a b", "hello hello hello hello", "x y x y x y", "the the the the"]  # lookup hits
     free = generator.generate_batch(prompts, 32, chat=False, row_budget=None)
