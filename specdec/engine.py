@@ -314,7 +314,7 @@ class Generation:
             self.engine.speculation.observe(len(draft), result.num_accepted,
                                             prepared.draft_seconds - prepared.catch_up_seconds, verify_seconds,
                                             draft.source)
-        asked = self._k if draft.asked is None else draft.asked
+        asked = self._k if draft.asked is None else draft.asked  # a combined drafter's source's own K
         self.rounds.append(RoundStats(asked, len(draft), result.num_accepted, len(outcome.tokens),
                                       prepared.draft_seconds, verify_seconds, t3 - t2))
         return outcome
@@ -330,9 +330,11 @@ class Generation:
         # Never draft past what may still be committed or what the cache can hold.
         remaining = self.committer.criteria.max_new_tokens - len(self.committer.token_ids)
         room = self.cache.max_length - self.cache.length - 1 - self.side_capacity
-        self._k = self._planned_k if self._planned_k is not None else self.engine.speculation.next_k()
+        planned = self._planned_k if self._planned_k is not None else self.engine.speculation.next_k()
         self._planned_k = None
-        k = min(self._k, remaining - 1, room, self._k if max_draft is None else max_draft)
+        # The K this round asks of the drafter (stats.k_chosen): the plan, within what the generation and a
+        # batch's row budget leave.
+        self._k = k = min(planned, remaining - 1, room, planned if max_draft is None else max_draft)
         if self.constraint is not None and self.drafter is not None:
             # Forced tokens are certain under the masked target: drafted whatever K, within the budgets.
             limit = min(MAX_FORCED, remaining - 1, room, MAX_FORCED if max_draft is None else max_draft)
