@@ -69,7 +69,7 @@ def target(tmp_path_factory):
     return load_model(str(save_tiny_model(tmp_path_factory.mktemp("memory") / "target", "qwen2", seed=11)))
 
 
-def test_a_drafter_with_memory_equals_plain_decoding_and_drafts_from_earlier_generations(target):
+def test_a_drafter_with_memory_equals_plain_decoding_and_remembers_each_prompts_ending(target):
     drafter = make_drafter("ngram@memory=4096", target, "cpu", "float32")
     assert drafter.name == "ngram@memory=4096"
     plain = SpeculativeGenerator(target, None)

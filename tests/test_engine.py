@@ -369,6 +369,8 @@ def test_a_draft_models_catch_up_is_not_counted_against_its_round():
     from specdec.drafters.ngram import NgramDrafter
 
     class CatchingUp(NgramDrafter):
+        free_to_propose = False  # a draft model, tried after the lookup finds nothing
+
         def propose(self, context, max_tokens, params, noise):
             time.sleep(0.2)  # a prefill of the tokens it skipped
             self.catch_up_seconds = 0.2

@@ -104,7 +104,7 @@ class CombinedDrafter(Drafter):
                 k = self._length(key, max_tokens)
                 if k == 0:
                     continue
-                draft = draft.prefix(min(k, len(draft)))
+                draft = draft.prefix(k)
             else:
                 key = (index, "draft")
                 k = self._length(key, max_tokens)

@@ -57,8 +57,8 @@ class ContinuationMemory:
         """Append committed tokens to a generation (one that was forgotten meanwhile starts again)."""
         with self.lock:
             if sequence not in self.sequences:
-                self.lead_ins[sequence] = 0
-            held = self.sequences.setdefault(sequence, [])
+                self.sequences[sequence], self.lead_ins[sequence] = [], 0
+            held = self.sequences[sequence]
             for token in tokens:
                 if self.held >= self.max_tokens and not self._forget_oldest(keep=sequence):
                     return  # this generation alone fills the memory: its later tokens are not kept
