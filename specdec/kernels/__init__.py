@@ -11,9 +11,9 @@ way), the steps between them (attention.cpp, layer_ops.cpp) and a whole span of 
 Everything public is re-exported here.
 """
 
-from specdec.kernels.build import (AVX512_CPU_FLAGS, AVX512_FLAGS, FLAGS, HEADER_NAMES, KERNEL_DIR,  # noqa: F401
+from specdec.kernels.build import (AMX_CPU_FLAGS, AMX_FLAGS, AVX512_CPU_FLAGS, AVX512_FLAGS, FLAGS, HEADER_NAMES, KERNEL_DIR,  # noqa: F401
                                    KernelBuildError, source_names, build_kernel, choose_kernel, cpu_flags,
-                                   cpu_has_avx2_fma_f16c, cpu_has_avx512_vnni, default_builds, default_kernel,
+                                   cpu_has_amx, cpu_has_avx2_fma_f16c, cpu_has_avx512_vnni, default_builds, default_kernel,
                                    packed_kernel, using_kernel)
 from specdec.kernels.layouts import (FLOAT_PANEL_DTYPES, GGUF_LAYOUTS, INTEGER_BLOCK, INTEGER_COLUMNS, PANEL, ZERO_POINTS,  # noqa: F401
                                      dequantize_grouped, grouped_bits, pack_codes, pack_weight,

@@ -39,6 +39,11 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-s
 # the other kernels are written for them.
 AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mprefer-vector-width=256"]
 AVX512_CPU_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # /proc/cpuinfo's names for them
+# Added to the AVX-512 build where the CPU has AMX (Sapphire Rapids and later): the GGUF kernel's long
+# passes (a prompt) take their integer sums from tile products (gguf_matmul.cpp), bit-identical to the
+# 512-bit path, which serves where Linux does not grant the tiles.
+AMX_FLAGS = ["-mamx-tile", "-mamx-int8"]
+AMX_CPU_FLAGS = {"amx_tile", "amx_int8"}
 
 
 @dataclass(frozen=True)
@@ -100,12 +105,19 @@ def cpu_has_avx512_vnni() -> bool:
     return not os.environ.get("SPECDEC_NO_AVX512") and AVX512_CPU_FLAGS <= cpu_flags()
 
 
+def cpu_has_amx() -> bool:
+    """AMX tiles with int8 products; SPECDEC_NO_AMX=1 leaves them out of the build."""
+    return not os.environ.get("SPECDEC_NO_AMX") and AMX_CPU_FLAGS <= cpu_flags()
+
+
 def default_builds() -> list[tuple[str, ...]]:
     """The flags to try on this CPU, best first (none where the kernels cannot run or are switched off)."""
     if os.environ.get("SPECDEC_NO_KERNELS") or not cpu_has_avx2_fma_f16c():
         return []
     base = FLAGS + (AMD_FLAGS if cpu_vendor() == "AuthenticAMD" else [])
-    return ([tuple(base + AVX512_FLAGS)] if cpu_has_avx512_vnni() else []) + [tuple(base)]
+    if not cpu_has_avx512_vnni():
+        return [tuple(base)]
+    return ([tuple(base + AVX512_FLAGS + AMX_FLAGS)] if cpu_has_amx() else []) + [tuple(base + AVX512_FLAGS), tuple(base)]
 
 
 def choose_kernel(builds: Sequence[tuple[str, ...]]) -> ctypes.CDLL | None:

@@ -37,6 +37,8 @@
 // batch-invariant like every kernel here.
 #include <immintrin.h>
 #include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <vector>
 
@@ -339,6 +341,113 @@ inline void column_pair(const int8_t*, const float*, const float*, const uint8_t
                         float*, int64_t, int64_t, int64_t, int64_t, int64_t) {}
 #endif
 
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+// AMX (Intel Sapphire Rapids and later): a tile product takes 16 rows x 16 columns x one group's inputs in one
+// instruction, the integer work that bounds a long prompt's pass. Each group's sums still come out on their
+// own (a tile store) and go through column_pair's float operations in its order, so every output is
+// bit-identical to the 512-bit path's: only the integer sums' instruction changes.
+constexpr bool TILES = true;
+constexpr int64_t TILE_ROWS = 16;
+// Fewer rows than this take the 512-bit path: a tile pass unpacks its column pair's codes for every call,
+// paid back only over several tiles of rows.
+constexpr int64_t TILE_MIN_ROWS = 32;
+
+// Linux gives a process the tile registers only when it asks (ARCH_REQ_XCOMP_PERM for XTILEDATA); where the
+// kernel or a hypervisor refuses, the 512-bit path serves.
+inline bool tiles_permitted() {
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    static const bool permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return permitted;
+}
+
+// Palette 1: tile 0 the sums (16 rows x 16 int32 columns), tile 1 the activations (16 rows x G bytes),
+// tile 2 the codes (G / 4 rows, each 4 inputs of 16 columns). Loaded by each thread (tile state is per thread).
+inline void configure_tiles(int64_t G) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t bytes_per_row[16];
+        uint8_t rows[16];
+    } config = {};
+    config.palette = 1;
+    config.rows[0] = TILE_ROWS, config.bytes_per_row[0] = 64;
+    config.rows[1] = TILE_ROWS, config.bytes_per_row[1] = static_cast<uint16_t>(G);
+    config.rows[2] = static_cast<uint8_t>(G / 4), config.bytes_per_row[2] = 64;
+    _tile_loadconfig(&config);
+}
+inline void release_tiles() { _tile_release(); }
+
+// Rows 0..rows_end-1 (a multiple of 16) times column blocks c and c + 1 (every layout but SIGNED). The pair's
+// codes are unpacked once into `tiled` (K / 4 rows of 64 bytes: the vectors pair_step_codes makes, which
+// are already the tile layout, 4 inputs of each column side by side) and reused by every tile of rows.
+template <int LAYOUT, int G>
+inline void column_pair_tiles(const int8_t* xq, const float* dx, const float* xsum, const uint8_t* codes,
+                              const int8_t* group_codes, const uint16_t* super, float* y, int64_t K, int64_t N,
+                              int64_t S, int64_t c, int64_t rows_end, uint8_t* tiled) {
+    static_assert(LAYOUT != SIGNED, "signed codes take column_block");
+    constexpr int32_t OFFSET = LAYOUT == IQ4 ? 128 : 0;  // as column_pair
+    const int64_t groups = K / G;
+    const ColumnBlock<LAYOUT, G> left(codes, group_codes, super, K, S, c), right(codes, group_codes, super, K, S, c + 1);
+    for (int64_t k = 0; k < K; k += 8) {
+        __m512i first, second;
+        pair_step_codes<LAYOUT>(left.step(k), right.step(k), first, second);
+        _mm512_storeu_si512(tiled + (k / 4) * 64, first);
+        _mm512_storeu_si512(tiled + (k / 4 + 1) * 64, second);
+    }
+    alignas(64) int32_t sums[TILE_ROWS][16];
+    alignas(64) float acc[TILE_ROWS][16];
+    for (int64_t t0 = 0; t0 < rows_end; t0 += TILE_ROWS) {
+        __m512 part[TILE_ROWS];
+#pragma GCC unroll 16
+        for (int t = 0; t < TILE_ROWS; t++) {
+            part[t] = _mm512_setzero_ps();
+            _mm512_store_ps(acc[t], part[t]);
+        }
+        __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, dmin[2] = {d[0], d[1]}, scale[2], minimum[2] = {d[0], d[1]};
+        for (int64_t g = 0; g < groups; g++) {
+            const int64_t k0 = g * G;
+            _tile_zero(0);
+            _tile_loadd(1, xq + t0 * K + k0, K);
+            _tile_loadd(2, tiled + (k0 / 4) * 64, 64);
+            _tile_dpbsud(0, 1, 2);  // signed activations x unsigned codes
+            _tile_stored(0, sums, 64);
+            // the float work on the group's integer sums, as column_pair does it
+            left.group_scales(g, S, d[0], dmin[0], scale[0], minimum[0]);
+            right.group_scales(g, S, d[1], dmin[1], scale[1], minimum[1]);
+            const __m512 scales = join(scale[0], scale[1]), minimums = join(minimum[0], minimum[1]);
+#pragma GCC unroll 16
+            for (int t = 0; t < TILE_ROWS; t++) {
+                __m512i sum = _mm512_load_si512(sums[t]);
+                if (OFFSET) {
+                    const int32_t group_sum = static_cast<int32_t>(xsum[(t0 + t) * groups + g]);
+                    sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(OFFSET * group_sum));
+                }
+                part[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scales, part[t]);
+                if (has_minimum(LAYOUT)) part[t] = _mm512_fmadd_ps(minimums, _mm512_set1_ps(xsum[(t0 + t) * groups + g]), part[t]);
+            }
+            if ((k0 + G) % S == 0) {
+                const int64_t s = k0 / S;
+#pragma GCC unroll 16
+                for (int t = 0; t < TILE_ROWS; t++) {
+                    _mm512_store_ps(acc[t], _mm512_fmadd_ps(part[t], _mm512_set1_ps(dx[(t0 + t) * (K / S) + s]),
+                                                            _mm512_load_ps(acc[t])));
+                    part[t] = _mm512_setzero_ps();
+                }
+            }
+        }
+        for (int t = 0; t < TILE_ROWS; t++) _mm512_storeu_ps(y + (t0 + t) * N + c * 8, _mm512_load_ps(acc[t]));
+    }
+}
+#else
+constexpr bool TILES = false;
+constexpr int64_t TILE_ROWS = 16, TILE_MIN_ROWS = 0;
+inline bool tiles_permitted() { return false; }
+inline void configure_tiles(int64_t) {}
+inline void release_tiles() {}
+template <int LAYOUT, int G>
+inline void column_pair_tiles(const int8_t*, const float*, const float*, const uint8_t*, const int8_t*,
+                              const uint16_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, uint8_t*) {}
+#endif
+
 template <int LAYOUT, int G>
 void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super, float* y,
             int64_t T, int64_t K, int64_t N, int64_t S, int num_threads) {
@@ -360,19 +469,38 @@ void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, con
     // Units of work: pairs of column blocks where the 512-bit path serves this layout, else single blocks.
     constexpr bool paired = PAIRED && LAYOUT != SIGNED;
     const int64_t units = paired ? (column_blocks + 1) / 2 : column_blocks;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t u = 0; u < units; u++) {
-        const int64_t c = paired ? 2 * u : u;
-        for_row_blocks<GGUF_ROWS>(T, [&](auto rows, int64_t t0) {
-            constexpr int TB = decltype(rows)::value;
+    // Rows 0..tile_rows-1 of whole 16-column pairs go through the tiles where there are enough of them; the
+    // rest (the last rows, an odd last block) through the 512-bit path, bit-identical.
+    const bool tiled = paired && TILES && T >= TILE_MIN_ROWS && tiles_permitted();
+    const int64_t tile_rows = tiled ? T / TILE_ROWS * TILE_ROWS : 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        std::vector<uint8_t> unpacked(tiled ? K * 16 : 0);
+        if (tiled) configure_tiles(G);
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < units; u++) {
+            const int64_t c = paired ? 2 * u : u;
+            const bool whole_pair = paired && (c + 2) * 8 <= N;
+            const int64_t first_row = tiled && whole_pair ? tile_rows : 0;
             if constexpr (paired) {
-                if (c + 1 < column_blocks) {
-                    column_pair<TB, LAYOUT, G>(xq.data(), dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0);
-                    return;
+                if (first_row > 0) {
+                    column_pair_tiles<LAYOUT, G>(xq.data(), dx.data(), xsum.data(), codes, group_codes, super, y, K, N,
+                                                 S, c, first_row, unpacked.data());
                 }
             }
-            column_block<TB, LAYOUT, G>(xq.data(), dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0);
-        });
+            for_row_blocks<GGUF_ROWS>(T - first_row, [&](auto rows, int64_t t) {
+                constexpr int TB = decltype(rows)::value;
+                const int64_t t0 = first_row + t;
+                if constexpr (paired) {
+                    if (c + 1 < column_blocks) {
+                        column_pair<TB, LAYOUT, G>(xq.data(), dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0);
+                        return;
+                    }
+                }
+                column_block<TB, LAYOUT, G>(xq.data(), dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0);
+            });
+        }
+        if (tiled) release_tiles();
     }
 }
 
