@@ -233,3 +233,23 @@ def test_amd_cpus_build_with_prefetches_into_l2(monkeypatch):
     assert all("-DSPECDEC_PREFETCH_TO_L2" in flags for flags in build.default_builds())
     monkeypatch.setattr(build, "cpu_vendor", lambda: "GenuineIntel")
     assert not any("-DSPECDEC_PREFETCH_TO_L2" in flags for flags in build.default_builds())
+
+
+def test_cpus_with_amx_try_a_tile_build_first(monkeypatch):
+    """With AMX (and AVX512-VNNI) the tile build comes first, the AVX-512 and AVX2 builds after it (a compiler
+    without the AMX flags falls back); SPECDEC_NO_AMX=1 or a CPU without AMX leaves it out."""
+    from specdec.kernels import build
+
+    monkeypatch.setattr(build, "cpu_has_avx2_fma_f16c", lambda: True)
+    monkeypatch.setattr(build, "cpu_vendor", lambda: "GenuineIntel")
+    monkeypatch.setattr(build, "cpu_flags", lambda: build.AVX512_CPU_FLAGS | build.AMX_CPU_FLAGS)
+    monkeypatch.delenv("SPECDEC_NO_AVX512", raising=False)
+    monkeypatch.delenv("SPECDEC_NO_AMX", raising=False)
+    builds = build.default_builds()
+    assert [("-mamx-int8" in flags, "-mavx512vnni" in flags) for flags in builds] == [(True, True), (False, True),
+                                                                                    (False, False)]
+    monkeypatch.setenv("SPECDEC_NO_AMX", "1")
+    assert not any("-mamx-int8" in flags for flags in build.default_builds())
+    monkeypatch.delenv("SPECDEC_NO_AMX")
+    monkeypatch.setattr(build, "cpu_flags", lambda: set(build.AVX512_CPU_FLAGS))
+    assert len(build.default_builds()) == 2
