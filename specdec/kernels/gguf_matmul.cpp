@@ -341,6 +341,13 @@ inline void column_pair(const int8_t*, const float*, const float*, const uint8_t
                         float*, int64_t, int64_t, int64_t, int64_t, int64_t) {}
 #endif
 
+// The first 64-byte boundary at or after `at` (a buffer allocated 64 bytes longer than it needs).
+template <typename Element>
+inline Element* cache_line_aligned(Element* at) {
+    const uintptr_t address = reinterpret_cast<uintptr_t>(at);
+    return reinterpret_cast<Element*>(address + (64 - address % 64) % 64);
+}
+
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 // AMX (Intel Sapphire Rapids and later): a tile product takes 16 rows x 16 columns x one group's inputs in one
 // instruction, the integer work that bounds a long prompt's pass. Each group's sums still come out on their
@@ -393,6 +400,17 @@ inline void column_pair_tiles(const int8_t* xq, const float* dx, const float* xs
         _mm512_storeu_si512(tiled + (k / 4) * 64, first);
         _mm512_storeu_si512(tiled + (k / 4 + 1) * 64, second);
     }
+    // and each group's scales (d sc) and minimums (dmin mn) of the 16 columns, as column_pair computes them
+    float* const scales_of = reinterpret_cast<float*>(tiled + K * 16);  // (groups, 2, 16)
+    {
+        __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, dmin[2] = {d[0], d[1]}, scale[2], minimum[2] = {d[0], d[1]};
+        for (int64_t g = 0; g < groups; g++) {
+            left.group_scales(g, S, d[0], dmin[0], scale[0], minimum[0]);
+            right.group_scales(g, S, d[1], dmin[1], scale[1], minimum[1]);
+            _mm512_store_ps(scales_of + g * 32, join(scale[0], scale[1]));
+            _mm512_store_ps(scales_of + g * 32 + 16, join(minimum[0], minimum[1]));
+        }
+    }
     alignas(64) int32_t sums[TILE_ROWS][16];
     alignas(64) float acc[TILE_ROWS][16];
     for (int64_t t0 = 0; t0 < rows_end; t0 += TILE_ROWS) {
@@ -402,18 +420,19 @@ inline void column_pair_tiles(const int8_t* xq, const float* dx, const float* xs
             part[t] = _mm512_setzero_ps();
             _mm512_store_ps(acc[t], part[t]);
         }
-        __m256 d[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, dmin[2] = {d[0], d[1]}, scale[2], minimum[2] = {d[0], d[1]};
+        const int64_t per_super = S / G;
+        int64_t in_super = 0;  // g % per_super, counted (a division a group showed in the profile)
         for (int64_t g = 0; g < groups; g++) {
             const int64_t k0 = g * G;
+            const bool ends_super = in_super == per_super - 1;
+            in_super = ends_super ? 0 : in_super + 1;
             _tile_zero(0);
             _tile_loadd(1, xq + t0 * K + k0, K);
             _tile_loadd(2, tiled + (k0 / 4) * 64, 64);
             _tile_dpbsud(0, 1, 2);  // signed activations x unsigned codes
             _tile_stored(0, sums, 64);
             // the float work on the group's integer sums, as column_pair does it
-            left.group_scales(g, S, d[0], dmin[0], scale[0], minimum[0]);
-            right.group_scales(g, S, d[1], dmin[1], scale[1], minimum[1]);
-            const __m512 scales = join(scale[0], scale[1]), minimums = join(minimum[0], minimum[1]);
+            const __m512 scales = _mm512_load_ps(scales_of + g * 32), minimums = _mm512_load_ps(scales_of + g * 32 + 16);
 #pragma GCC unroll 16
             for (int t = 0; t < TILE_ROWS; t++) {
                 __m512i sum = _mm512_load_si512(sums[t]);
@@ -424,7 +443,7 @@ inline void column_pair_tiles(const int8_t* xq, const float* dx, const float* xs
                 part[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scales, part[t]);
                 if (has_minimum(LAYOUT)) part[t] = _mm512_fmadd_ps(minimums, _mm512_set1_ps(xsum[(t0 + t) * groups + g]), part[t]);
             }
-            if ((k0 + G) % S == 0) {
+            if (ends_super) {
                 const int64_t s = k0 / S;
 #pragma GCC unroll 16
                 for (int t = 0; t < TILE_ROWS; t++) {
@@ -452,16 +471,18 @@ template <int LAYOUT, int G>
 void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super, float* y,
             int64_t T, int64_t K, int64_t N, int64_t S, int num_threads) {
     const int64_t supers = K / S, groups = K / G;
-    std::vector<int8_t> xq(T * K);
+    // cache-line aligned: a tile load's rows (32 or 16 bytes each) then never straddle two lines
+    std::vector<int8_t> xq_bytes(T * K + 64);
+    int8_t* const xq_at = cache_line_aligned(xq_bytes.data());
     std::vector<float> dx(T * supers);
     std::vector<int32_t> super_sums(T * supers);  // quantize_rows' block sums: the groups' (below) serve here
-    quantize_rows(x, T, K, 0, xq.data(), dx.data(), super_sums.data(), S);
+    quantize_rows(x, T, K, 0, xq_at, dx.data(), super_sums.data(), S);
     // sum(xq) per row and group, exact in float32: the minimum's share
     std::vector<float> xsum(T * groups);
     for (int64_t t = 0; t < T; t++) {
         for (int64_t g = 0; g < groups; g++) {
             int32_t total = 0;
-            for (int64_t i = 0; i < G; i++) total += xq[t * K + g * G + i];
+            for (int64_t i = 0; i < G; i++) total += xq_at[t * K + g * G + i];
             xsum[t * groups + g] = static_cast<float>(total);
         }
     }
@@ -475,7 +496,8 @@ void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, con
     const int64_t tile_rows = tiled ? T / TILE_ROWS * TILE_ROWS : 0;
 #pragma omp parallel num_threads(num_threads)
     {
-        std::vector<uint8_t> unpacked(tiled ? K * 16 : 0);
+        std::vector<uint8_t> unpacked(tiled ? K * 16 + K / G * 32 * sizeof(float) + 64 : 0);
+        uint8_t* unpacked_at = cache_line_aligned(unpacked.data());
         if (tiled) configure_tiles(G);
 #pragma omp for schedule(static)
         for (int64_t u = 0; u < units; u++) {
@@ -484,8 +506,8 @@ void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, con
             const int64_t first_row = tiled && whole_pair ? tile_rows : 0;
             if constexpr (paired) {
                 if (first_row > 0) {
-                    column_pair_tiles<LAYOUT, G>(xq.data(), dx.data(), xsum.data(), codes, group_codes, super, y, K, N,
-                                                 S, c, first_row, unpacked.data());
+                    column_pair_tiles<LAYOUT, G>(xq_at, dx.data(), xsum.data(), codes, group_codes, super, y, K, N,
+                                                 S, c, first_row, unpacked_at);
                 }
             }
             for_row_blocks<GGUF_ROWS>(T - first_row, [&](auto rows, int64_t t) {
@@ -493,11 +515,11 @@ void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, con
                 const int64_t t0 = first_row + t;
                 if constexpr (paired) {
                     if (c + 1 < column_blocks) {
-                        column_pair<TB, LAYOUT, G>(xq.data(), dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0);
+                        column_pair<TB, LAYOUT, G>(xq_at, dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0);
                         return;
                     }
                 }
-                column_block<TB, LAYOUT, G>(xq.data(), dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0);
+                column_block<TB, LAYOUT, G>(xq_at, dx.data(), xsum.data(), codes, group_codes, super, y, K, N, S, c, t0);
             });
         }
         if (tiled) release_tiles();
