@@ -98,7 +98,7 @@ def test_block_kernel_matches_float64_reference(format_name, rows):
 
 @pytest.mark.parametrize("format_name", FORMATS)
 @pytest.mark.parametrize("rows", [1, 12, 37])  # 37: two tiles of 16 rows (AMX) and 5 rows past them
-def test_avx512_build_is_bit_identical_to_the_avx2_build(format_name, rows):
+def test_every_kernel_build_gives_the_same_bits(format_name, rows):  # AVX2, AVX-512, AVX-512 + AMX tiles
     weights = decode(blocks_of(format_name, 44, 512, seed=rows), format_name, 44, 512)
     layer = GgufLinear(weights, None, [44])
     x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)) * 3

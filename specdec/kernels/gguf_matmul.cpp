@@ -385,7 +385,8 @@ inline void release_tiles() { _tile_release(); }
 
 // Rows 0..rows_end-1 (a multiple of 16) times column blocks c and c + 1 (every layout but SIGNED). The pair's
 // codes are unpacked once into `tiled` (K / 4 rows of 64 bytes: the vectors pair_step_codes makes, which
-// are already the tile layout, 4 inputs of each column side by side) and reused by every tile of rows.
+// are already the tile layout, 4 inputs of each column side by side), followed by its group scales
+// ((K / G, 2, 16) floats), and reused by every tile of rows; `tiled` is cache-line aligned.
 template <int LAYOUT, int G>
 inline void column_pair_tiles(const int8_t* xq, const float* dx, const float* xsum, const uint8_t* codes,
                               const int8_t* group_codes, const uint16_t* super, float* y, int64_t K, int64_t N,
