@@ -190,9 +190,9 @@ class Generation:
     def chunks(self) -> Iterator[StreamChunk]:
         self.begin()
         while self.committer.finish_reason is None:
-            outcome = self.round()
-            if outcome.tokens or outcome.text_chunk:
-                yield StreamChunk(outcome.text_chunk, outcome.tokens, outcome.logprobs)
+            chunk = self.round().stream_chunk()
+            if chunk is not None:
+                yield chunk
         self.seconds = time.perf_counter() - self.started
 
     @property
@@ -207,6 +207,11 @@ class Generation:
     @property
     def prefilled(self) -> bool:
         return self._prefill_done
+
+    @property
+    def prompt_tokens_left(self) -> int:
+        """Prompt tokens the prefill has still to compute (a prefix cache's hit not yet counted)."""
+        return 0 if self._prefill_done else len(self.prompt_ids) - 1 - self.cache.length
 
     def prefill_step(self, max_tokens: int | None = None) -> int:
         """Prefill up to about max_tokens more prompt tokens (None: the rest); the tokens prefilled. A scheduler

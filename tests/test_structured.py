@@ -167,7 +167,8 @@ def test_a_seed_gives_plain_constrained_sampling_text(tiny):
     ("json_schema", "[1, 2", "json_schema"),
     ("regex", "(unclosed", "regex"),
     ("lark", "start: (", "lark"),
-    ("gbnf", "root ::= ", "gbnf"),
+    ("gbnf", "root ::= (", "gbnf"),
+    ("gbnf", "root ::= missing", "gbnf"),
     ("yaml", "x", "unknown grammar kind"),
 ])
 def test_a_bad_grammar_is_one_clear_error(kind, source, message):

@@ -26,6 +26,9 @@ GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "lark", "gbnf")
 # indentation several levels deep), bounded so that no model can fill its whole answer with blanks (a weak
 # or unlucky one does, under llguidance's unbounded default). A schema's own "x-guidance" options win.
 JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,24}"}
+# Tokens a new constraint walks ahead before it is used: llguidance builds its lexer lazily, so a grammar it
+# cannot handle (a regex repeated a million times) fails a token or two in, not when compiled.
+PROBE_TOKENS = 4
 
 
 def with_json_options(schema: dict) -> dict:
@@ -55,7 +58,7 @@ class GrammarSpec:
 
 def compile_grammar(kind: str, source) -> str:
     """llguidance's grammar for a spec, checked (InvalidParameterError with the compiler's first line)."""
-    from llguidance import LLMatcher, gbnf_to_lark
+    from llguidance import LLMatcher
 
     if kind not in GRAMMAR_KINDS:
         raise InvalidParameterError(f"unknown grammar kind {kind!r} (choose from {', '.join(GRAMMAR_KINDS)})")
@@ -72,13 +75,33 @@ def compile_grammar(kind: str, source) -> str:
         elif kind == "regex":
             grammar = LLMatcher.grammar_from_regex(source)
         else:
-            grammar = LLMatcher.grammar_from_lark(source if kind == "lark" else gbnf_to_lark(source))
+            grammar = LLMatcher.grammar_from_lark(source if kind == "lark" else lark_of_gbnf(source))
     except (ValueError, TypeError, json.JSONDecodeError) as error:  # the compilers' and json's refusals
-        raise InvalidParameterError(f"{kind}: {str(error).strip().splitlines()[0]}") from None
+        raise InvalidParameterError(f"{kind}: {first_line(error)}") from None
+    except RecursionError:  # a schema or grammar nested past what the converters walk
+        raise InvalidParameterError(f"{kind}: nested too deeply") from None
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        raise InvalidParameterError(f"{kind}: {messages[0].strip().splitlines()[0]}")
+        raise InvalidParameterError(f"{kind}: {first_line(messages[0])}")
     return grammar
+
+
+def lark_of_gbnf(source: str) -> str:
+    """llama.cpp's GBNF as llguidance's Lark, by llguidance's own converter (which raises bare Exceptions:
+    a missing rule, a syntax error)."""
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+
+    try:
+        return gbnf_to_lark(source)
+    except RecursionError:
+        raise
+    except Exception as error:
+        raise ValueError(first_line(error)) from None
+
+
+def first_line(error) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 _tokenizers: dict[int, tuple[object, object]] = {}  # id(tokenizer) -> (tokenizer, its llguidance view)
@@ -105,11 +128,37 @@ class GrammarConstraint(Constraint):
     def __init__(self, spec: GrammarSpec, tokenizer, vocab_size: int):
         from llguidance import LLMatcher
 
-        self.vocab_size = vocab_size
+        self.vocab_size, self.spec = vocab_size, spec
         self.matcher = LLMatcher(guidance_tokenizer(tokenizer, vocab_size), spec.grammar)
-        if self.matcher.is_error():
-            raise InvalidParameterError(f"{spec.describe()}: {self.matcher.get_error().strip().splitlines()[0]}")
+        self._raise_if_failed()  # what the compiler accepted but the matcher could not build (huge bounds)
         self.mask_bytes = len(self.matcher.compute_bitmask())  # llguidance's vocabulary may run past the head's
+        self._check_startable(getattr(tokenizer, "eos_token_id", None))
+
+    def _check_startable(self, eos: int | None) -> None:
+        """Refuse, before any token, a grammar that cannot begin an output or that the engine gives up on
+        within its first tokens: it allows only the end (a $ref cycle with no base case), or its lexer
+        runs out of resources (a regex repeated a million times). Walks PROBE_TOKENS steps along the first
+        allowed token, then rolls back."""
+        walked = 0
+        for _ in range(PROBE_TOKENS):
+            bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+            self._raise_if_failed(first=walked == 0)
+            steps = [int(token) for token in np.flatnonzero(bits[:self.vocab_size]) if token != eos]
+            if not steps or not self.matcher.consume_token(steps[0]):
+                break
+            walked += 1
+        self._raise_if_failed()
+        self.matcher.rollback(walked)
+
+    def _raise_if_failed(self, first: bool = False) -> None:
+        """InvalidParameterError where the matcher is in its error state (`first`: at the first mask)."""
+        if not self.matcher.is_error():
+            return
+        if first:
+            raise InvalidParameterError(f"{self.spec.describe()}: no output can start (a $ref cycle with no "
+                                        "base case, or a grammar that allows nothing)")
+        raise InvalidParameterError(f"{self.spec.describe()}: the grammar engine gave up on it "
+                                    f"({first_line(self.matcher.get_error())})")
 
     def forced(self, limit: int) -> list[int]:
         return list(self.matcher.compute_ff_tokens()[:limit]) if limit > 0 else []
@@ -127,6 +176,7 @@ class GrammarConstraint(Constraint):
             if path:
                 self.matcher.consume_tokens(path)
             rows.append(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8))
+            self._raise_if_failed()  # a lexer out of resources mid-output: an error, never a silent end
             if path:
                 self.matcher.rollback(len(path))
         bits = np.unpackbits(np.stack(rows), axis=-1, bitorder="little")[:, :self.vocab_size]  # (P, V)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from specdec.core.rounds import StreamChunk
 from specdec.errors import InvalidParameterError
 
 
@@ -39,6 +40,10 @@ class CommitOutcome:
     text_chunk: str  # new text safe to stream
     finish_reason: str | None  # "stop" (EOS or stop string), "length", or None to go on
     logprobs: list | None = None  # the kept tokens' rounds.TokenLogprob, when the generation records them
+
+    def stream_chunk(self) -> StreamChunk | None:
+        """What a stream shows of this round (None: it committed nothing and released no text)."""
+        return StreamChunk(self.text_chunk, self.tokens, self.logprobs) if self.tokens or self.text_chunk else None
 
 
 @dataclass

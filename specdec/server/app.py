@@ -16,13 +16,14 @@ from starlette.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from specdec.core.rounds import GenerationResult
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.request import GenerationRequest
 from specdec.server.guard import GuardSettings, RequestGuard
-from specdec.server.metrics import ServerMetrics
+from specdec.server.metrics import ResponseCounter, ServerMetrics
 from specdec.server.infill import InfillRequest, require_fim
 from specdec.server.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, error_body, parse_request
 from specdec.server.replies import Reply, speculative_stats, sse
@@ -32,6 +33,7 @@ from specdec.server.scheduler import PREFILL_TOKENS_PER_STEP, Job, QueueFullErro
 
 
 DISCONNECT_POLL_SECONDS = 0.25
+BODY_SECONDS = 30.0  # a body not received whole by then gets 408 (a client trickling it holds a connection)
 
 
 KNOWN_ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/infill")
@@ -108,15 +110,16 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
     app = FastAPI(title="specdec", lifespan=lifespan)
     app.state.scheduler, app.state.metrics, app.state.settings = scheduler, metrics, settings
     guard = GuardSettings(settings.api_key, settings.max_request_bytes, settings.allowed_hosts)
-    app.add_middleware(RequestGuard, settings=guard,
-                       on_refused=lambda path, status: metrics.requests.labels(endpoint_label(path), str(status)).inc())
+    app.add_middleware(RequestGuard, settings=guard)
+    app.add_middleware(ResponseCounter, count=lambda endpoint, status: metrics.requests.labels(endpoint, status).inc(),
+                       label=endpoint_label)
     if settings.allowed_origins:  # outermost: a browser's preflight is answered before the guard
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
 
     def error(status: int, message: str, kind: str, endpoint: str, param: str | None = None,
               code: str | None = None, headers: dict | None = None) -> JSONResponse:
-        metrics.requests.labels(endpoint_label(endpoint), str(status)).inc()
+        """An OpenAI-style error reply (ResponseCounter counts it under `endpoint`'s label)."""
         if status == 503:
             headers = {**(headers or {}), "Retry-After": RETRY_AFTER_SECONDS}
         return JSONResponse(error_body(message, kind, param, code), status_code=status, headers=headers)
@@ -158,9 +161,12 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
         return await complete(request, "/v1/completions", CompletionRequest)
 
     def refused(exc: SpecdecError, endpoint: str) -> JSONResponse:
-        """A request refused before it ran: 413 for a body too large, else 400 naming the field at fault."""
+        """A request refused before it ran: 413 for a body too large, 408 for one too slow, 499 for a client
+        gone before its body arrived, else 400 naming the field at fault."""
         if isinstance(exc, BodyTooLarge):
             return error(413, str(exc), "invalid_request_error", endpoint)
+        if isinstance(exc, BodyNotReceived):
+            return error(exc.status, str(exc), "invalid_request_error", endpoint)
         return error(400, str(exc), "invalid_request_error", endpoint, getattr(exc, "param", None))
 
     async def complete(request: Request, endpoint: str, kind: type) -> Response:
@@ -218,7 +224,6 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
                              "server_error", endpoint)
             prompt_tokens = first_payload
         if stream:  # the status goes out now; a non-streamed reply's status is known at its end
-            metrics.requests.labels(endpoint, "200").inc()
             events = infill_events(jobs[0], reply, arrived) if infill else stream_events(jobs, reply, prompt_tokens,
                                                                                         arrived)
             return StreamingResponse(events, media_type="text/event-stream",
@@ -236,11 +241,15 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
             if isinstance(result, Exception):
                 return error(500, f"generation failed: {result}", "server_error", endpoint)
             results.append(result)
-        metrics.requests.labels(endpoint, "200").inc()
         return JSONResponse(reply.whole(results, prompt_tokens))
 
     async def read_body(request: Request, endpoint: str) -> bytes:
-        raw = await request.body()
+        try:
+            raw = await asyncio.wait_for(request.body(), BODY_SECONDS)
+        except asyncio.TimeoutError:
+            raise BodyNotReceived(408, f"the body did not arrive within {BODY_SECONDS:.0f} s") from None
+        except ClientDisconnect:  # closed mid-body, or a Content-Length longer than what it sent
+            raise BodyNotReceived(499, "the client closed the connection before its body arrived") from None
         if len(raw) > settings.max_request_bytes:  # a body sent without Content-Length
             raise BodyTooLarge(f"the body is larger than {settings.max_request_bytes} bytes")
         return raw
@@ -298,7 +307,7 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
                 if event is None or time.monotonic() - job.connection_checked > DISCONNECT_POLL_SECONDS:
                     job.connection_checked = time.monotonic()
                     if await request.is_disconnected():
-                        job.cancel()
+                        job.cancel("the client disconnected")
                         return "cancelled", "the client disconnected"
                 if event is not None:
                     return event
@@ -382,6 +391,14 @@ async def merged_events(jobs: list[Job]):
 
 class BodyTooLarge(BadRequest):
     """A body over --max-request-bytes that came without a Content-Length (HTTP 413)."""
+
+
+class BodyNotReceived(BadRequest):
+    """A body that did not arrive whole: too slow (HTTP 408) or the client left (499)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
 
 
 class InfillReply:

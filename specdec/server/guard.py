@@ -3,10 +3,10 @@ size and content type. Each refusal is an OpenAI-style JSON error with a 4xx sta
 
 Why each: a server on loopback can still be reached by any web page the user visits, through the
 browser. A page can POST a "simple" cross-origin request (text/plain or form-encoded) without a CORS
-preflight, so JSON endpoints refuse any other content type; DNS rebinding makes a page's own host name
+preflight, so every POST must be sent as application/json; DNS rebinding makes a page's own host name
 resolve to 127.0.0.1, so on loopback only loopback host names are served. An API key (`--api-key`,
-`SPECDEC_API_KEY`) guards the /v1 routes as OpenAI's, vLLM's and llama.cpp's servers do; /health and
-/metrics stay open for probes and scrapers.
+`SPECDEC_API_KEY`) guards every route (the API, /infill, the OpenAPI document and its pages) as OpenAI's,
+vLLM's and llama.cpp's servers do; only OPEN_PATHS (/health, /metrics) stay open for probes and scrapers.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from specdec.server.protocol import error_body
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
-JSON_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+OPEN_PATHS = ("/health", "/metrics")  # answered without the API key
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,8 @@ def host_name(header: str) -> str:
 class RequestGuard:
     """ASGI middleware: refuses a request with 400 (host), 401 (key), 413 (size) or 415 (content type)."""
 
-    def __init__(self, app: ASGIApp, settings: GuardSettings, on_refused=None):
+    def __init__(self, app: ASGIApp, settings: GuardSettings):
         self.app, self.settings = app, settings
-        self.on_refused = on_refused or (lambda path, status: None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -59,7 +58,6 @@ class RequestGuard:
         if refusal is None:
             return await self.app(scope, receive, send)
         status, message, code, headers = refusal
-        self.on_refused(scope["path"], status)
         body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -71,12 +69,12 @@ class RequestGuard:
         path, settings = scope["path"], self.settings
         if settings.allowed_hosts is not None and host_name(headers.get("host", "")) not in settings.allowed_hosts:
             return 400, "this server does not answer for that Host header", "host_not_allowed", []
-        if settings.api_key is not None and path.startswith("/v1/"):
+        if settings.api_key is not None and path not in OPEN_PATHS:
             scheme, _, given = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), settings.api_key.encode()):
                 return (401, "missing or incorrect API key (send it as 'Authorization: Bearer KEY')",
                         "invalid_api_key", [(b"www-authenticate", b"Bearer")])
-        if scope["method"] == "POST" and path in JSON_ENDPOINTS:
+        if scope["method"] == "POST":
             length = headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > settings.max_request_bytes:
                 return 413, f"the body is larger than {settings.max_request_bytes} bytes", "request_too_large", []

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from specdec.core.rounds import GenerationResult
+
+logger = logging.getLogger("specdec.server")
 
 
 class ServerMetrics:
@@ -97,3 +102,37 @@ def _value(counter: Counter) -> float:
 def _ratio(numerator: Counter, denominator: Counter) -> float:
     below = _value(denominator)
     return _value(numerator) / below if below else 0.0
+
+
+class ResponseCounter:
+    """ASGI middleware, outermost but for CORS: counts every response by endpoint and status as it starts
+    (refusals, errors, streams and whole replies alike), and answers an exception that escaped the app
+    with a JSON 500, counted and logged once, instead of the framework's plain-text one."""
+
+    def __init__(self, app, count, label):
+        """count(endpoint, status): records one response; label(path): the endpoint label of a path."""
+        self.app, self.count, self.label = app, count, label
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def counted(message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start" and not started:
+                started = True
+                self.count(self.label(scope["path"]), str(message["status"]))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counted)
+        except Exception:
+            logger.exception("internal error answering %s %s", scope.get("method"), scope.get("path"))
+            if started:  # the status line is out: nothing else can be said
+                return
+            body = json.dumps({"error": {"message": "internal server error", "type": "server_error",
+                                         "param": None, "code": None}}).encode()
+            await counted({"type": "http.response.start", "status": 500, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})

@@ -133,9 +133,11 @@ class ChatMessage(BaseModel):
 
 
 def _json_or_text(text: str):
+    """A tool call's arguments as the template reads them: the JSON value, or the text where it is not one
+    (or one the body's own bounds would refuse)."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return load_json(text)
+    except BadRequest:
         return text
 
 
@@ -351,14 +353,74 @@ class CompletionRequest(_Common):
         return self.logprobs
 
 
-def parse_request(body: bytes, kind: type[_Common]) -> _Common:
-    """Bytes -> a validated request, or BadRequest with one readable line."""
+# Bounds on what a body's JSON may hold, checked as it is read: numbers no field needs and nesting no
+# schema needs would otherwise reach code that is slow on them or refuses them with an exception of its own
+# (int() past 4,300 digits, recursive walks of a schema).
+MAX_INTEGER_DIGITS = 64
+MAX_JSON_DEPTH = 64
+
+
+def _bounded_integer(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise BadRequest(f"the body has an integer of {len(text.lstrip('-'))} digits; at most "
+                         f"{MAX_INTEGER_DIGITS} are accepted")
+    return int(text)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise BadRequest(f"the body has a number out of range ({text[:20]})")
+    return value
+
+
+def _no_constant(name: str):
+    raise BadRequest(f"the body is not valid JSON: {name} is not a JSON value")
+
+
+def load_json(body: bytes | str):
+    """Bytes -> the JSON value, or BadRequest with one readable line: syntax, integers past
+    MAX_INTEGER_DIGITS, NaN/Infinity, nesting past MAX_JSON_DEPTH, and text that is not Unicode (a lone
+    surrogate such as "\\ud800", which no tokenizer can encode)."""
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_int=_bounded_integer, parse_float=_finite, parse_constant=_no_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
     except RecursionError:
-        raise BadRequest("the body's JSON is nested too deeply") from None
+        raise BadRequest(f"the body's JSON is nested more than {MAX_JSON_DEPTH} deep") from None
+    _check_values(data)
+    return data
+
+
+def _check_values(data) -> None:
+    """Walks the value without recursion: depth and every string (keys included) checked."""
+    pending = [(data, 1)]
+    while pending:
+        node, depth = pending.pop()
+        if isinstance(node, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise BadRequest(f"the body's JSON is nested more than {MAX_JSON_DEPTH} deep")
+            items = node.items() if isinstance(node, dict) else ((None, value) for value in node)
+            for key, value in items:
+                if key is not None:
+                    _check_text(key)
+                pending.append((value, depth + 1))
+        elif isinstance(node, str):
+            _check_text(node)
+
+
+def _check_text(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest("the body has text that is not valid Unicode (a lone surrogate escape such as "
+                             "\\ud800)") from None
+
+
+def parse_request(body: bytes, kind: type[_Common]) -> _Common:
+    """Bytes -> a validated request, or BadRequest with one readable line."""
+    data = load_json(body)
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
     try:

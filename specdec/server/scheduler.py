@@ -10,10 +10,11 @@ leave between steps (continuous batching).
 
 New requests: a request starts when a slot is free and its KV cache fits in the
 KV memory budget (`kv_budget_bytes`; else it waits in the queue). Its prompt is
-prefilled before it joins the rounds, in chunks while other streams run (about
-PREFILL_TOKENS_PER_STEP prompt tokens per step: a burst of new or long prompts
-delays the running streams by a bounded amount per step), all at once when
-nothing else runs. A prompt that shares a prefix with an earlier one (a system
+prefilled before it joins the rounds, in chunks of about PREFILL_TOKENS_PER_STEP
+prompt tokens per step, the prompts with the fewest tokens left first: a burst of
+new or long prompts delays the running streams by a bounded amount per step, and
+a short request arriving behind a long prompt waits one chunk, not the whole
+prompt. A prompt that shares a prefix with an earlier one (a system
 prompt, a chat history resent with one more turn) copies that prefix's keys
 and values from the prefix cache instead of computing them; each finished
 prefill and each finished generation is offered to it.
@@ -26,7 +27,8 @@ freed with it.
 
 Events go back to the asyncio side through `loop.call_soon_threadsafe`:
 ("started", prompt_tokens), ("chunk", StreamChunk), ("done", GenerationResult),
-("error", SpecdecError) for bad input found late (prompt too long), ("failed", Exception).
+("error", SpecdecError) for bad input found late (prompt too long), ("failed", Exception),
+("cancelled", the reason as text).
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from specdec.api.batch import BatchRunner
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.prefix_cache import PrefixCache
 from specdec.api.request import GenerationRequest
-from specdec.core.rounds import StreamChunk
 from specdec.errors import SpecdecError
 
 
@@ -55,11 +56,13 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     loop: asyncio.AbstractEventLoop | None = None
     cancelled: bool = False
+    reason: str = "cancelled"  # why it was cancelled: what its "cancelled" event carries
     connection_checked: float = 0.0  # when the server last asked whether the client is still there
     kv_bytes: int = 0  # its KV cache's size, once known (a job waiting for KV memory is not sized again)
 
-    def cancel(self) -> None:
-        self.cancelled = True  # read by the worker before each round
+    def cancel(self, reason: str = "the request was cancelled") -> None:
+        if not self.cancelled:  # the first reason stands
+            self.cancelled, self.reason = True, reason  # read by the worker before each round
 
     def emit(self, kind: str, payload) -> None:
         try:
@@ -68,8 +71,10 @@ class Job:
             pass  # the event loop is closed: the server has stopped and nobody is listening
 
 
-# Prompt tokens prefilled per worker step while other generations are running (one chunk at least).
+# Prompt tokens prefilled per worker step (one chunk at least), whatever else runs: between two chunks new
+# requests are admitted and running streams take a round.
 PREFILL_TOKENS_PER_STEP = 512
+SHUTTING_DOWN = "the server is shutting down"
 
 
 class Scheduler:
@@ -79,7 +84,7 @@ class Scheduler:
                  prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP):
         """kv_budget_bytes: the running generations' target KV caches together, at most (None: no limit);
         prefix_cache: where prompts' keys and values are kept for later prompts (None: none);
-        prefill_tokens_per_step: prompt tokens prefilled per step while streams run (more: new requests
+        prefill_tokens_per_step: prompt tokens prefilled per step (more: new requests
         start sooner and batches refill faster; fewer: shorter stalls of the running streams)."""
         if max_active < 1 or max_queue < 0:
             raise SpecdecError("max_active must be >= 1 and max_queue >= 0")
@@ -114,9 +119,9 @@ class Scheduler:
         """Cancel what is queued or running; each job gets its "cancelled" event. Does not wait."""
         with self.wake:
             for job in self.waiting:
-                job.cancel()
+                job.cancel(SHUTTING_DOWN)
             for job, _ in self.active:
-                job.cancel()
+                job.cancel(SHUTTING_DOWN)
             self.wake.notify()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -164,7 +169,7 @@ class Scheduler:
                 job = self.waiting[0]
             if job.cancelled:
                 self._dequeue(job)
-                job.emit("cancelled", None)
+                job.emit("cancelled", job.reason)
                 continue
             if job.kv_bytes and self.active and not self._kv_fits(job.kv_bytes):
                 return
@@ -205,16 +210,16 @@ class Scheduler:
         return None
 
     def _prefill_some(self) -> None:
-        """Prefill started requests, oldest first: all of their prompts when no stream is running, else about
-        prefill_tokens_per_step prompt tokens this step (a long prompt in chunks). A request whose prefill is
-        done gets its "started" event and joins the next round."""
+        """Prefill started requests, about prefill_tokens_per_step prompt tokens this step: the prompts with
+        the fewest tokens left first, so a short request arriving behind a long prompt starts after one
+        chunk of it, not after all of it; a long prompt goes on in chunks between rounds. A request whose
+        prefill is done gets its "started" event and joins the next round."""
         with self.wake:
-            entries = list(self.active)
-        budget = self.prefill_tokens_per_step if any(generation.prefilled for _, generation in entries) else None
+            entries = [entry for entry in self.active if not entry[1].prefilled and not entry[0].cancelled]
+        entries.sort(key=lambda entry: entry[1].prompt_tokens_left)
+        budget = self.prefill_tokens_per_step
         for entry in entries:
             job, generation = entry
-            if generation.prefilled or job.cancelled:
-                continue
             try:
                 done = self.runner.prefill(generation, budget)
             except Exception as exc:
@@ -223,10 +228,9 @@ class Scheduler:
                 continue
             if generation.prefilled:
                 job.emit("started", len(generation.prompt_ids))
-            if budget is not None:
-                budget -= max(1, done)
-                if budget <= 0:
-                    return
+            budget -= max(1, done)
+            if budget <= 0:
+                return
 
     def encode(self, job: Job) -> None:
         """Replace the job's prompt by its checked token ids. Thread-safe: the server calls it off the worker
@@ -250,15 +254,16 @@ class Scheduler:
                 self._remove(entry)
             return
         for (job, generation), outcome in zip(running, batch.outcomes):
-            if outcome.tokens or outcome.text_chunk:
-                job.emit("chunk", StreamChunk(outcome.text_chunk, outcome.tokens))
+            chunk = outcome.stream_chunk()
+            if chunk is not None:
+                job.emit("chunk", chunk)
             if generation.finished:
                 self._finish((job, generation), cancelled=False)
 
     def _finish(self, entry, cancelled: bool) -> None:
         job, generation = entry
         if cancelled:
-            job.emit("cancelled", None)
+            job.emit("cancelled", job.reason)
         else:
             result = self.runner.finish(generation)  # the conversation so far: the next turn's history
             self.on_finished(job, result)

@@ -53,10 +53,14 @@ def call_grammar(tools: list[dict], only: str | None, tokenizer, parallel: bool 
     chosen = [tool["function"] for tool in tools if only is None or tool["function"]["name"] == only]
     if not chosen:
         raise InvalidParameterError(f"tool_choice names {only!r}, which is not among the tools")
+    definitions: dict = {}
     calls = [{"type": "object", "properties": {"name": {"const": function["name"]},
-                                               "arguments": function.get("parameters") or {"type": "object"}},
-              "required": ["name", "arguments"], "additionalProperties": False} for function in chosen]
-    schema = with_json_options(calls[0] if len(calls) == 1 else {"anyOf": calls})
+                                               "arguments": hoisted(function.get("parameters") or {"type": "object"},
+                                                                    f"{index}_", definitions)},
+              "required": ["name", "arguments"], "additionalProperties": False}
+             for index, function in enumerate(chosen)]
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema = with_json_options({**schema, "$defs": definitions} if definitions else schema)
     vocabulary = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
     opening = OPEN if OPEN in vocabulary else json.dumps(OPEN)
     closing = CLOSE if CLOSE in vocabulary else json.dumps(CLOSE)
@@ -64,6 +68,41 @@ def call_grammar(tools: list[dict], only: str | None, tokenizer, parallel: bool 
     lark = (f"start: call{repeat}\n"
             f"call: {opening} \"\\n\" %json {json.dumps(schema)} \"\\n\" {closing} \"\\n\"?\n")
     return GrammarSpec("lark", lark)
+
+
+def hoisted(parameters: dict, prefix: str, definitions: dict) -> dict:
+    """A function's parameter schema for use inside the call grammar's schema: its local definitions
+    ("$defs", or the older "definitions", what nested pydantic models produce) move to the root's "$defs"
+    under names given `prefix` (functions may reuse a name), and its "#/..." references follow them."""
+    own = {key: parameters[key] for key in ("$defs", "definitions") if isinstance(parameters.get(key), dict)}
+    renamed = {f"#/{key}/{name}": f"#/$defs/{prefix}{name}" for key, table in own.items() for name in table}
+
+    def rewrite(node):
+        if isinstance(node, dict):
+            reference = node.get("$ref")
+            out = {key: rewrite(value) for key, value in node.items() if key != "$ref"}
+            if isinstance(reference, str):
+                out["$ref"] = renamed.get(reference, f"#/$defs/{prefix}" if reference == "#" else reference)
+            return out
+        return [rewrite(item) for item in node] if isinstance(node, list) else node
+
+    for table in own.values():
+        definitions.update({f"{prefix}{name}": rewrite(schema) for name, schema in table.items()})
+    body = rewrite({key: value for key, value in parameters.items() if key not in own})
+    if any(reference == "#" for reference in _references(parameters)):  # the whole schema refers to itself
+        definitions[prefix] = body
+    return body
+
+
+def _references(node):
+    if isinstance(node, dict):
+        if isinstance(node.get("$ref"), str):
+            yield node["$ref"]
+        for value in node.values():
+            yield from _references(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _references(item)
 
 
 def new_call_id() -> str:
