@@ -76,3 +76,13 @@ def tiny_dirs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("tiny")
     return {kind: save_tiny_model(root / kind, kind) for kind in ("llama", "llama3", "qwen2", "mistral", "gemma3")}
+
+
+@pytest.fixture(scope="session")
+def tiny_generator(tiny_dirs, tmp_path_factory):
+    """The tiny llama with n-gram drafting, K 4: what the server tests serve."""
+    from specdec.api.generator import SpeculativeGenerator
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDEC_HOME", str(tmp_path_factory.mktemp("home")))
+        return SpeculativeGenerator.from_pretrained(str(tiny_dirs["llama"]), drafter="ngram", k=4)

@@ -82,6 +82,21 @@ def test_bad_input_one_line_error(tiny_dirs, args, message):
     assert "Traceback" not in result.stderr
 
 
+def test_grammar_files_valid_and_hostile(tiny_dirs, tmp_path, capsys):
+    """Issue 52: a valid GBNF file was refused ('module' object is not callable); a schema nested 1,000 deep
+    was a RecursionError traceback."""
+    grammar = tmp_path / "answer.gbnf"
+    grammar.write_text('root ::= "yes" | "no"')
+    assert main(["generate", "hello", "--target", str(tiny_dirs["llama"]), "--drafter", "ngram", "--no-chat",
+                 "--max-new-tokens", "8", "--grammar", str(grammar), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] in ("yes", "no")
+    deep = tmp_path / "deep.json"  # written as text: json.dumps itself cannot nest this deep
+    deep.write_text('{"type": "object", "properties": {"a": ' * 1000 + '{"type": "object"}' + "}}" * 1000)
+    result = run_cli("generate", "hi", "--target", str(tiny_dirs["llama"]), "--json-schema", str(deep))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "nested too deeply" in lines[0], result.stderr
+
+
 def test_stdin_that_is_not_utf8_gets_one_line(tiny_dirs):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONIOENCODING": "utf-8:strict"}
     result = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "-", "--target", str(tiny_dirs["llama"])],

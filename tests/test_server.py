@@ -76,13 +76,6 @@ class SlowModel:
 
 
 @pytest.fixture(scope="module")
-def tiny_generator(tiny_dirs, tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SPECDEC_HOME", str(tmp_path_factory.mktemp("home")))
-        return SpeculativeGenerator.from_pretrained(str(tiny_dirs["llama"]), drafter="ngram", k=4)
-
-
-@pytest.fixture(scope="module")
 def server(tiny_generator):
     running = RunningServer(tiny_generator, max_active=4, max_queue=64)
     yield running
@@ -348,6 +341,28 @@ BAD_REQUESTS = {
     "JSON nested 200,000 deep": ("/v1/completions", "[" * 200_000 + "]" * 200_000),
     "one empty prompt in a list": ("/v1/completions", {"prompt": [""]}),
     "stop string of 300 characters": ("/v1/completions", {"prompt": "a", "stop": ["x" * 300]}),
+    # issue 52: each of these used to get a 500, or a 200 with a wrong answer
+    "seed of 5,000 digits": ("/v1/completions", '{"prompt": "a", "seed": ' + "9" * 5000 + "}"),
+    "an ignored field of 5,000 digits": ("/v1/completions", '{"prompt": "a", "user": -' + "9" * 5000 + "}"),
+    "a schema minimum of 5,000 digits": ("/v1/completions", '{"prompt": "a", "json_schema": {"type": "integer", '
+                                         '"minimum": ' + "1" * 5000 + "}}"),
+    "a schema minimum of 60 digits": ("/v1/completions", {"prompt": "a", "json_schema": {"type": "integer",
+                                                                                        "minimum": 10**59}}),
+    "NaN in an ignored field": ("/v1/completions", '{"prompt": "a", "user": NaN}'),
+    "a number past float range": ("/v1/completions", '{"prompt": "a", "user": 1e999}'),
+    "lone surrogate in an ignored field's key": ("/v1/completions", '{"prompt": "a", "\\udc00": 1}'),
+    "JSON nested 100 deep": ("/v1/completions", '{"prompt": "a", "user": ' + "[" * 100 + "]" * 100 + "}"),
+    "a recursive $ref schema": ("/v1/completions", {"prompt": "a", "json_schema": {
+        "$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}}),
+    "a $ref cycle a -> b -> a": ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}}}}),
+    "a pattern the grammar engine gives up on": ("/v1/completions", {"prompt": "a", "json_schema": {
+        "type": "string", "pattern": "^a{1000000}$"}}),
+    "a pattern repeated a million times": ("/v1/completions", {"prompt": "a", "json_schema": {
+        "type": "string", "pattern": "^(a{1000}){1000}$"}}),
+    "a GBNF grammar with a missing rule": ("/v1/completions", {"prompt": "a", "grammar": "root ::= missing"}),
+    "a GBNF grammar cut short": ("/v1/completions", {"prompt": "a", "grammar": "root ::= ("}),
 }
 
 # Wrong types and values for every field a client sets, on both endpoints: each one a 400.
@@ -662,12 +677,14 @@ def test_when_the_grace_period_runs_out_replies_end_as_documented(tiny_generator
         while running.metrics()["specdec_queue_length"] < 1:
             assert time.monotonic() < deadline
             time.sleep(0.02)
+        stopping = time.monotonic()
         running.stop()
+        assert time.monotonic() - stopping < 0.5 + 2.0  # within the grace period, with room for a slow machine
         status, headers, text = queued.result(timeout=30)
     assert status == 503 and json.loads(text)["error"]["type"] == "server_error"
     rest = response.read().decode()
     events = [line.removeprefix("data: ") for line in rest.split("\n\n") if line.startswith("data: ")]
-    assert events[-1] == "[DONE]" and "error" in json.loads(events[-2])
+    assert events[-1] == "[DONE]" and "shutting down" in json.loads(events[-2])["error"]["message"]
 
 
 def test_prompts_are_tokenized_off_the_worker_and_capped(tiny_generator):

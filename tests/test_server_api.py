@@ -135,3 +135,65 @@ def test_fill_in_the_middle_through_suffix_and_infill(coder):
     status, text = coder.request("POST", "/infill", json.dumps({**body, "stream": True}))
     events = [json.loads(line[6:]) for line in text.split("\n\n") if line.startswith("data: ")]
     assert status == 200 and events[-1]["stop"] and "".join(e["content"] for e in events) == answer["content"]
+
+
+def test_streamed_logprobs_equal_the_whole_replys(coder):
+    """Issue 52: the server's round loop carried no logprobs in its chunks."""
+    ask = dict(model="tiny", messages=MESSAGES, max_tokens=16, temperature=0.8, seed=7, logprobs=True, top_logprobs=2)
+    whole = coder.client.chat.completions.create(**ask).choices[0].logprobs.content
+    streamed = [entry for chunk in coder.client.chat.completions.create(**ask, stream=True)
+                if chunk.choices and chunk.choices[0].logprobs for entry in chunk.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in whole] and len(whole) == 16
+    assert all(len(e.top_logprobs) == 2 for e in streamed)
+
+
+def test_tool_parameters_with_defs_from_nested_pydantic_models(coder):
+    """Issue 52: a required or named tool call whose parameters use $defs (what pydantic writes for nested
+    models, and instructor's TOOLS mode sends) was refused ("Pointer '/$defs/Loc' does not exist")."""
+    from typing import Literal
+
+    import jsonschema
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Place(BaseModel):  # bounded fields, no others: a random-weight model ends them soon
+        model_config = ConfigDict(extra="forbid")
+        city: Literal["Paris", "Oslo"]
+        days: int = Field(ge=1, le=7)
+
+    class Trip(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        start: Place
+        stops: list[Place] = Field(max_length=2)
+
+    parameters = {**Trip.model_json_schema(), "x-guidance": {"whitespace_flexible": False}}
+    assert "$defs" in parameters
+    tools = [{"type": "function", "function": {"name": "plan_trip", "parameters": parameters}}, WEATHER]
+    for choice in ("required", {"type": "function", "function": {"name": "plan_trip"}}):
+        reply = coder.client.chat.completions.create(model="tiny", messages=MESSAGES, tools=tools, tool_choice=choice,
+                                                     parallel_tool_calls=False, max_tokens=400, temperature=0)
+        calls = reply.choices[0].message.tool_calls
+        assert reply.choices[0].finish_reason == "tool_calls" and len(calls) == 1, reply
+        schema = parameters if calls[0].function.name == "plan_trip" else WEATHER["function"]["parameters"]
+        jsonschema.validate(json.loads(calls[0].function.arguments), schema)
+
+
+ARITHMETIC = '''root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= [0-9] | "(" expr ")"
+'''
+
+
+def test_gbnf_grammars_constrain_whole_and_streamed_replies(coder):
+    """Issue 52: every GBNF grammar was refused ('module' object is not callable); a valid one now masks the
+    output, the same whole and streamed."""
+    import re
+
+    for grammar, pattern in [('root ::= "yes" | "no"', r"(yes|no)"), (ARITHMETIC, r"[0-9+\-()]+")]:
+        ask = dict(model="tiny", prompt="1+2=", max_tokens=12, temperature=0.9, seed=3, extra_body={"grammar": grammar})
+        whole = coder.client.completions.create(**ask).choices[0]
+        streamed = "".join(chunk.choices[0].text for chunk in coder.client.completions.create(**ask, stream=True)
+                           if chunk.choices)
+        assert re.fullmatch(pattern, whole.text), whole.text
+        assert streamed == whole.text
+        if whole.finish_reason == "stop":  # the grammar's end: a complete sentence of it
+            assert grammar != ARITHMETIC or whole.text.count("(") == whole.text.count(")")

@@ -1,0 +1,139 @@
+"""What agents, editors and the internet send to `specdec serve` (issue 52): keys on every route, JSON-only
+POSTs, clients that leave mid-body or trickle their headers, a bug's exception answered and counted, and a long
+prompt that must not hold a short request behind it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specdec.api.request import GenerationRequest
+from specdec.core.sampling import SamplingParams
+from specdec.server.run import TimedHeadProtocol
+from specdec.server.scheduler import Job, Scheduler
+from test_server import RunningServer, raw_request, server  # noqa: F401 (the fixture)
+
+KEY = {"Authorization": "Bearer s3cret"}
+JSON = {"Content-Type": "application/json"}
+
+
+def statuses(running: RunningServer, endpoint: str) -> dict[str, float]:
+    _, text = running.request("GET", "/metrics")
+    return {s.labels["status"]: s.value for family in text_string_to_metric_families(text) for s in family.samples
+            if s.labels.get("endpoint") == endpoint and s.name.endswith("_total")}
+
+
+class Recorder(logging.Handler):
+    """Log records of the server's loggers (uvicorn's do not propagate to pytest's caplog)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def server_log():
+    recorder = Recorder()
+    names = ("uvicorn.error", "uvicorn", "specdec.server")
+    for name in names:
+        logging.getLogger(name).addHandler(recorder)
+    yield recorder
+    for name in names:
+        logging.getLogger(name).removeHandler(recorder)
+
+
+def test_every_route_but_health_and_metrics_needs_the_key_and_every_post_is_json(tiny_generator):
+    running = RunningServer(tiny_generator, api_key="s3cret")
+    try:
+        routes = {route.path for route in running.app.routes}
+        assert {"/infill", "/openapi.json", "/docs", "/redoc", "/v1/models"} <= routes
+        for path in sorted(routes - {"/health", "/metrics"}):
+            for method in ("GET", "POST"):
+                status, _, text = raw_request(running.port, method, path, "{}", JSON)
+                assert status == 401 and json.loads(text)["error"]["code"] == "invalid_api_key", (method, path)
+        for path in ("/health", "/metrics"):
+            assert raw_request(running.port, "GET", path)[0] == 200
+        assert raw_request(running.port, "GET", "/openapi.json", headers=KEY)[0] == 200
+        body = json.dumps({"input_prefix": "def f(", "input_suffix": ")", "n_predict": 2})
+        for headers in ({}, {"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"}):
+            assert raw_request(running.port, "POST", "/infill", body, {**KEY, **headers})[0] == 415, headers
+    finally:
+        running.stop()
+
+
+def test_a_client_trickling_its_headers_is_disconnected(server, monkeypatch):
+    monkeypatch.setattr(TimedHeadProtocol, "head_seconds", 0.5)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as idle, \
+            socket.create_connection(("127.0.0.1", server.port), timeout=10) as slow:
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        started = time.monotonic()
+        for connection in (idle, slow):
+            assert connection.recv(100) == b""  # closed by the server
+        assert time.monotonic() - started < 5
+    assert server.request("GET", "/health")[0] == 200  # a prompt client is served as before
+
+
+def test_a_client_gone_mid_body_is_a_quiet_499(server, server_log):
+    before = statuses(server, "/v1/completions").get("499", 0)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as connection:
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 1000\r\n\r\n{\"prompt\": ")
+    deadline = time.monotonic() + 10
+    while statuses(server, "/v1/completions").get("499", 0) <= before:
+        assert time.monotonic() < deadline, statuses(server, "/v1/completions")
+        time.sleep(0.05)
+    assert not [record for record in server_log.records if record.exc_info or record.levelno >= logging.ERROR]
+
+
+def test_an_exception_in_the_app_is_a_counted_json_500(tiny_generator, server_log):
+    running = RunningServer(tiny_generator)
+
+    def broken(job):
+        raise RuntimeError("a bug")
+
+    running.app.state.scheduler.encode = broken
+    try:
+        status, _, text = raw_request(running.port, "POST", "/v1/completions", json.dumps({"prompt": "a"}), JSON)
+        assert status == 500 and json.loads(text)["error"]["type"] == "server_error"
+        assert statuses(running, "/v1/completions") == {"500": 1.0}
+        logged = [record for record in server_log.records if record.exc_info]
+        assert len(logged) == 1 and "a bug" in str(logged[0].exc_info[1])  # the bug, logged once
+    finally:
+        running.stop()
+
+
+def test_a_short_request_is_prefilled_before_a_long_prompt_is_done(tiny_generator):
+    """A 400-token prompt is prefilled in 32-token chunks, never all at once; a 3-token request that arrives
+    after its first chunk starts at the next step, and the long one goes on where it stopped."""
+    scheduler = Scheduler(tiny_generator, max_active=4, prefill_tokens_per_step=32)
+    events: list[tuple[str, str]] = []
+
+    def job(name: str, prompt: list[int]) -> Job:
+        made = Job(GenerationRequest(prompt, 4, SamplingParams(temperature=0.0), chat=False))
+        made.emit = lambda kind, payload: events.append((name, kind))
+        return made
+
+    long = job("long", [5 + i % 50 for i in range(400)])
+    scheduler.waiting.append(long)
+    scheduler._admit_some()
+    scheduler._prefill_some()
+    generation = scheduler.active[0][1]
+    assert 0 < generation.cache.length <= 64 and not generation.prefilled, events
+    scheduler.waiting.append(job("short", [7, 8, 9]))
+    scheduler._admit_some()
+    scheduler._prefill_some()
+    assert ("short", "started") in events and ("long", "started") not in events
+    for _ in range(30):
+        scheduler._admit_some()
+        scheduler._prefill_some()
+        scheduler._round()
+    assert ("long", "started") in events and events.index(("short", "started")) < events.index(("long", "started"))
+    assert ("short", "done") in events
