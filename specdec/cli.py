@@ -68,15 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="MiB of KV cache the running generations may hold together; more requests wait "
                             "(default: no limit beyond --max-active)")
     serve.add_argument("--prefill-chunk", type=int, default=512, metavar="TOKENS",
-                       help="prompt tokens prefilled per step while other streams run (more: batches refill "
-                            "sooner; fewer: shorter stalls of running streams; default 512)")
+                       help="prompt tokens prefilled per step, shortest prompt first (more: batches refill "
+                            "sooner; fewer: shorter stalls of running streams and of requests behind a long "
+                            "prompt; default 512)")
     serve.add_argument("--prefix-cache", type=float, default=512, metavar="MIB",
                        help="MiB of prompts' keys and values kept so that later prompts sharing a prefix "
                             "(a system prompt, a chat history) skip computing it; 0: off (default 512)")
     serve.add_argument("--default-max-tokens", type=int, default=512, help="when a request sets no max_tokens")
     serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
-                       help="require 'Authorization: Bearer KEY' on the /v1 routes (default: $SPECDEC_API_KEY; "
+                       help="require 'Authorization: Bearer KEY' on every route (default: $SPECDEC_API_KEY; "
                             "/health and /metrics stay open)")
+    serve.add_argument("--no-tool-grammar", action="store_true",
+                       help="leave tool_choice \"auto\" unconstrained (default: the answer is text or calls in the "
+                            "chat template's format whose arguments match their schema)")
     serve.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger request bodies get HTTP 413")
     serve.add_argument("--max-prompt-tokens", type=int, default=None,
                        help="longer prompts get HTTP 400 (default: up to the model's context)")
@@ -356,7 +360,7 @@ def cmd_serve(args) -> int:
                               max_prompt_tokens=args.max_prompt_tokens,
                               kv_memory_bytes=None if args.kv_memory is None else int(args.kv_memory * 2**20),
                               prefix_cache_bytes=int(args.prefix_cache * 2**20),
-                              prefill_tokens_per_step=args.prefill_chunk)
+                              prefill_tokens_per_step=args.prefill_chunk, tool_grammar=not args.no_tool_grammar)
     if args.replicas:  # Ray's proxy listens instead: the socket only checked that the port is free
         from specdec.server.ray_app import ReplicaSpec, parse_autoscaling, run_replicas
 

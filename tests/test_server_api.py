@@ -197,3 +197,33 @@ def test_gbnf_grammars_constrain_whole_and_streamed_replies(coder):
         assert streamed == whole.text
         if whole.finish_reason == "stop":  # the grammar's end: a complete sentence of it
             assert grammar != ARITHMETIC or whole.text.count("(") == whole.text.count(")")
+
+
+def test_auto_tool_choice_allows_text_or_well_formed_calls_never_bare_json(coder):
+    """Issue 52: under tool_choice "auto" small models answered with bare JSON or a fenced JSON block, which no
+    client reads as a call; the auto grammar allows text (not opening as JSON) or calls in the template's
+    format whose arguments match their schema. --no-tool-grammar leaves the answer unconstrained."""
+    import jsonschema
+
+    from specdec.api.structured import GrammarConstraint
+    from specdec.server.protocol import ChatCompletionRequest
+
+    tokenizer = coder.generator.target.tokenizer
+    body = ChatCompletionRequest.model_validate({"messages": MESSAGES, "tools": [WEATHER], "tool_choice": "auto"})
+    grammar = body.generation_request(64, tokenizer).grammar
+    assert body.generation_request(64, tokenizer, tool_grammar=False).grammar is None
+    for text, allowed in [("It is sunny.", True), ("```python\nx = 1", True), (' {"name": "get_weather"}', False),
+                          ("```json\n{", False), ("```\n{", False),
+                          ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n'
+                           '</tool_call>', True),
+                          ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"', False)]:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        constraint = GrammarConstraint(grammar, tokenizer, coder.generator.target.model.vocab_size)
+        assert (constraint.allowed_prefix(ids) == len(ids)) == allowed, text
+    for seed in range(4):
+        reply = coder.client.chat.completions.create(model="tiny", messages=MESSAGES, tools=[WEATHER], max_tokens=200,
+                                                     temperature=1.0, seed=seed)
+        message = reply.choices[0].message
+        assert not (message.content or "").lstrip().startswith(("{", "```json"))
+        for call in message.tool_calls or []:
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])

@@ -53,7 +53,8 @@ class ServerSettings:
     max_prompt_tokens: int | None = None  # longer prompts get 400 (None: up to the model's context)
     kv_memory_bytes: int | None = None  # running generations' KV caches at most (more wait); None: no limit
     prefix_cache_bytes: int = 512 << 20  # prompts' keys and values kept for later prompts; 0: off
-    prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP  # prompt tokens prefilled per step while streams run
+    prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP  # prompt tokens prefilled per step
+    tool_grammar: bool = True  # tool_choice "auto" constrained to text or well-formed calls (--no-tool-grammar: off)
 
 
 ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "object", "properties": {
@@ -266,7 +267,7 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
             raise BadRequest(f"model {settings.model_name!r}: its chat template does not list tools "
                              "(Hermes-style <tool_call> templates are supported)", "tools")
         try:
-            request = body.generation_request(settings.default_max_tokens, tokenizer)
+            request = body.generation_request(settings.default_max_tokens, tokenizer, settings.tool_grammar)
         except SpecdecError as exc:
             raise BadRequest(str(exc), getattr(exc, "param", None)) from None
         if isinstance(body, CompletionRequest) and body.suffix is not None:

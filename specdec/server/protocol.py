@@ -234,9 +234,10 @@ class _Common(BaseModel):
         except InvalidParameterError as error:
             raise BadRequest(str(error), given[0]) from None
 
-    def generation_request(self, default_max_tokens: int, tokenizer=None) -> GenerationRequest:
+    def generation_request(self, default_max_tokens: int, tokenizer=None, tool_grammar: bool = True) -> GenerationRequest:
         """The API's request for this body (InvalidParameterError where its settings do not go together);
-        `tokenizer`: the served model's (a tool call grammar writes its markers as its tokens)."""
+        `tokenizer`: the served model's (a tool call grammar writes its markers as its tokens); `tool_grammar`:
+        whether tool_choice "auto" constrains the answer to text or well-formed calls (chat only)."""
         prompt, chat = self.prompt_and_chat()
         sampling = SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                                   min_p=self.min_p, repetition_penalty=self.repetition_penalty)
@@ -291,20 +292,21 @@ class ChatCompletionRequest(_Common):
     def tool_definitions(self) -> tuple[dict, ...]:
         return tuple(tool.model_dump(exclude_none=True) for tool in self.tools or [])
 
-    def generation_request(self, default_max_tokens: int, tokenizer=None) -> GenerationRequest:
+    def generation_request(self, default_max_tokens: int, tokenizer=None, tool_grammar: bool = True) -> GenerationRequest:
         request = super().generation_request(default_max_tokens, tokenizer)
         if not self.uses_tools:
             return request
-        forced = self.forced_tool
-        grammar = request.grammar
-        if forced:
-            from specdec.server.tools import call_grammar
+        from specdec.server.tools import auto_grammar, call_grammar
 
+        forced, grammar, tools = self.forced_tool, request.grammar, list(self.tool_definitions())
+        if forced:
             if grammar is not None:
                 raise BadRequest("a required tool call and a response format cannot both apply", "tool_choice")
-            grammar = call_grammar(list(self.tool_definitions()), forced if isinstance(forced, str) else None,
-                                   tokenizer, self.parallel_tool_calls)
-        return request.replace(tools=self.tool_definitions(), grammar=grammar)
+            grammar = call_grammar(tools, forced if isinstance(forced, str) else None, tokenizer,
+                                   self.parallel_tool_calls)
+        elif grammar is None and tool_grammar:  # "auto": text, or calls the client can read
+            grammar = auto_grammar(tools, tokenizer, self.parallel_tool_calls)
+        return request.replace(tools=tuple(tools), grammar=grammar)
 
     def top_alternatives(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

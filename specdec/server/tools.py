@@ -48,8 +48,29 @@ def tool_names(tools: list[dict]) -> list[str]:
 
 def call_grammar(tools: list[dict], only: str | None, tokenizer, parallel: bool = True) -> GrammarSpec:
     """The grammar of one or more calls (one where `parallel` is off), each of a listed function (`only`:
-    of that one) with arguments its parameter schema allows. The markers are written as the tokenizer's
-    own added tokens where it has them (a grammar then matches those tokens, not their spelled-out text)."""
+    of that one) with arguments its parameter schema allows."""
+    return GrammarSpec("lark", f"start: call{'+' if parallel else ''}\n" + _call_rule(tools, only, tokenizer))
+
+
+# An answer in text must not open as a tool call spelled some other way: bare JSON, or a ```json / ```{ fence
+# (small models write these instead of their template's <tool_call>, and no client reads them as calls).
+# Whitespace first, then any first character but "{" and "`", or a backtick run that does not open such a
+# fence; the rest is free. The call marker itself is a special token, which this text can never spell.
+ANSWER_TEXT = r"[ \t\r\n]*([^{` \t\r\n]|`[^`]|``[^`]|```[^j\n{]|```j[^s]|```js[^o]|```jso[^n]|```\n[^{])[\s\S]*"
+
+
+def auto_grammar(tools: list[dict], tokenizer, parallel: bool = True) -> GrammarSpec:
+    """`tool_choice: "auto"`: text, then calls in the template's format (any number, or one where
+    `parallel` is off) whose arguments match their function's schema. Text alone, calls alone, or text
+    then calls."""
+    calls = "call*" if parallel else "call?"
+    return GrammarSpec("lark", f"start: TEXT? {calls}\nTEXT: /{ANSWER_TEXT}/\n" + _call_rule(tools, None, tokenizer))
+
+
+def _call_rule(tools: list[dict], only: str | None, tokenizer) -> str:
+    """The Lark rule `call`: one call of a listed function (`only`: of that one). The markers are written as
+    the tokenizer's own added tokens where it has them (a grammar then matches those tokens, not their
+    spelled-out text)."""
     chosen = [tool["function"] for tool in tools if only is None or tool["function"]["name"] == only]
     if not chosen:
         raise InvalidParameterError(f"tool_choice names {only!r}, which is not among the tools")
@@ -64,10 +85,7 @@ def call_grammar(tools: list[dict], only: str | None, tokenizer, parallel: bool 
     vocabulary = tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {}
     opening = OPEN if OPEN in vocabulary else json.dumps(OPEN)
     closing = CLOSE if CLOSE in vocabulary else json.dumps(CLOSE)
-    repeat = "+" if parallel else ""
-    lark = (f"start: call{repeat}\n"
-            f"call: {opening} \"\\n\" %json {json.dumps(schema)} \"\\n\" {closing} \"\\n\"?\n")
-    return GrammarSpec("lark", lark)
+    return f"call: {opening} \"\\n\" %json {json.dumps(schema)} \"\\n\" {closing} \"\\n\"?\n"
 
 
 def hoisted(parameters: dict, prefix: str, definitions: dict) -> dict:
