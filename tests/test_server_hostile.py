@@ -137,3 +137,13 @@ def test_a_short_request_is_prefilled_before_a_long_prompt_is_done(tiny_generato
         scheduler._round()
     assert ("long", "started") in events and events.index(("short", "started")) < events.index(("long", "started"))
     assert ("short", "done") in events
+
+
+def test_messages_the_chat_template_cannot_render_get_a_400(server, monkeypatch):
+    """A template's own refusal (raise_exception) or a message shape it does not expect was a 500."""
+    tokenizer = server.generator.target.tokenizer
+    monkeypatch.setattr(tokenizer, "chat_template", "{{ raise_exception('Conversation roles must alternate') }}")
+    status, text = server.request("POST", "/v1/chat/completions",
+                                  json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+    message = json.loads(text)["error"]["message"]
+    assert status == 400 and "chat template cannot render" in message and "alternate" in message, text

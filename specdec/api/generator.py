@@ -13,9 +13,11 @@ from __future__ import annotations
 import sys
 from typing import Iterator, Sequence
 
+from jinja2 import TemplateError
+
 from specdec.api.options import GeneratorOptions
 from specdec.api.request import GenerationRequest, Prompt
-from specdec.api.structured import GrammarConstraint, GrammarSpec
+from specdec.api.structured import GrammarConstraint, GrammarSpec, first_line
 from specdec.core.commit import StopCriteria
 from specdec.core.rounds import GenerationResult, StreamChunk
 from specdec.core.speculation_length import FixedK, SourceLengths, SpeculationLength, is_auto, speculation_length
@@ -222,7 +224,11 @@ class SpeculativeGenerator:
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
             _check_messages(messages)
             extra = {"tools": list(tools)} if tools else {}
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
+            try:
+                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
+            except TemplateError as error:  # messages this template cannot render (or refuses with its own check)
+                raise InvalidParameterError(f"model {self.target.name!r}: its chat template cannot render these "
+                                            f"messages ({first_line(error)})") from None
             ids = ids["input_ids"] if hasattr(ids, "keys") else ids
             return list(ids)
         if not isinstance(prompt, str):
