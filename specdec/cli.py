@@ -68,9 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="MiB of KV cache the running generations may hold together; more requests wait "
                             "(default: no limit beyond --max-active)")
     serve.add_argument("--prefill-chunk", type=int, default=512, metavar="TOKENS",
-                       help="prompt tokens prefilled per step, shortest prompt first (more: batches refill "
-                            "sooner; fewer: shorter stalls of running streams and of requests behind a long "
-                            "prompt; default 512)")
+                       help="prefill work per step, in prompt tokens at the start of a prompt (a token deep in "
+                            "a long prompt counts for more: its attention reads every earlier key); shortest "
+                            "prompt first (more: batches refill sooner; fewer: shorter stalls of running streams "
+                            "and of requests behind a long prompt; default 512)")
     serve.add_argument("--prefix-cache", type=float, default=512, metavar="MIB",
                        help="MiB of prompts' keys and values kept so that later prompts sharing a prefix "
                             "(a system prompt, a chat history) skip computing it; 0: off (default 512)")

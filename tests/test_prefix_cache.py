@@ -34,9 +34,10 @@ def targets(tmp_path_factory):
 
 @pytest.fixture
 def small_limits(monkeypatch):
-    """Shrink the prefill's row-attention limit (and the row-by-row forward size) so a tiny model's short
-    prompts cross both: rows below the limit, aligned blocks above it, and row-by-row tail pieces."""
+    """Shrink the prefill's row-attention limit, its blocks and the row-by-row forward size so a tiny model's
+    short prompts cross them all: rows below the limit, aligned blocks above it, and row-by-row tail pieces."""
     monkeypatch.setattr(llama, "PREFILL_ROW_LIMIT", 24)
+    monkeypatch.setattr(llama, "PREFILL_BLOCK", 12)
     monkeypatch.setattr(llama, "ROW_BY_ROW_MAX", 8)
     return 24
 
@@ -61,12 +62,12 @@ def prefill(model, tokens: list[int], stops: list[int], hidden: tuple = ()):
 def test_a_prefill_split_at_reusable_points_is_bit_identical_to_one_prefill(targets, small_limits, name):
     model = targets[name].model
     assert model.prefill_is_chunk_invariant
-    # below the limit any point; above it, multiples of the limit; a last piece of more than 8 rows (90) and
+    # below the limit any point; above it, the limit plus multiples of the block; a last piece of more than 8 rows (90) and
     # of at most 8 (77: attending row by row, as a decoding step would)
     for length in (90, 77):
         tokens = random_tokens(model, length, seed=length)
         whole, whole_out, _ = prefill(model, tokens, [])
-        for stops in ([5], [1, 2, 23], [24, 48], [17, 72], [72], [10, 48]):
+        for stops in ([5], [1, 2, 23], [24, 48], [17, 72], [72], [10, 48], [36, 60]):
             assert all(model.reusable_prefix(stop) == stop for stop in stops)
             cache, out, _ = prefill(model, tokens, stops)
             assert torch.equal(cache.keys[:, :, :, :length], whole.keys[:, :, :, :length]), stops
@@ -88,7 +89,7 @@ def test_the_split_check_catches_a_prefill_that_depends_on_its_split(targets, sm
 
 def test_reusable_points_and_the_hidden_states_of_a_split_prefill(targets, small_limits):
     model = targets["llama"].model
-    assert [model.reusable_prefix(n) for n in (0, 7, 24, 25, 47, 48, 71)] == [0, 7, 24, 24, 24, 48, 48]
+    assert [model.reusable_prefix(n) for n in (0, 7, 24, 25, 47, 48, 71)] == [0, 7, 24, 24, 36, 48, 60]
     # slots from decoding steps (rows attending alone) match a prefill's only below the limit
     assert model.reusable_prefix(60, prefilled=30) == 24 and model.reusable_prefix(20, prefilled=10) == 20
     assert model.reusable_prefix(70, prefilled=50) == 48
@@ -141,9 +142,9 @@ def test_chunked_prefill_and_a_prefix_hit_generate_what_one_prefill_generates(ta
     cache = PrefixCache(model, 1 << 22)
     cache.store(system, prefill(model, system, [])[0])
     hit = cache.lookup(prompt[:-1])
-    assert hit is not None and hit.length == 24  # the common 40 tokens, cut to the last reusable point
+    assert hit is not None and hit.length == 36  # the common 40 tokens, cut to the last reusable point
     reused, reused_logits, _, generation = generate(model, prompt, prompt_cache=hit)
-    assert generation.reused_prompt_tokens == 24
+    assert generation.reused_prompt_tokens == 36
     assert reused == tokens and torch.equal(reused_logits, logits)
 
 
@@ -184,3 +185,17 @@ def test_a_prefix_hit_on_the_real_model_in_int4_is_exact():
     warm, warm_logits, _, generation = generate(model, prompt, max_new=16, prompt_cache=cache.lookup(prompt[:-1]))
     assert generation.reused_prompt_tokens == 200
     assert warm == cold and torch.equal(warm_logits, cold_logits)
+
+
+def test_a_prompt_rows_cost_grows_with_its_depth_by_the_models_shape(targets):
+    """Chunked prefill sizes its steps by this: a row's attention over d keys against its weights' products."""
+    from specdec.models.config import ModelConfig
+
+    qwen_05b = ModelConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
+                           num_kv_heads=2, head_dim=64, rms_norm_eps=1e-6, max_position_embeddings=32768,
+                           model_type="qwen2", tie_word_embeddings=True, qkv_bias=True, o_bias=False, mlp_bias=False)
+    # per layer 896 x (2 x 896 + 2 x 128) + 3 x 896 x 4864 weights, 2 multiply-adds each; attention 4 x 896 a key
+    assert qwen_05b.attention_depth == 8320
+    model = targets["llama"].model
+    depth = model.config.attention_depth
+    assert model.prompt_row_cost(0) == 1 and model.prompt_row_cost(int(depth)) == pytest.approx(2, rel=1e-3)

@@ -56,16 +56,22 @@ class BatchRunner:
         request that cannot run: a prompt too long, ids outside the vocabulary)."""
         return self.generator.start(request, interleaved=True)
 
-    def prefill(self, generation: Generation, max_tokens: int | None = None) -> int:
-        """Prefill up to about max_tokens more prompt tokens (None: all); the tokens computed. The first
-        call takes the prompt's longest cached prefix; the last offers the prompt to the prefix cache."""
+    def prefill(self, generation: Generation, budget: float | None = None) -> float:
+        """Prefill about `budget` more of the prompt (None: all), counted in prompt rows at depth 0: a row
+        deeper in the prompt costs more (`prompt_row_cost`), so a step deep in a long prompt takes fewer
+        rows and about as long as one near its start. The budget spent (at least the rows computed' cost).
+        The first call takes the prompt's longest cached prefix; the last offers the prompt to the prefix
+        cache."""
         head = generation.prompt_ids[:-1]
         if self.prefix_cache is not None and generation.cache.length == 0 and not generation.prefilled:
             generation.use_prompt_cache(self.prefix_cache.lookup(head))
-        done = generation.prefill_step(max_tokens)
+        cost = self.generator.target.model.prompt_row_cost
+        depth = generation.cache.length
+        rows = None if budget is None else max(1, int(budget / cost(depth)))
+        done = generation.prefill_step(rows)
         if generation.prefilled and self.prefix_cache is not None:
             self.prefix_cache.store(head, generation.cache)
-        return done
+        return done * cost(depth + done // 2)
 
     def round(self, generations: Sequence[Generation]) -> BatchedRound:
         """One round of each prefilled, unfinished generation, their verify forwards batched."""

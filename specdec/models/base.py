@@ -119,6 +119,11 @@ class CausalLM:
         prefill, cached prefixes); 0 for models without such points."""
         return 0
 
+    def prompt_row_cost(self, depth: int) -> float:
+        """What a prompt row at context `depth` costs in a prefill, relative to a row at depth 0 (its
+        attention reads every earlier key): sizes a chunked prefill's steps. 1 where not known."""
+        return 1.0
+
 
 def causal_attention_mask(past_length: int, num_new: int, device: torch.device | str) -> torch.Tensor:
     """(1, T, past + T) bool: every new token sees the whole prefix and the new tokens up to itself."""

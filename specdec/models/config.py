@@ -61,6 +61,15 @@ class ModelConfig:
     local_rope: RopeConfig | None = None
 
     @property
+    def attention_depth(self) -> float:
+        """The context depth at which a row's attention (scores and values over every earlier key: 4 x query
+        width multiply-adds a key and layer) costs as much arithmetic as its products with the layer's
+        weights (2 a weight): a row at depth d costs about 1 + d / attention_depth of a row at depth 0."""
+        query, keys = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        weights = self.hidden_size * (2 * query + 2 * keys) + 3 * self.hidden_size * self.intermediate_size
+        return weights / (2 * query)
+
+    @property
     def runs_layer_plan(self) -> bool:
         """Whether the one-C-call path through the layers (models/layer_plan.py) computes this architecture:
         it has no step for query/key norms, Gemma's norms or GELU."""

@@ -115,12 +115,17 @@ def gpu_attention_backends(device: torch.device, backends: Sequence[SDPBackend] 
 ROW_BY_ROW_MAX = SMALL_ROWS
 
 # Prefill on the CPU kernels is chunk-invariant: prompt rows at positions below this attend row by row too,
-# later rows in blocks aligned to multiples of it (one attention call per block over the cache). So the keys
-# and values of a prompt's first n tokens come out bit-identical whether it is prefilled in one forward, in
-# chunks that end at `reusable_prefix` positions, or after a cached prefix: what chunked prefill and prefix
-# caching rest on. Why not row by row throughout: past about a thousand keys the row kernel costs several
-# times torch's attention per row, while below it costs about the same.
+# later rows in blocks of PREFILL_BLOCK rows aligned to it (one attention call per block over the cache).
+# So the keys and values of a prompt's first n tokens come out bit-identical whether it is prefilled in one
+# forward, in chunks that end at `reusable_prefix` positions, or after a cached prefix: what chunked prefill
+# and prefix caching rest on. Why not row by row throughout: past about a thousand keys the row kernel costs
+# several times torch's attention per row, while below it costs about the same.
 PREFILL_ROW_LIMIT = 1024
+# Why blocks this small: a block is the least a chunked prefill can do in one step, and deep in a long
+# prompt a block's attention over every earlier key dominates its cost; a server interleaves other requests
+# only between steps. Smaller blocks cost the prefill little (the weights' kernels are compute-bound from a
+# few dozen rows on; each block re-reads the cached keys, bytes far below its arithmetic).
+PREFILL_BLOCK = 128
 
 
 @dataclass
@@ -415,17 +420,22 @@ class LlamaForCausalLM(nn.Module, CausalLM):
             return 0
         if prefilled is not None and length > prefilled:
             length = max(prefilled, min(length, PREFILL_ROW_LIMIT))
-        return length if length <= PREFILL_ROW_LIMIT else length // PREFILL_ROW_LIMIT * PREFILL_ROW_LIMIT
+        if length <= PREFILL_ROW_LIMIT:
+            return length
+        return PREFILL_ROW_LIMIT + (length - PREFILL_ROW_LIMIT) // PREFILL_BLOCK * PREFILL_BLOCK
+
+    def prompt_row_cost(self, depth: int) -> float:
+        return 1.0 + depth / self.config.attention_depth
 
     def _prefill_in_pieces(self, tokens, positions, cache: KVCache, hidden_layers: Sequence[int],
                            last_logits_only: bool) -> ForwardOutput:
-        """A causal forward of many rows as the pieces PREFILL_ROW_LIMIT fixes: rows below the limit, and any
-        piece of at most ROW_BY_ROW_MAX rows, attend row by row; later blocks, aligned to multiples of the
-        limit, each in one attention call over the cache."""
+        """A causal forward of many rows as the pieces PREFILL_ROW_LIMIT and PREFILL_BLOCK fix: rows below the
+        limit, and any piece of at most ROW_BY_ROW_MAX rows, attend row by row; later blocks of PREFILL_BLOCK
+        rows, aligned to the limit, each in one attention call over the cache."""
         num_new, done, outs = tokens.shape[1], 0, []
         while done < num_new:
             position = cache.length
-            end = PREFILL_ROW_LIMIT if position < PREFILL_ROW_LIMIT else (position // PREFILL_ROW_LIMIT + 1) * PREFILL_ROW_LIMIT
+            end = self.reusable_prefix(position + PREFILL_BLOCK) if position >= PREFILL_ROW_LIMIT else PREFILL_ROW_LIMIT
             count = min(end - position, num_new - done)
             piece = slice(done, done + count)
             if position < PREFILL_ROW_LIMIT or count <= ROW_BY_ROW_MAX:

@@ -210,7 +210,8 @@ class Scheduler:
         return None
 
     def _prefill_some(self) -> None:
-        """Prefill started requests, about prefill_tokens_per_step prompt tokens this step: the prompts with
+        """Prefill started requests, about prefill_tokens_per_step prompt rows' work this step (a row deep in a
+        long prompt counts for more: BatchRunner.prefill): the prompts with
         the fewest tokens left first, so a short request arriving behind a long prompt starts after one
         chunk of it, not after all of it; a long prompt goes on in chunks between rounds. A request whose
         prefill is done gets its "started" event and joins the next round."""
@@ -221,14 +222,14 @@ class Scheduler:
         for entry in entries:
             job, generation = entry
             try:
-                done = self.runner.prefill(generation, budget)
+                spent = self.runner.prefill(generation, budget)
             except Exception as exc:
                 job.emit("failed", exc)
                 self._remove(entry)
                 continue
             if generation.prefilled:
                 job.emit("started", len(generation.prompt_ids))
-            budget -= max(1, done)
+            budget -= max(1.0, spent)
             if budget <= 0:
                 return
 
