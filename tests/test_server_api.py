@@ -5,8 +5,10 @@ tool calls (streamed, and the round trip with a tool's result), logprobs, n choi
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 from specdec.api.generator import SpeculativeGenerator
 from specdec.drafters.ngram import NgramDrafter
@@ -24,6 +26,23 @@ WEATHER = {"type": "function", "function": {
 SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "score": {"type": "integer",
           "minimum": 0, "maximum": 9}}, "required": ["answer", "score"], "additionalProperties": False,
           "x-guidance": {"whitespace_flexible": False}}
+
+
+
+class Place(BaseModel):
+    """Bounded fields and no others: a random-weight model ends them soon."""
+
+    model_config = ConfigDict(extra="forbid")
+    city: Literal["Paris", "Oslo"]
+    days: int = Field(ge=1, le=7)
+
+
+class Trip(BaseModel):
+    """A trip: where it starts and up to two stops (a nested model: its schema has $defs)."""
+
+    model_config = ConfigDict(extra="forbid")
+    start: Place
+    stops: list[Place] = Field(max_length=2)
 
 
 @pytest.fixture(scope="module")
@@ -150,20 +169,7 @@ def test_streamed_logprobs_equal_the_whole_replys(coder):
 def test_tool_parameters_with_defs_from_nested_pydantic_models(coder):
     """Issue 52: a required or named tool call whose parameters use $defs (what pydantic writes for nested
     models, and instructor's TOOLS mode sends) was refused ("Pointer '/$defs/Loc' does not exist")."""
-    from typing import Literal
-
     import jsonschema
-    from pydantic import BaseModel, ConfigDict, Field
-
-    class Place(BaseModel):  # bounded fields, no others: a random-weight model ends them soon
-        model_config = ConfigDict(extra="forbid")
-        city: Literal["Paris", "Oslo"]
-        days: int = Field(ge=1, le=7)
-
-    class Trip(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        start: Place
-        stops: list[Place] = Field(max_length=2)
 
     parameters = {**Trip.model_json_schema(), "x-guidance": {"whitespace_flexible": False}}
     assert "$defs" in parameters

@@ -6,12 +6,10 @@ its fields are bounded so that a random-weight model ends them soon."""
 from __future__ import annotations
 
 import os
-from typing import Literal
 
 import pytest
-from pydantic import BaseModel, ConfigDict, Field
 
-from test_server_api import coder  # noqa: F401 (the fixture)
+from test_server_api import Place, Trip, coder  # noqa: F401 (coder: the fixture)
 
 instructor = pytest.importorskip("instructor")
 langchain_openai = pytest.importorskip("langchain_openai")
@@ -21,20 +19,6 @@ litellm = pytest.importorskip("litellm")
 pytestmark = pytest.mark.filterwarnings("ignore:Item .* is using the `ReadOnly` qualifier")  # litellm's types
 
 QUESTION = [{"role": "user", "content": "the weather the weather in Paris"}]
-
-
-class Place(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    city: Literal["Paris", "Oslo"]
-    days: int = Field(ge=1, le=7)
-
-
-class Trip(BaseModel):
-    """A trip: where it starts and up to two stops."""
-
-    model_config = ConfigDict(extra="forbid")
-    start: Place
-    stops: list[Place] = Field(max_length=2)
 
 
 def base_url(server) -> str:
