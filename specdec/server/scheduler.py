@@ -56,7 +56,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     loop: asyncio.AbstractEventLoop | None = None
     cancelled: bool = False
-    reason: str = "cancelled"  # why it was cancelled: what its "cancelled" event carries
+    reason: str = ""  # why it was cancelled: what its "cancelled" event carries
     connection_checked: float = 0.0  # when the server last asked whether the client is still there
     kv_bytes: int = 0  # its KV cache's size, once known (a job waiting for KV memory is not sized again)
 
@@ -71,8 +71,8 @@ class Job:
             pass  # the event loop is closed: the server has stopped and nobody is listening
 
 
-# Prompt tokens prefilled per worker step (one chunk at least), whatever else runs: between two chunks new
-# requests are admitted and running streams take a round.
+# Prompt rows' work prefilled per worker step (one block at least), whatever else runs: between two chunks
+# new requests are admitted and running streams take a round.
 PREFILL_TOKENS_PER_STEP = 512
 SHUTTING_DOWN = "the server is shutting down"
 
@@ -84,8 +84,8 @@ class Scheduler:
                  prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP):
         """kv_budget_bytes: the running generations' target KV caches together, at most (None: no limit);
         prefix_cache: where prompts' keys and values are kept for later prompts (None: none);
-        prefill_tokens_per_step: prompt tokens prefilled per step (more: new requests
-        start sooner and batches refill faster; fewer: shorter stalls of the running streams)."""
+        prefill_tokens_per_step: prompt rows' work prefilled per step (more: batches refill faster; fewer:
+        shorter stalls of the running streams and of requests behind a long prompt)."""
         if max_active < 1 or max_queue < 0:
             raise SpecdecError("max_active must be >= 1 and max_queue >= 0")
         self.generator = generator
@@ -211,10 +211,10 @@ class Scheduler:
 
     def _prefill_some(self) -> None:
         """Prefill started requests, about prefill_tokens_per_step prompt rows' work this step (a row deep in a
-        long prompt counts for more: BatchRunner.prefill): the prompts with
-        the fewest tokens left first, so a short request arriving behind a long prompt starts after one
-        chunk of it, not after all of it; a long prompt goes on in chunks between rounds. A request whose
-        prefill is done gets its "started" event and joins the next round."""
+        long prompt counts for more: BatchRunner.prefill), the prompts with the fewest tokens left first: a
+        short request arriving behind a long prompt starts after one chunk of it, not after all of it, and
+        the long prompt goes on in chunks between rounds. A request whose prefill is done gets its "started"
+        event and joins the next round."""
         with self.wake:
             entries = [entry for entry in self.active if not entry[1].prefilled and not entry[0].cancelled]
         entries.sort(key=lambda entry: entry[1].prompt_tokens_left)
