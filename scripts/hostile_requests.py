@@ -43,26 +43,29 @@ BASES = {
 }
 CHAT = BASES["/v1/chat/completions"][1]
 CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}
-TOOL = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
+SCHEMAS = [CYCLE, {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
+           {"type": "string", "pattern": "^a{1000000}$"}, {"type": "string", "pattern": "^(a{1000}){1000}$"},
+           {"type": "integer", "minimum": 10**50}, {"type": "wat"}, {"enum": []},
+           {"allOf": [{"type": "string"}, {"type": "integer"}]},
+           {"type": "object", "required": ["a"], "properties": {}, "additionalProperties": False}]
+GRAMMARS = ['root ::= "yes" | "no"', "root ::= missing", "root ::= (", 'root ::= "a"{1000000}', "", "root ::= root"]
+FUNCTION = {"name": "f", "description": "d", "parameters": {"type": "object"}}
+FUNCTIONS = [FUNCTION, {**FUNCTION, "description": "\ud800"},
+             {**FUNCTION, "parameters": {"type": "object", "properties": {"\udc00": {}}}},
+             {**FUNCTION, "parameters": {"$ref": "#/$defs/L", "$defs": {"L": {"type": "object"}}}},
+             {**FUNCTION, "parameters": CYCLE}]
+CALL_WITH_SURROGATE = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}]}
+DEEP_SCHEMA = '{"type": "object", "properties": {"a": ' * 1000 + "{}" + "}}" * 1000
 SPECIAL = [  # (path, body text)
-    *[("/v1/completions", json.dumps({"prompt": "a", "max_tokens": 4, "json_schema": schema})) for schema in [
-        CYCLE, {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}, {"type": "string", "pattern": "^a{1000000}$"},
-        {"type": "string", "pattern": "^(a{1000}){1000}$"}, {"type": "integer", "minimum": 10**50}, {"type": "wat"},
-        {"enum": []}, {"allOf": [{"type": "string"}, {"type": "integer"}]}, {"type": "object", "required": ["a"],
-                                                                            "properties": {}, "additionalProperties": False}]],
-    ("/v1/completions", '{"prompt": "a", "json_schema": ' + '{"type": "object", "properties": {"a": ' * 1000
-     + "{}" + "}}" * 1000 + "}"),
-    *[("/v1/completions", json.dumps({"prompt": "a", "max_tokens": 4, "grammar": grammar})) for grammar in [
-        'root ::= "yes" | "no"', "root ::= missing", "root ::= (", 'root ::= "a"{1000000}', "", "root ::= root"]],
-    *[("/v1/chat/completions", json.dumps({**CHAT, "tools": [tool], "tool_choice": choice}))
-      for choice in ("auto", "required") for tool in [
-        TOOL, {**TOOL, "function": {**TOOL["function"], "description": "\ud800"}},
-        {**TOOL, "function": {**TOOL["function"], "parameters": {"type": "object", "properties": {"\udc00": {}}}}},
-        {**TOOL, "function": {**TOOL["function"], "parameters": {"$ref": "#/$defs/L", "$defs": {"L": {"type": "object"}}}}},
-        {**TOOL, "function": {**TOOL["function"], "parameters": CYCLE}}]],
-    ("/v1/chat/completions", json.dumps({**CHAT, "messages": [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}]},
-        {"role": "user", "content": "hi"}]})),
+    *[("/v1/completions", json.dumps({"prompt": "a", "max_tokens": 4, "json_schema": schema})) for schema in SCHEMAS],
+    ("/v1/completions", '{"prompt": "a", "json_schema": ' + DEEP_SCHEMA + "}"),
+    *[("/v1/completions", json.dumps({"prompt": "a", "max_tokens": 4, "grammar": grammar})) for grammar in GRAMMARS],
+    *[("/v1/chat/completions", json.dumps({**CHAT, "tools": [{"type": "function", "function": function}],
+                                           "tool_choice": choice}))
+      for choice in ("auto", "required") for function in FUNCTIONS],
+    ("/v1/chat/completions", json.dumps({**CHAT, "messages": [CALL_WITH_SURROGATE,
+                                                             {"role": "user", "content": "hi"}]})),
 ]
 
 
@@ -90,7 +93,8 @@ def protocol_cases(port: int, statuses: Counter) -> None:
     routes = ["/v1/chat/completions", "/v1/completions", "/infill", "/v1/models", "/openapi.json", "/docs", "/redoc",
               "/docs/oauth2-redirect", "/nope"]
     for path in routes:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
+                        {"Authorization": f"Basic {KEY}"}):
             statuses[("no or wrong key", send(port, "GET", path, headers=headers))] += 1
         for media in ("", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
             headers = {"Authorization": HEADERS["Authorization"], **({"Content-Type": media} if media else {})}
