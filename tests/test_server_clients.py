@@ -16,8 +16,6 @@ langchain_openai = pytest.importorskip("langchain_openai")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm would fetch its price list at import
 litellm = pytest.importorskip("litellm")
 
-pytestmark = pytest.mark.filterwarnings("ignore:Item .* is using the `ReadOnly` qualifier")  # litellm's types
-
 QUESTION = [{"role": "user", "content": "the weather the weather in Paris"}]
 
 
