@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from specdec.core.rounds import GenerationResult
+from specdec.server.protocol import error_body
 
 logger = logging.getLogger("specdec.server")
 
@@ -131,8 +132,7 @@ class ResponseCounter:
             logger.exception("internal error answering %s %s", scope.get("method"), scope.get("path"))
             if started:  # the status line is out: nothing else can be said
                 return
-            body = json.dumps({"error": {"message": "internal server error", "type": "server_error",
-                                         "param": None, "code": None}}).encode()
+            body = json.dumps(error_body("internal server error", "server_error")).encode()
             await counted({"type": "http.response.start", "status": 500, "headers": [
                 (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})
