@@ -1,11 +1,12 @@
 """The target's whole forward at T new rows (300-slot context) on two builds of the CPU kernels, interleaved
-in one process: the committed sources against a variant copy of them (`--variant DIR`, as
+in one process (over `--context` cached slots of random keys and values): the committed sources against a variant copy of them (`--variant DIR`, as
 scripts/kernel_ab.py), or the committed build with and without one compiler flag (`--flag`). Both builds
 must compute the same bits; only such interleaved ratios mean anything on a shared machine.
 
     cp -r specdec/kernels /tmp/variant   # then edit /tmp/variant/*.cpp
     python scripts/forward_ab.py --variant /tmp/variant [--model NAME] [--rows 1 4 8]
     python scripts/forward_ab.py --flag -DSPECDEC_PREFETCH_TO_L2   # L1 prefetches against L2 (AMD's default)
+    python scripts/forward_ab.py --variant /tmp/variant --context 4096   # deep in a long context
 """
 
 import argparse
@@ -37,18 +38,23 @@ def main() -> None:
     parser.add_argument("--weights", default="gguf")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--reps", type=int, default=8)
+    parser.add_argument("--context", type=int, default=300, help="cached slots the rows attend to")
     args = parser.parse_args()
     builds = builds_to_compare(args.variant, args.flag)
     model = load_model(args.model, weights=args.weights).model
-    context = 300
+    context = args.context
+    # Random keys and values, written once: a cache of untouched zero pages reads as one page from L1
+    cache = model.new_cache(1, context + max(args.rows) + 1)
+    generator = torch.Generator().manual_seed(0)
+    for storage in (cache.keys, cache.values):
+        storage.copy_(torch.randn(storage.shape, generator=generator))
     for rows in args.rows:
         times: dict[str, list[float]] = {label: [] for label in builds}
         outputs: dict[str, torch.Tensor] = {}
         for _ in range(args.reps):
             for label, library in builds.items():
                 with kernels.using_kernel(library):
-                    cache = model.new_cache(1, context + rows + 1)
-                    cache.length = context  # attend to 300 zero-filled slots
+                    cache.length = context
                     tokens = torch.zeros(1, rows, dtype=torch.long)  # (1, T)
                     start = time.perf_counter()
                     positions = positions_after(context, rows, 1, tokens.device)

@@ -192,29 +192,38 @@ def test_int8_packed_linear_and_tied_embedding_rows():
     assert torch.allclose(rows.double(), dequantized(copy.packed, copy.scales, 40)[ids], atol=1e-6)
 
 
-@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (9, 3, 64), (6, 6, 20), (12, 2, 128), (2, 1, 100)])
-@pytest.mark.parametrize("rows", [1, 3, 8])
-def test_attention_rows_match_float64_reference_and_single_rows(heads, kv_heads, dim, rows):
+def attention_case(heads: int, kv_heads: int, dim: int, rows: int, prefix: int, seed: int):
+    """q (1, H, T, D); strided views of a cache's keys and values (1, Hkv, prefix + T, D), as the cache's
+    layer slices are; a visible mask (T, T) of chain and tree rows (each sees itself, some earlier rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    capacity = prefix + rows + 29
+    q = torch.randn(1, heads, rows, dim, generator=gen)
+    cache_k = torch.randn(1, kv_heads, capacity, dim, generator=gen)
+    cache_v = torch.randn(1, kv_heads, capacity, dim, generator=gen)
+    visible = torch.eye(rows, dtype=torch.bool) | (torch.rand(rows, rows, generator=gen) < 0.5).tril()
+    visible[:rows // 2, :2] = visible[:rows // 2, :2].tril()  # the first rows of a chunk share their first keys
+    return q, cache_k[:, :, :prefix + rows], cache_v[:, :, :prefix + rows], visible
+
+
+# (12, 2, 128) and 40 rows over 70 cached keys: several key and value blocks, two row chunks (attention.cpp)
+@pytest.mark.parametrize("heads,kv_heads,dim,rows,prefix", [
+    (4, 2, 16, 1, 11), (4, 2, 16, 8, 11), (9, 3, 64, 3, 11), (6, 6, 20, 8, 11), (12, 2, 128, 1, 11),
+    (12, 2, 128, 8, 11), (2, 1, 100, 3, 11), (12, 2, 128, 40, 70), (4, 2, 20, 40, 70)])
+def test_attention_rows_match_float64_reference_and_single_rows(heads, kv_heads, dim, rows, prefix):
     """Each row attends to the cached prefix and the new keys its mask shows (chain or tree rows), GQA
-    included; a row's output is bit-identical when it is computed alone."""
+    included; a row's output is bit-identical when it is computed alone, and in every build of the kernels."""
     from specdec.kernels import attention_rows
 
-    gen = torch.Generator().manual_seed(heads * 100 + rows)
-    prefix, capacity = 11, 40
-    q = torch.randn(1, heads, rows, dim, generator=gen)
-    cache_k, cache_v = torch.randn(1, kv_heads, capacity, dim, generator=gen), torch.randn(1, kv_heads, capacity, dim,
-                                                                                          generator=gen)
-    keys, values = cache_k[:, :, :prefix + rows], cache_v[:, :, :prefix + rows]  # strided views, as the cache's
-    visible = torch.eye(rows, dtype=torch.bool) | (torch.rand(rows, rows, generator=gen) < 0.5).tril()
+    q, keys, values, visible = attention_case(heads, kv_heads, dim, rows, prefix, heads * 100 + rows)
     out = attention_rows(q, keys, values, visible.to(torch.uint8), prefix)  # (1, T, H * D)
     group = heads // kv_heads
     for t in range(rows):
         seen = torch.cat([torch.arange(prefix), prefix + visible[t].nonzero().squeeze(1)])
+        k, v = keys[0, :, seen].double(), values[0, :, seen].double()  # (Hkv, n, D)
         for h in range(heads):
-            k, v = keys[0, h // group, seen].double(), values[0, h // group, seen].double()
-            weights = torch.softmax(k @ q[0, h, t].double() / dim ** 0.5, dim=0)
-            assert torch.allclose(out[0, t, h * dim:(h + 1) * dim].double(), weights @ v, atol=1e-5)
-        # each row as the only row of its call (rows are computed in pairs, sharing key loads): the same bits
+            weights = torch.softmax(k[h // group] @ q[0, h, t].double() / dim ** 0.5, dim=0)
+            assert torch.allclose(out[0, t, h * dim:(h + 1) * dim].double(), weights @ v[h // group], atol=1e-5)
+        # each row as the only row of its call (rows share key loads, chunks share keys): the same bits
         single = attention_rows(q[:, :, t:t + 1], keys, values, visible[t:t + 1].to(torch.uint8), prefix)
         assert torch.equal(single[0, 0], out[0, t])
         if bool(visible[t, :t + 1].all()):  # a chain row: alone, a one-token step over prefix + t + 1 keys
@@ -222,6 +231,9 @@ def test_attention_rows_match_float64_reference_and_single_rows(heads, kv_heads,
             alone = attention_rows(q[:, :, t:t + 1], keys[:, :, :prefix + t + 1], values[:, :, :prefix + t + 1],
                                    one, prefix + t)
             assert torch.equal(alone[0, 0], out[0, t])
+    for library in every_build():  # AVX-512 builds take wider tiles: the same arithmetic per row and column
+        with kernels.using_kernel(library):
+            assert torch.equal(attention_rows(q, keys, values, visible.to(torch.uint8), prefix), out)
 
 
 def test_amd_cpus_build_with_prefetches_into_l2(monkeypatch):

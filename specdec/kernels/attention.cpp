@@ -2,23 +2,29 @@
 //
 // Row t of T new tokens sees the first `prefix` keys (the committed prefix every row shares) and, of the
 // `visible_width` keys after them, those with visible[t][j] (itself, its ancestors in a tree, earlier
-// tokens of a chain; the T new keys are the last T). Each row
-// takes the same arithmetic in the same order whatever T is and whichever other rows share the call, so
-// a verified token's attention output is bit-identical to the one-token step plain decoding takes for it
-// (the matmul kernels' rows already are).
+// tokens of a chain; the T new keys are the last T). Each row takes the same arithmetic in the same order
+// whatever T is and whichever other rows share the call, so a verified token's attention output is
+// bit-identical to the one-token step plain decoding takes for it (the matmul kernels' rows already are).
 //
-// Where the time goes at a few hundred keys: one dot product is a chain of D/8 dependent FMAs, so dots
-// are taken four keys at a time (four independent chains, each the same chain as alone); exp is the
-// vectorized polynomial of vector_math.h; a row's weighted values are summed in registers. Sums over keys
-// run in 8 lanes over the keys the row sees, in order (the i-th seen key in lane i % 8), padded to a
-// multiple of 8 with zeros: a tree node sees the same keys in the same order as its one-token step, whose
-// cache holds exactly them, so it sums the same numbers in the same lanes whatever else shares the call.
+// A row's arithmetic: each score is one dot product, a chain of FMAs in 8 lanes over D then a fixed lane
+// sum (dot4: four independent chains, each the same chain as alone), times the scale; the softmax's max
+// and sum run in 8 lanes over the keys the row sees, in order (the i-th seen key in lane i % 8), padded to
+// a multiple of 8 with zeros; its output column c is sum over the seen keys in order of p[i] * v[i][c],
+// one FMA at a time, then times 1/sum. A tree node sees the same keys in the same order as its one-token
+// step, whose cache holds exactly them, so it sums the same numbers in the same lanes.
 //
-// Two rows at a time: consecutive rows of a head mostly see the same keys (a prefill's row t + 1 sees row t's
-// keys and one more), so each key and value loaded serves both rows; every row still takes exactly the
-// chains and sums above, so pairing changes no bit (tested against one row per call). Only where D is a
-// multiple of 8 (every real model's head size): the scalar tails of other sizes may be contracted into
-// FMAs differently when inlined into another loop, so those rows go one at a time.
+// Where the time goes: deep in a context a pass is the cache's bytes (a decode step of a 1.5B model at 4k
+// reads ~235 MB of float32 keys and values). So every key and value is read from memory once per call,
+// for all the query heads of its KV group and all the rows: the rows and heads of a group are "query
+// rows", and the work goes in three phases, each split across threads without changing any row's
+// arithmetic (the order above is per query row; which thread or block computes a term does not matter):
+//   1. scores of the keys every row of a chunk sees, a block of keys at a time (kept in L1 while all
+//      query rows use it), blocks shared out between threads (flash-decoding's split over the sequence);
+//   2. each query row's own remaining keys (a tree's branch, a prefill row's causal tail), then softmax;
+//   3. weighted values, a slice of columns per unit of work, a block of keys at a time, the running sums
+//      kept in `out` between blocks (a float stored and reloaded is the same float).
+// Rows go in chunks so the scores fit a few MB; a chunk's shared keys are the prefix plus the visible
+// keys all its rows see (the earlier rows of a prefill), so a causal prefill shares almost every key too.
 //
 // q: (H, T, D) contiguous; keys/values: (Hkv, *, D) with `head_stride` floats between heads (the cache's
 // layer slice); out: (T, H, D), ready to be flattened to (T, H * D) for the output projection.
@@ -26,6 +32,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "vector_math.h"
@@ -36,9 +43,61 @@ using vector_math::exp8;
 using vector_math::lane_max;
 using vector_math::lane_sum;
 
-// Dot products of q with keys[0..3] (D-vectors): each in 8 lanes of FMAs in k order, then lane_sum.
+constexpr int64_t KEY_BLOCK = 32;         // keys of one block of phase 1 (16 KB at D = 128): stays in L1
+constexpr int64_t VALUE_BLOCK = 32;       // keys of one block of phase 3 (16 KB at D = 128): stays in L1
+#ifdef __AVX512VL__  // 32 vector registers: tiles twice as large (the same arithmetic: each row and column alone)
+constexpr int64_t SLICE = 64;     // value columns of one slice of phase 3 (8 registers a query row)
+constexpr int SCORE_ROWS = 4;     // query rows sharing each key's loads in phase 1 (16 accumulators)
+#else
+constexpr int64_t SLICE = 32;
+constexpr int SCORE_ROWS = 2;
+#endif
+constexpr int64_t ROW_CHUNK = 32;         // rows of one chunk at most: longer prefills share more keys
+constexpr int64_t SCORE_BYTES = 8 << 20;  // a chunk's scores at most (unless one row alone needs more)
+
+// The call, as attention_rows receives it.
+struct Problem {
+    const float* q;
+    const float* keys;
+    const float* values;
+    const uint8_t* visible;
+    float* out;
+    int64_t T, H, Hkv, D, prefix, visible_width, head_stride;
+    float scale;
+    int64_t group() const { return H / Hkv; }
+};
+
+// Rows [t0, t1) of the call: each sees keys [0, shared), then its own tail (keys after `shared`, in order).
+struct Chunk {
+    int64_t t0, t1, shared, padded;  // padded: each query row's score stride
+    float* scores;                   // ((t - t0) * H + h) * padded: the scores, then softmax weights
+    float* inverse;                  // (t - t0) * H + h: 1 / the weights' sum
+    const int64_t* tails;            // (t - t0) * visible_width: the row's keys after `shared`
+    const int64_t* tail_sizes;       // (t - t0)
+    int64_t rows() const { return t1 - t0; }
+};
+
+// Query row r of KV head kv's group within a chunk: rows go head-major within a token.
+inline void query_row(const Problem& p, const Chunk& c, int64_t kv, int64_t r, int64_t* t, int64_t* h) {
+    *t = c.t0 + r / p.group(), *h = kv * p.group() + r % p.group();
+}
+
+inline float* scores_of(const Problem& p, const Chunk& c, int64_t t, int64_t h) {
+    return c.scores + ((t - c.t0) * p.H + h) * c.padded;
+}
+
+// The lane sums of four 8-lane vectors, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) each, in one
+// vector: vector_math::lane_sum's tree of additions, four at a time (hadd adds neighbouring lanes).
+inline __m128 lane_sums4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+}
+
+// out[0..3] = scale * (the dot products of q with keys k0..k3, D-vectors): each a chain of FMAs in 8 lanes in
+// k order, the lane sum, then the columns past the last multiple of 8 one FMA at a time (explicit fmaf:
+// inlining cannot round them otherwise), then the scale.
 inline void dot4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3, int64_t D,
-                 float* out) {
+                 float scale, float* out) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t k = 0;
     for (; k + 8 <= D; k += 8) {
@@ -48,61 +107,52 @@ inline void dot4(const float* q, const float* k0, const float* k1, const float* 
         a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k2 + k), a2);
         a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k3 + k), a3);
     }
-    out[0] = lane_sum(a0), out[1] = lane_sum(a1), out[2] = lane_sum(a2), out[3] = lane_sum(a3);
-    for (; k < D; k++) out[0] += q[k] * k0[k], out[1] += q[k] * k1[k], out[2] += q[k] * k2[k], out[3] += q[k] * k3[k];
+    _mm_storeu_ps(out, lane_sums4(a0, a1, a2, a3));
+    for (; k < D; k++)
+        out[0] = fmaf(q[k], k0[k], out[0]), out[1] = fmaf(q[k], k1[k], out[1]), out[2] = fmaf(q[k], k2[k], out[2]),
+        out[3] = fmaf(q[k], k3[k], out[3]);
+    _mm_storeu_ps(out, _mm_mul_ps(_mm_loadu_ps(out), _mm_set1_ps(scale)));
 }
 
-// One dot product: dot4's first chain (the leftover keys of a row round exactly as in a group of four).
-inline float dot(const float* q, const float* key, int64_t D) {
-    float out[4];
-    dot4(q, key, key, key, key, D, out);
-    return out[0];
-}
-
-// o[0..width) = sum over i in order of p[i] * values[seen[i]][0..width). width <= 64: the sum lives in 8
-// registers.
-inline void weighted_values(const float* p, const int64_t* seen, int64_t n, const float* values, int64_t D,
-                            int64_t width, float* o) {
-    constexpr int MAX_REGS = 8;
-    const int regs = (int)(width / 8);
-    __m256 acc[MAX_REGS];
-#pragma GCC unroll 8
-    for (int r = 0; r < MAX_REGS; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i++) {
-        const __m256 weight = _mm256_set1_ps(p[i]);
-        const float* value = values + seen[i] * D;
-#pragma GCC unroll 8
-        for (int r = 0; r < MAX_REGS; r++)
-            if (r < regs) acc[r] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * r), acc[r]);
+// dot4 for ROWS query rows, each key loaded once for all of them: each row's four chains exactly as dot4's.
+template <int ROWS>
+inline void dot4_rows(const float* const* q, const float* k0, const float* k1, const float* k2, const float* k3,
+                      int64_t D, float scale, float* const* out) {
+    __m256 acc[ROWS][4];
+    for (int a = 0; a < ROWS; a++) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= D; k += 8) {
+        const __m256 v0 = _mm256_loadu_ps(k0 + k), v1 = _mm256_loadu_ps(k1 + k);
+        const __m256 v2 = _mm256_loadu_ps(k2 + k), v3 = _mm256_loadu_ps(k3 + k);
+        for (int a = 0; a < ROWS; a++) {
+            const __m256 x = _mm256_loadu_ps(q[a] + k);
+            acc[a][0] = _mm256_fmadd_ps(x, v0, acc[a][0]), acc[a][1] = _mm256_fmadd_ps(x, v1, acc[a][1]);
+            acc[a][2] = _mm256_fmadd_ps(x, v2, acc[a][2]), acc[a][3] = _mm256_fmadd_ps(x, v3, acc[a][3]);
+        }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < MAX_REGS; r++)
-        if (r < regs) _mm256_storeu_ps(o + 8 * r, acc[r]);
-    for (int64_t k = 8 * regs; k < width; k++) {  // D not a multiple of 8
-        float sum = 0.0f;
-        for (int64_t i = 0; i < n; i++) sum += p[i] * values[seen[i] * D + k];
-        o[k] = sum;
+    for (int a = 0; a < ROWS; a++) {
+        float* o = out[a];
+        _mm_storeu_ps(o, lane_sums4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]));
+        for (int64_t j = k; j < D; j++)
+            o[0] = fmaf(q[a][j], k0[j], o[0]), o[1] = fmaf(q[a][j], k1[j], o[1]), o[2] = fmaf(q[a][j], k2[j], o[2]),
+            o[3] = fmaf(q[a][j], k3[j], o[3]);
+        _mm_storeu_ps(o, _mm_mul_ps(_mm_loadu_ps(o), _mm_set1_ps(scale)));
     }
 }
 
-// The keys row t sees, in order, into seen; their count.
-inline int64_t row_keys(const uint8_t* visible_row, int64_t prefix, int64_t S, int64_t* seen) {
-    int64_t n = 0;
-    for (int64_t j = 0; j < S; j++)
-        if (j < prefix || visible_row[j - prefix]) seen[n++] = j;
-    return n;
-}
-
-// scores[from..n) = scaled dot products of q with the seen keys from `from` on (dot4 chains, as for one row).
-inline void row_scores(const float* q_row, const float* k_head, const int64_t* seen, int64_t from, int64_t n,
-                       int64_t D, float scale, float* scores) {
-    int64_t i = from;
+// scores[i] for i in [0, n) = scale * q . key(i), key(i) = k_head + index[i] * D (index null: i): dot4 chains.
+inline void row_scores(const float* q, const float* k_head, const int64_t* index, int64_t n, int64_t D, float scale,
+                       float* scores) {
+    auto key = [&](int64_t i) { return k_head + (index ? index[i] : i) * D; };
+    int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        dot4(q_row, k_head + seen[i] * D, k_head + seen[i + 1] * D, k_head + seen[i + 2] * D,
-             k_head + seen[i + 3] * D, D, scores + i);
-        for (int r = 0; r < 4; r++) scores[i + r] *= scale;
+        dot4(q, key(i), key(i + 1), key(i + 2), key(i + 3), D, scale, scores + i);
     }
-    for (; i < n; i++) scores[i] = dot(q_row, k_head + seen[i] * D, D) * scale;
+    if (i < n) {  // the last 1-3 keys: a group of four padded with repeats
+        float four[4];
+        dot4(q, key(i), key(std::min(i + 1, n - 1)), key(std::min(i + 2, n - 1)), key(n - 1), D, scale, four);
+        for (int64_t r = 0; i + r < n; r++) scores[i + r] = four[r];
+    }
 }
 
 // scores[0..padded) -> exp(score - max) in 8 lanes (the padding past n exactly 0); 1 / their sum.
@@ -123,63 +173,144 @@ inline float softmax_weights(float* scores, int64_t n) {
     return 1.0f / lane_sum(total8);
 }
 
-// Two rows' weighted values over a slice of width <= 64 of D, a multiple of 8: rows a and b each sum
-// p[i] * values[seen[i]] in order of i, sharing the value loads over the keys both see (the first
-// `shared`), then each alone.
-inline void weighted_values_pair(const float* pa, const int64_t* seen_a, int64_t na, const float* pb,
-                                 const int64_t* seen_b, int64_t nb, int64_t shared, const float* values, int64_t D,
-                                 int64_t width, float* oa, float* ob) {
-    constexpr int MAX_REGS = 8;
-    const int regs = (int)(width / 8);
-    __m256 acc_a[MAX_REGS], acc_b[MAX_REGS];
-#pragma GCC unroll 8
-    for (int r = 0; r < MAX_REGS; r++) acc_a[r] = acc_b[r] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < shared; i++) {
-        const __m256 weight_a = _mm256_set1_ps(pa[i]), weight_b = _mm256_set1_ps(pb[i]);
-        const float* value = values + seen_a[i] * D;
-#pragma GCC unroll 8
+// o_a[c] += p_a[i] * value(i)[c] for i in [0, n) in order, one FMA at a time, for ROWS (1 or 2) query rows
+// sharing each value's loads; c over `width` columns (at most SLICE) of which the first `vector` (a multiple
+// of 8) in registers. value(i) = values + index[i] * D (index null: i).
+template <int ROWS>
+inline void accumulate(float* const* o, const float* const* p, const float* values, const int64_t* index, int64_t n,
+                       int64_t D, int64_t vector, int64_t width) {
+    constexpr int MAX_REGS = SLICE / 8;
+    const int regs = (int)(vector / 8);
+    __m256 acc[ROWS][MAX_REGS];
+    for (int a = 0; a < ROWS; a++)
+#pragma GCC unroll 4
+        for (int r = 0; r < MAX_REGS; r++)
+            if (r < regs) acc[a][r] = _mm256_loadu_ps(o[a] + 8 * r);
+    for (int64_t i = 0; i < n; i++) {
+        const float* value = values + (index ? index[i] : i) * D;
+        __m256 weight[ROWS];
+        for (int a = 0; a < ROWS; a++) weight[a] = _mm256_set1_ps(p[a][i]);
+#pragma GCC unroll 4
         for (int r = 0; r < MAX_REGS; r++)
             if (r < regs) {
                 const __m256 v = _mm256_loadu_ps(value + 8 * r);
-                acc_a[r] = _mm256_fmadd_ps(weight_a, v, acc_a[r]);
-                acc_b[r] = _mm256_fmadd_ps(weight_b, v, acc_b[r]);
+                for (int a = 0; a < ROWS; a++) acc[a][r] = _mm256_fmadd_ps(weight[a], v, acc[a][r]);
             }
     }
-    for (int64_t i = shared; i < na; i++) {
-        const __m256 weight = _mm256_set1_ps(pa[i]);
-        const float* value = values + seen_a[i] * D;
-#pragma GCC unroll 8
+    for (int a = 0; a < ROWS; a++)
+#pragma GCC unroll 4
         for (int r = 0; r < MAX_REGS; r++)
-            if (r < regs) acc_a[r] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * r), acc_a[r]);
-    }
-    for (int64_t i = shared; i < nb; i++) {
-        const __m256 weight = _mm256_set1_ps(pb[i]);
-        const float* value = values + seen_b[i] * D;
-#pragma GCC unroll 8
-        for (int r = 0; r < MAX_REGS; r++)
-            if (r < regs) acc_b[r] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * r), acc_b[r]);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < MAX_REGS; r++)
-        if (r < regs) _mm256_storeu_ps(oa + 8 * r, acc_a[r]), _mm256_storeu_ps(ob + 8 * r, acc_b[r]);
+            if (r < regs) _mm256_storeu_ps(o[a] + 8 * r, acc[a][r]);
+    for (int64_t c = vector; c < width; c++)  // D not a multiple of 8: its last columns
+        for (int a = 0; a < ROWS; a++) {
+            float sum = o[a][c];
+            for (int64_t i = 0; i < n; i++) sum = fmaf(p[a][i], values[(index ? index[i] : i) * D + c], sum);
+            o[a][c] = sum;
+        }
 }
 
-// Dot products of two query rows with the same four keys (D a multiple of 8): dot4's chains for each row, the
-// keys loaded once.
-inline void dot4_pair(const float* qa, const float* qb, const float* k0, const float* k1, const float* k2,
-                      const float* k3, int64_t D, float* out_a, float* out_b) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    for (int64_t k = 0; k < D; k += 8) {
-        const __m256 xa = _mm256_loadu_ps(qa + k), xb = _mm256_loadu_ps(qb + k);
-        const __m256 v0 = _mm256_loadu_ps(k0 + k), v1 = _mm256_loadu_ps(k1 + k);
-        const __m256 v2 = _mm256_loadu_ps(k2 + k), v3 = _mm256_loadu_ps(k3 + k);
-        a0 = _mm256_fmadd_ps(xa, v0, a0), b0 = _mm256_fmadd_ps(xb, v0, b0);
-        a1 = _mm256_fmadd_ps(xa, v1, a1), b1 = _mm256_fmadd_ps(xb, v1, b1);
-        a2 = _mm256_fmadd_ps(xa, v2, a2), b2 = _mm256_fmadd_ps(xb, v2, b2);
-        a3 = _mm256_fmadd_ps(xa, v3, a3), b3 = _mm256_fmadd_ps(xb, v3, b3);
+// Phase 1: scores of shared keys [first, last) for every query row of KV head kv's group in the chunk, SCORE_ROWS
+// query rows at a time sharing each key's loads.
+void shared_scores(const Problem& p, const Chunk& c, int64_t kv, int64_t first, int64_t last) {
+    const int64_t rows = c.rows() * p.group(), D = p.D;
+    const float* k = p.keys + kv * p.head_stride;
+    for (int64_t r = 0; r < rows; r += SCORE_ROWS) {
+        const int64_t count = std::min<int64_t>(SCORE_ROWS, rows - r);
+        const float* q[SCORE_ROWS];
+        float* scores[SCORE_ROWS];
+        for (int64_t a = 0; a < count; a++) {
+            int64_t t, h;
+            query_row(p, c, kv, r + a, &t, &h);
+            q[a] = p.q + (h * p.T + t) * D, scores[a] = scores_of(p, c, t, h) + first;
+        }
+        int64_t j = first;
+        if (count == SCORE_ROWS)
+            for (; j + 4 <= last; j += 4) {
+                dot4_rows<SCORE_ROWS>(q, k + j * D, k + (j + 1) * D, k + (j + 2) * D, k + (j + 3) * D, D, p.scale, scores);
+                for (int64_t a = 0; a < count; a++) scores[a] += 4;
+            }
+        for (int64_t a = 0; a < count; a++) row_scores(q[a], k + j * D, nullptr, last - j, D, p.scale, scores[a]);
     }
-    out_a[0] = lane_sum(a0), out_a[1] = lane_sum(a1), out_a[2] = lane_sum(a2), out_a[3] = lane_sum(a3);
-    out_b[0] = lane_sum(b0), out_b[1] = lane_sum(b1), out_b[2] = lane_sum(b2), out_b[3] = lane_sum(b3);
+}
+
+// Phase 2: query row (t, h)'s tail scores, then its softmax weights and 1 / their sum.
+void finish_scores(const Problem& p, const Chunk& c, int64_t t, int64_t h) {
+    const int64_t local = t - c.t0, tail = c.tail_sizes[local];
+    float* scores = scores_of(p, c, t, h);
+    row_scores(p.q + (h * p.T + t) * p.D, p.keys + (h / p.group()) * p.head_stride, c.tails + local * p.visible_width,
+               tail, p.D, p.scale, scores + c.shared);
+    c.inverse[local * p.H + h] = softmax_weights(scores, c.shared + tail);
+}
+
+// Phase 3: columns [col, col + width) of every query row of KV head kv's group in the chunk, a block of keys
+// at a time (its values' columns stay in L1 while every query row and slice uses them).
+void weighted_values(const Problem& p, const Chunk& c, int64_t kv, int64_t col, int64_t width) {
+    const int64_t rows = c.rows() * p.group(), D = p.D;
+    const float* v = p.values + kv * p.head_stride;
+    auto out_of = [&](int64_t r) {
+        int64_t t, h;
+        query_row(p, c, kv, r, &t, &h);
+        return p.out + (t * p.H + h) * D;
+    };
+    auto weights_of = [&](int64_t r) {
+        int64_t t, h;
+        query_row(p, c, kv, r, &t, &h);
+        return scores_of(p, c, t, h);
+    };
+    for (int64_t r = 0; r < rows; r++) std::fill(out_of(r) + col, out_of(r) + col + width, 0.0f);
+    for (int64_t first = 0; first < c.shared; first += VALUE_BLOCK) {
+        const int64_t n = std::min(VALUE_BLOCK, c.shared - first);
+        for (int64_t start = col; start < col + width; start += SLICE) {
+            const int64_t slice = std::min(SLICE, col + width - start), vector = slice / 8 * 8;
+            const float* values = v + first * D + start;
+            int64_t r = 0;
+            for (; r + 2 <= rows; r += 2) {
+                float* o[2] = {out_of(r) + start, out_of(r + 1) + start};
+                const float* w[2] = {weights_of(r) + first, weights_of(r + 1) + first};
+                accumulate<2>(o, w, values, nullptr, n, D, vector, slice);
+            }
+            if (r < rows) {  // an odd query row goes alone
+                float* o[1] = {out_of(r) + start};
+                const float* w[1] = {weights_of(r) + first};
+                accumulate<1>(o, w, values, nullptr, n, D, vector, slice);
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {  // each row's own keys, then 1 / sum
+        int64_t t, h;
+        query_row(p, c, kv, r, &t, &h);
+        const int64_t local = t - c.t0;
+        const float inverse = c.inverse[local * p.H + h];
+        for (int64_t start = col; start < col + width; start += SLICE) {
+            const int64_t slice = std::min(SLICE, col + width - start);
+            float* o[1] = {out_of(r) + start};
+            const float* w[1] = {weights_of(r) + c.shared};
+            accumulate<1>(o, w, v + start, c.tails + local * p.visible_width, c.tail_sizes[local], D, slice / 8 * 8,
+                          slice);
+            for (int64_t k = 0; k < slice; k++) o[0][k] *= inverse;
+        }
+    }
+}
+
+// The chunk's shared keys (the prefix and the visible keys every row sees from the first on) and each row's
+// tail after them, into tails / tail_sizes.
+int64_t chunk_tails(const Problem& p, int64_t t0, int64_t t1, int64_t* tails, int64_t* tail_sizes) {
+    int64_t common = p.visible_width;
+    for (int64_t t = t0; t < t1; t++) {
+        const uint8_t* row = p.visible + t * p.visible_width;
+        int64_t lead = 0;
+        while (lead < common && row[lead]) lead++;
+        common = lead;
+    }
+    for (int64_t t = t0; t < t1; t++) {
+        const uint8_t* row = p.visible + t * p.visible_width;
+        int64_t* tail = tails + (t - t0) * p.visible_width;
+        int64_t n = 0;
+        for (int64_t j = common; j < p.visible_width; j++)
+            if (row[j]) tail[n++] = p.prefix + j;
+        tail_sizes[t - t0] = n;
+    }
+    return p.prefix + common;
 }
 
 }  // namespace
@@ -187,51 +318,41 @@ inline void dot4_pair(const float* qa, const float* qb, const float* k0, const f
 extern "C" void attention_rows(const float* q, const float* keys, const float* values, const uint8_t* visible,
                                float* out, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t prefix,
                                int64_t visible_width, int64_t head_stride, float scale, int num_threads) {
-    const int64_t S = prefix + visible_width, group = H / Hkv;
-    const int64_t step = D % 8 == 0 ? 2 : 1, units = (T + step - 1) / step;  // rows per unit of work: 2 or 1
+    if (visible_width < 0) prefix += visible_width, visible_width = 0;  // fewer keys than the prefix: those there
+    const Problem p{q, keys, values, visible, out, T, H, Hkv, D, prefix, visible_width, head_stride, scale};
+    const int64_t padded = (prefix + visible_width + 7) / 8 * 8;
+    const int64_t by_bytes = SCORE_BYTES / (int64_t)sizeof(float) / (H * padded);
+    const int64_t chunk_rows = std::max<int64_t>(1, std::min({T, ROW_CHUNK, by_bytes}));
+    static thread_local std::vector<float> scores, inverse;  // the caller's: kept between calls (no page faults)
+    scores.resize(chunk_rows * H * padded), inverse.resize(chunk_rows * H);
+    float* const score_buffer = scores.data();  // thread_local: the other threads take the caller's by pointer
+    float* const inverse_buffer = inverse.data();
+    // Phase 3's units: each KV head's columns in `parts` runs of 8, as many units as makes them even out over
+    // the threads (a 64-wide head on 3 KV heads and 2 threads: 6 units of 32 columns)
+    const int64_t eights = (D + 7) / 8;
+    int64_t parts = 1;
+    while (parts < eights && (Hkv * parts) % num_threads != 0) parts++;
+    const int64_t part_width = (eights + parts - 1) / parts * 8;
 #pragma omp parallel num_threads(num_threads)
     {
-        const int64_t padded_size = (S + 7) / 8 * 8;
-        std::vector<float> scores_a(padded_size), scores_b(padded_size);
-        std::vector<int64_t> seen_a(S), seen_b(S);
+        std::vector<int64_t> tails(chunk_rows * visible_width), tail_sizes(chunk_rows);  // each thread's copy
+        for (int64_t t0 = 0; t0 < T; t0 += chunk_rows) {
+            const int64_t t1 = std::min(T, t0 + chunk_rows);
+            const int64_t shared = chunk_tails(p, t0, t1, tails.data(), tail_sizes.data());
+            const Chunk c{t0, t1, shared, padded, score_buffer, inverse_buffer, tails.data(), tail_sizes.data()};
+            const int64_t key_blocks = (shared + KEY_BLOCK - 1) / KEY_BLOCK;
 #pragma omp for schedule(static) collapse(2)
-        for (int64_t h = 0; h < H; h++) {
-            for (int64_t unit = 0; unit < units; unit++) {
-                const float* k_head = keys + (h / group) * head_stride;
-                const float* v_head = values + (h / group) * head_stride;
-                const int64_t ta = step * unit, tb = ta + 1;
-                const bool two = step == 2 && tb < T;  // an odd last row goes alone
-                const float* qa = q + (h * T + ta) * D;
-                const float* qb = two ? qa + D : qa;
-                const int64_t na = row_keys(visible + ta * visible_width, prefix, S, seen_a.data());
-                const int64_t nb = two ? row_keys(visible + tb * visible_width, prefix, S, seen_b.data()) : 0;
-                int64_t shared = 0;  // the keys both rows see, from the first (all of row a's in a chain)
-                const int64_t most = na < nb ? na : nb;
-                while (shared < most && seen_a[shared] == seen_b[shared]) shared++;
-                int64_t i = 0;
-                for (; i + 4 <= shared; i += 4) {
-                    dot4_pair(qa, qb, k_head + seen_a[i] * D, k_head + seen_a[i + 1] * D, k_head + seen_a[i + 2] * D,
-                              k_head + seen_a[i + 3] * D, D, scores_a.data() + i, scores_b.data() + i);
-                    for (int r = 0; r < 4; r++) scores_a[i + r] *= scale, scores_b[i + r] *= scale;
-                }
-                row_scores(qa, k_head, seen_a.data(), i, na, D, scale, scores_a.data());
-                if (two) row_scores(qb, k_head, seen_b.data(), i, nb, D, scale, scores_b.data());
-                const float inverse_a = softmax_weights(scores_a.data(), na);
-                const float inverse_b = two ? softmax_weights(scores_b.data(), nb) : 0.0f;
-                float* oa = out + (ta * H + h) * D;
-                float* ob = two ? out + (tb * H + h) * D : nullptr;
-                for (int64_t start = 0; start < D; start += 64) {
-                    const int64_t width = D - start < 64 ? D - start : 64;
-                    if (two)
-                        weighted_values_pair(scores_a.data(), seen_a.data(), na, scores_b.data(), seen_b.data(), nb,
-                                             shared, v_head + start, D, width, oa + start, ob + start);
-                    else
-                        weighted_values(scores_a.data(), seen_a.data(), na, v_head + start, D, width, oa + start);
-                }
-                for (int64_t k = 0; k < D; k++) oa[k] *= inverse_a;
-                if (two)
-                    for (int64_t k = 0; k < D; k++) ob[k] *= inverse_b;
-            }
+            for (int64_t kv = 0; kv < Hkv; kv++)
+                for (int64_t block = 0; block < key_blocks; block++)
+                    shared_scores(p, c, kv, block * KEY_BLOCK, std::min(shared, (block + 1) * KEY_BLOCK));
+#pragma omp for schedule(static) collapse(2)
+            for (int64_t t = t0; t < t1; t++)
+                for (int64_t h = 0; h < H; h++) finish_scores(p, c, t, h);
+#pragma omp for schedule(static) collapse(2)
+            for (int64_t kv = 0; kv < Hkv; kv++)
+                for (int64_t part = 0; part < parts; part++)
+                    if (part * part_width < D)
+                        weighted_values(p, c, kv, part * part_width, std::min(part_width, D - part * part_width));
         }
     }
 }

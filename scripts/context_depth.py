@@ -1,0 +1,59 @@
+"""What a decoding step and a verification pass cost deep in a context: the target's own forward of 1 row and
+of 8 rows after `depth` cached tokens, for each depth, interleaved in one process (medians, ms), with each
+depth's step against the step at the first depth and the 8-row pass against its own depth's step.
+
+The cached keys and values are random numbers written once per depth (a real prompt's would cost the same
+bytes and arithmetic; a cache of untouched zero pages would read as one page from L1).
+
+    python scripts/context_depth.py                      # Qwen2.5-Coder-1.5B GGUF, depths 0 4096 16384
+    python scripts/context_depth.py --model smollm2-135m-instruct --depths 0 2048
+"""
+
+import argparse
+import platform
+import time
+
+import torch
+
+from specdec.models.base import positions_after
+from specdec.models.sources.loading import load_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--weights", default="gguf")
+    parser.add_argument("--depths", type=int, nargs="+", default=[0, 4096, 16384])
+    parser.add_argument("--rows", type=int, default=8, help="rows of the verification pass")
+    parser.add_argument("--reps", type=int, default=7)
+    args = parser.parse_args()
+    model = load_model(args.model, weights=args.weights).model
+    generator = torch.Generator().manual_seed(0)
+    caches = {}
+    for depth in args.depths:
+        caches[depth] = cache = model.new_cache(1, depth + args.rows)
+        for storage in (cache.keys, cache.values):
+            storage.copy_(torch.randn(storage.shape, generator=generator))
+    times: dict[tuple[int, int], list[float]] = {(d, t): [] for d in args.depths for t in (1, args.rows)}
+    for _ in range(args.reps):
+        for depth, cache in caches.items():
+            for rows in (1, args.rows):
+                cache.length = depth
+                tokens = torch.zeros(1, rows, dtype=torch.long)
+                start = time.perf_counter()
+                with torch.no_grad():
+                    model.forward(tokens, positions_after(depth, rows, 1, tokens.device), cache)
+                times[depth, rows].append(time.perf_counter() - start)
+    median = {key: sorted(values)[len(values) // 2] * 1e3 for key, values in times.items()}
+    first = args.depths[0]
+    print(f"{args.model} ({args.weights}), {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
+    print(f"| depth | step ms | tokens/s | step / depth {first}'s | {args.rows}-row pass ms | pass / step |")
+    print("|---|---|---|---|---|---|")
+    for depth in args.depths:
+        step, passed = median[depth, 1], median[depth, args.rows]
+        print(f"| {depth} | {step:.1f} | {1e3 / step:.1f} | {step / median[first, 1]:.2f}x | {passed:.1f} | "
+              f"{passed / step:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
