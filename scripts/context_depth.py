@@ -1,12 +1,13 @@
 """What a decoding step and a verification pass cost deep in a context: the target's own forward of 1 row and
-of 8 rows after `depth` cached tokens, for each depth, interleaved in one process (medians, ms), with each
-depth's step against the step at the first depth and the 8-row pass against its own depth's step.
+of 8 rows after `depth` cached tokens, for each depth and KV cache type, interleaved in one process (medians,
+ms), with each depth's step against the step at the first depth and the 8-row pass against its own depth's step.
 
 The cached keys and values are random numbers written once per depth (a real prompt's would cost the same
 bytes and arithmetic; a cache of untouched zero pages would read as one page from L1).
 
     python scripts/context_depth.py                      # Qwen2.5-Coder-1.5B GGUF, depths 0 4096 16384
     python scripts/context_depth.py --model smollm2-135m-instruct --depths 0 2048
+    python scripts/context_depth.py --kv-dtypes float32 bfloat16 float16
 """
 
 import argparse
@@ -16,7 +17,7 @@ import time
 import torch
 
 from specdec.models.base import positions_after
-from specdec.models.sources.loading import load_model
+from specdec.models.sources.loading import DTYPES, load_model
 
 
 def main() -> None:
@@ -26,33 +27,36 @@ def main() -> None:
     parser.add_argument("--depths", type=int, nargs="+", default=[0, 4096, 16384])
     parser.add_argument("--rows", type=int, default=8, help="rows of the verification pass")
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--kv-dtypes", nargs="+", default=["float32"], choices=list(DTYPES))
     args = parser.parse_args()
     model = load_model(args.model, weights=args.weights).model
     generator = torch.Generator().manual_seed(0)
     caches = {}
-    for depth in args.depths:
-        caches[depth] = cache = model.new_cache(1, depth + args.rows)
-        for storage in (cache.keys, cache.values):
-            storage.copy_(torch.randn(storage.shape, generator=generator))
-    times: dict[tuple[int, int], list[float]] = {(d, t): [] for d in args.depths for t in (1, args.rows)}
+    for kv_dtype in args.kv_dtypes:
+        model.kv_dtype = DTYPES[kv_dtype]
+        for depth in args.depths:
+            caches[kv_dtype, depth] = cache = model.new_cache(1, depth + args.rows)
+            for storage in (cache.keys, cache.values):
+                storage.copy_(torch.randn(storage.shape, generator=generator))
+    times: dict[tuple, list[float]] = {(*key, t): [] for key in caches for t in (1, args.rows)}
     for _ in range(args.reps):
-        for depth, cache in caches.items():
+        for (kv_dtype, depth), cache in caches.items():
             for rows in (1, args.rows):
                 cache.length = depth
                 tokens = torch.zeros(1, rows, dtype=torch.long)
                 start = time.perf_counter()
                 with torch.no_grad():
                     model.forward(tokens, positions_after(depth, rows, 1, tokens.device), cache)
-                times[depth, rows].append(time.perf_counter() - start)
+                times[kv_dtype, depth, rows].append(time.perf_counter() - start)
     median = {key: sorted(values)[len(values) // 2] * 1e3 for key, values in times.items()}
     first = args.depths[0]
     print(f"{args.model} ({args.weights}), {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
-    print(f"| depth | step ms | tokens/s | step / depth {first}'s | {args.rows}-row pass ms | pass / step |")
-    print("|---|---|---|---|---|---|")
-    for depth in args.depths:
-        step, passed = median[depth, 1], median[depth, args.rows]
-        print(f"| {depth} | {step:.1f} | {1e3 / step:.1f} | {step / median[first, 1]:.2f}x | {passed:.1f} | "
-              f"{passed / step:.2f}x |")
+    print(f"| KV cache | depth | step ms | tokens/s | step / depth {first}'s | {args.rows}-row pass ms | pass / step |")
+    print("|---|---|---|---|---|---|---|")
+    for kv_dtype, depth in caches:
+        step, passed = median[kv_dtype, depth, 1], median[kv_dtype, depth, args.rows]
+        print(f"| {kv_dtype} | {depth} | {step:.1f} | {1e3 / step:.1f} | {step / median[kv_dtype, first, 1]:.2f}x | "
+              f"{passed:.1f} | {passed / step:.2f}x |")
 
 
 if __name__ == "__main__":

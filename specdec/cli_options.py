@@ -14,6 +14,9 @@ from specdec.core.sampling import SamplingParams
 from specdec.core.speculation_length import K_HELP, parse_k
 from specdec.errors import InvalidParameterError
 
+KV_DTYPE_HELP = ("the target's KV cache elements: auto (default: the model's dtype), float32, bfloat16 or float16 "
+                 "(half the memory and the bytes a pass deep in a long context reads; speculative output stays "
+                 "equal to plain decoding with the same setting)")
 NO_CUDA_GRAPHS_HELP = "on a GPU, run every forward eagerly instead of replaying CUDA graphs (debugging, comparison)"
 WEIGHTS_HELP = ("auto (default: a model from a GGUF file runs on the file's own quantized blocks, as llama.cpp "
                 "runs them, a bf16/fp16 checkpoint on bf16/fp16 weights, where the CPU kernel serves it; else "
@@ -59,6 +62,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--backend", default="auto", help="auto, native or transformers")
     group.add_argument("--weights", default="auto", help=WEIGHTS_HELP)
     group.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
+    group.add_argument("--kv-dtype", default="auto", help=KV_DTYPE_HELP)
 
 
 def add_k_option(parser) -> None:
@@ -130,7 +134,7 @@ def sampling_from_args(args) -> SamplingParams:
 def generator_options_from_args(args) -> GeneratorOptions:
     """The generator a command's model and speculation flags describe, checked (nothing loaded yet)."""
     return GeneratorOptions(args.target, args.drafter, args.k, args.device, args.dtype, args.backend, args.weights,
-                            args.cuda_graphs, args.acceptance)
+                            args.cuda_graphs, args.acceptance, args.kv_dtype)
 
 
 def request_from_args(args, prompt) -> GenerationRequest:

@@ -62,6 +62,7 @@ def test_generate_compare_runs_plain_decoding_too(tiny_dirs, capsys):
         (["generate", "hi", "--dtype", "int3"], "dtype"),
         (["generate", "hi", "--device", "tpu9"], "device"),
         (["generate", "hi", "--weights", "int3"], "unknown weight format"),
+        (["generate", "hi", "--kv-dtype", "int8"], "unknown KV cache dtype"),
         (["generate", "hi", "--weights", "int8", "--backend", "transformers"], "CPU kernel only"),
         (["generate", "hi", "--drafter", "quant:int5"], "unknown weight format"),
         (["generate", "hi", "--weights", "int4:48"], "int4 group size must be a positive multiple of 32"),

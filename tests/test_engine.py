@@ -104,6 +104,22 @@ def test_low_bit_target_speculative_equals_its_own_plain_decoding(models, weight
 
 
 @needs_kernel
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16])
+def test_a_two_byte_kv_cache_keeps_speculative_output_equal_to_plain_decoding_with_it(models, kv_dtype):
+    """Keys and values are rounded once, as they are written: plain and speculative decoding read the same
+    stored values, so their outputs stay equal; the cache takes half float32's memory."""
+    name = str(kv_dtype).removeprefix("torch.")
+    target = load_model(str(models["target"].path), weights="int4", kv_dtype=name)
+    cache = target.model.new_cache(1, 16)
+    assert cache.keys.dtype == kv_dtype and 2 * cache.nbytes == models["target"].model.new_cache(1, 16).nbytes
+    for prompt in PROMPTS:
+        expected = plain_ids(target, prompt, 40)
+        for drafter in (NgramDrafter(), DraftModelDrafter(models["target"], target.model.vocab_size)):
+            result = SpeculativeGenerator(target, drafter, 4).generate(prompt, 40, chat=False)
+            assert result.token_ids == expected, f"{drafter.name} prompt={prompt!r}"
+
+
+@needs_kernel
 def test_quant_drafter_is_close_to_its_target_and_shares_what_it_can(models):
     drafter = make_drafter("quant:int8", models["target"], "cpu", "float32")
     target, draft = models["target"].model, drafter.model

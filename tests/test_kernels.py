@@ -236,6 +236,30 @@ def test_attention_rows_match_float64_reference_and_single_rows(heads, kv_heads,
             assert torch.equal(attention_rows(q, keys, values, visible.to(torch.uint8), prefix), out)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_two_byte_kv_cache_is_read_and_written_as_torch_rounds_it(dtype):
+    """Attention over a bf16/fp16 cache computes, bit for bit, what it computes over a float32 cache holding
+    the same (rounded) values, in every build; the kernel's cache writes round as torch's conversion does."""
+    from specdec.kernels import attention_rows, rope_qkv_to_cache
+
+    q, keys, values, visible = attention_case(12, 2, 128, 8, 40, seed=3)
+    keys, values = keys * 30, values * 30  # some values past float16's subnormal and rounding edges
+    short_keys, short_values = keys.to(dtype), values.to(dtype)
+    for library in every_build():
+        with kernels.using_kernel(library):
+            wide = attention_rows(q, short_keys.float(), short_values.float(), visible.to(torch.uint8), 40)
+            assert torch.equal(attention_rows(q, short_keys, short_values, visible.to(torch.uint8), 40), wide)
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(1, 3, (4 + 2 * 2) * 16, generator=gen) * torch.tensor([1e-6, 1.0, 7e4]).view(1, 3, 1)
+    angles = torch.randn(1, 1, 3, 16, generator=gen)
+    caches = {kind: (torch.zeros(2, 9, 16, dtype=kind), torch.zeros(2, 9, 16, dtype=kind))
+              for kind in (torch.float32, dtype)}
+    for key_cache, value_cache in caches.values():
+        rope_qkv_to_cache(qkv, angles.cos(), angles.sin(), key_cache, value_cache, 4, 2, 5)
+    for wide, short in zip(caches[torch.float32], caches[dtype]):
+        assert torch.equal(short, wide.to(dtype))
+
+
 def test_amd_cpus_build_with_prefetches_into_l2(monkeypatch):
     """The build flags follow /proc/cpuinfo's vendor: AMD gets the L2 prefetch hint, Intel keeps L1."""
     from specdec.kernels import build

@@ -133,15 +133,19 @@ def test_unsupported_architecture_is_refused():
 
 
 @pytest.mark.skipif(packed_kernel() is None, reason="bit-identical rows need the CPU kernels")
-@pytest.mark.parametrize("kind,weights", [("qwen2", "float32"), ("qwen2", "int8"), ("qwen2", "int4"),
-                                          ("qwen2", "int7"), ("gemma3", "int8")])  # gemma3: rows past its window
-def test_verification_rows_are_bit_identical_to_one_token_steps(kind, weights):
+@pytest.mark.parametrize("kind,weights,kv_dtype", [
+    ("qwen2", "float32", None), ("qwen2", "int8", None), ("qwen2", "int4", None), ("qwen2", "int7", None),
+    ("gemma3", "int8", None),  # gemma3: rows past its window
+    ("qwen2", "int4", torch.bfloat16), ("qwen2", "float32", torch.float16)])  # two-byte KV caches
+def test_verification_rows_are_bit_identical_to_one_token_steps(kind, weights, kv_dtype):
     """A verified token's logits must be exactly what plain decoding computes for it one step at a time
     (chains and tree nodes alike), or greedy speculative output can leave the target's at near-ties; with
     int8-quantized activations a last-bit difference would grow to visibly different logits. (Stock torch
     matmuls are not batch-invariant; there the guarantee is equality up to near-ties.)"""
     native = native_from_hf(make_hf_model(kind))
     native.pack_weights(weights)
+    native.kv_dtype = kv_dtype
+    assert native.new_cache(1, 4).keys.dtype == (kv_dtype or torch.float32)
     gen = torch.Generator().manual_seed(11)
     prefix, nodes = torch.randint(0, VOCAB, (1, 10), generator=gen), torch.randint(0, VOCAB, (1, 7), generator=gen)
 

@@ -115,15 +115,16 @@ class SpeculativeGenerator:
         weights: str = "auto",
         cuda_graphs: bool = True,
         acceptance: str = "match",
+        kv_dtype: str = "auto",
     ) -> "SpeculativeGenerator":
         return cls.from_options(GeneratorOptions(target, drafter, k, device, dtype, backend, weights, cuda_graphs,
-                                                 acceptance))
+                                                 acceptance, kv_dtype))
 
     @classmethod
     def from_options(cls, options: GeneratorOptions) -> "SpeculativeGenerator":
         """Load what `options` (checked when they were built, before anything loads) name."""
         loaded = load_model(options.target, device=options.device, dtype=options.dtype, backend=options.backend,
-                            weights=options.weights, cuda_graphs=options.cuda_graphs)
+                            weights=options.weights, cuda_graphs=options.cuda_graphs, kv_dtype=options.kv_dtype)
         drafter = default_drafter(loaded) if options.drafter == "default" else options.drafter
         return cls(loaded, make_drafter(drafter, loaded, options.device, options.dtype), options.k,
                    options.acceptance)

@@ -27,11 +27,12 @@ class GeneratorOptions:
     weights: str = "auto"
     cuda_graphs: bool = True
     acceptance: str = "match"
+    kv_dtype: str = "auto"  # the target's KV cache elements: auto (the model's dtype), float32, bfloat16, float16
 
     def __post_init__(self):
         check_k(self.k)
         check_acceptance(self.acceptance)
-        check_load_options(self.device, self.dtype, self.backend, self.weights)
+        check_load_options(self.device, self.dtype, self.backend, self.weights, self.kv_dtype)
         check_model_spec(self.target)
         check_drafter_spec(self.drafter)
 

@@ -41,6 +41,7 @@ class BenchConfig:
     backend: str = "auto"  # ours: auto, native or transformers
     # sampling rules (specdec.core.verify) each drafter runs under; with several, methods are named "SPEC [RULE]"
     acceptance: list[str] = field(default_factory=lambda: ["match"])
+    kv_dtype: str = "auto"  # ours: the target's KV cache elements
 
 
 @dataclass
@@ -167,7 +168,7 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
 
 def run_bench(config: BenchConfig, prompts: list[BenchPrompt], progress: bool = True) -> BenchResults:
     target = load_model(config.target, device=config.device, dtype=config.dtype, weights=config.weights,
-                        cuda_graphs=config.cuda_graphs, backend=config.backend)
+                        cuda_graphs=config.cuda_graphs, backend=config.backend, kv_dtype=config.kv_dtype)
     if config.weights == "auto":  # report what it resolved to
         config = dataclasses.replace(config, weights=target.model.weight_format)
     roofline = measure_roofline(target.model, config.roofline_buffer_mb, config.device) \

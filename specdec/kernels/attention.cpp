@@ -39,9 +39,15 @@
 
 namespace {
 
+using vector_math::bf16;
 using vector_math::exp8;
+using vector_math::f16;
+using vector_math::KV_BFLOAT16;
+using vector_math::KV_FLOAT16;
 using vector_math::lane_max;
 using vector_math::lane_sum;
+using vector_math::load8;
+using vector_math::to_float;
 
 constexpr int64_t KEY_BLOCK = 32;         // keys of one block of phase 1 (16 KB at D = 128): stays in L1
 constexpr int64_t VALUE_BLOCK = 32;       // keys of one block of phase 3 (16 KB at D = 128): stays in L1
@@ -55,11 +61,12 @@ constexpr int SCORE_ROWS = 2;
 constexpr int64_t ROW_CHUNK = 32;         // rows of one chunk at most: longer prefills share more keys
 constexpr int64_t SCORE_BYTES = 8 << 20;  // a chunk's scores at most (unless one row alone needs more)
 
-// The call, as attention_rows receives it.
+// The call, as attention_rows receives it; KV: the cache's element type (float, bf16, f16).
+template <typename KV>
 struct Problem {
     const float* q;
-    const float* keys;
-    const float* values;
+    const KV* keys;
+    const KV* values;
     const uint8_t* visible;
     float* out;
     int64_t T, H, Hkv, D, prefix, visible_width, head_stride;
@@ -78,11 +85,13 @@ struct Chunk {
 };
 
 // Query row r of KV head kv's group within a chunk: rows go head-major within a token.
-inline void query_row(const Problem& p, const Chunk& c, int64_t kv, int64_t r, int64_t* t, int64_t* h) {
+template <typename P>
+inline void query_row(const P& p, const Chunk& c, int64_t kv, int64_t r, int64_t* t, int64_t* h) {
     *t = c.t0 + r / p.group(), *h = kv * p.group() + r % p.group();
 }
 
-inline float* scores_of(const Problem& p, const Chunk& c, int64_t t, int64_t h) {
+template <typename P>
+inline float* scores_of(const P& p, const Chunk& c, int64_t t, int64_t h) {
     return c.scores + ((t - c.t0) * p.H + h) * c.padded;
 }
 
@@ -96,34 +105,34 @@ inline __m128 lane_sums4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 // out[0..3] = scale * (the dot products of q with keys k0..k3, D-vectors): each a chain of FMAs in 8 lanes in
 // k order, the lane sum, then the columns past the last multiple of 8 one FMA at a time (explicit fmaf:
 // inlining cannot round them otherwise), then the scale.
-inline void dot4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3, int64_t D,
-                 float scale, float* out) {
+template <typename KV>
+inline void dot4(const float* q, const KV* k0, const KV* k1, const KV* k2, const KV* k3, int64_t D, float scale,
+                 float* out) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t k = 0;
     for (; k + 8 <= D; k += 8) {
         const __m256 x = _mm256_loadu_ps(q + k);
-        a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k0 + k), a0);
-        a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k1 + k), a1);
-        a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k2 + k), a2);
-        a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k3 + k), a3);
+        a0 = _mm256_fmadd_ps(x, load8(k0 + k), a0);
+        a1 = _mm256_fmadd_ps(x, load8(k1 + k), a1);
+        a2 = _mm256_fmadd_ps(x, load8(k2 + k), a2);
+        a3 = _mm256_fmadd_ps(x, load8(k3 + k), a3);
     }
     _mm_storeu_ps(out, lane_sums4(a0, a1, a2, a3));
     for (; k < D; k++)
-        out[0] = fmaf(q[k], k0[k], out[0]), out[1] = fmaf(q[k], k1[k], out[1]), out[2] = fmaf(q[k], k2[k], out[2]),
-        out[3] = fmaf(q[k], k3[k], out[3]);
+        out[0] = fmaf(q[k], to_float(k0[k]), out[0]), out[1] = fmaf(q[k], to_float(k1[k]), out[1]),
+        out[2] = fmaf(q[k], to_float(k2[k]), out[2]), out[3] = fmaf(q[k], to_float(k3[k]), out[3]);
     _mm_storeu_ps(out, _mm_mul_ps(_mm_loadu_ps(out), _mm_set1_ps(scale)));
 }
 
 // dot4 for ROWS query rows, each key loaded once for all of them: each row's four chains exactly as dot4's.
-template <int ROWS>
-inline void dot4_rows(const float* const* q, const float* k0, const float* k1, const float* k2, const float* k3,
-                      int64_t D, float scale, float* const* out) {
+template <int ROWS, typename KV>
+inline void dot4_rows(const float* const* q, const KV* k0, const KV* k1, const KV* k2, const KV* k3, int64_t D,
+                      float scale, float* const* out) {
     __m256 acc[ROWS][4];
     for (int a = 0; a < ROWS; a++) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 8 <= D; k += 8) {
-        const __m256 v0 = _mm256_loadu_ps(k0 + k), v1 = _mm256_loadu_ps(k1 + k);
-        const __m256 v2 = _mm256_loadu_ps(k2 + k), v3 = _mm256_loadu_ps(k3 + k);
+        const __m256 v0 = load8(k0 + k), v1 = load8(k1 + k), v2 = load8(k2 + k), v3 = load8(k3 + k);
         for (int a = 0; a < ROWS; a++) {
             const __m256 x = _mm256_loadu_ps(q[a] + k);
             acc[a][0] = _mm256_fmadd_ps(x, v0, acc[a][0]), acc[a][1] = _mm256_fmadd_ps(x, v1, acc[a][1]);
@@ -134,14 +143,15 @@ inline void dot4_rows(const float* const* q, const float* k0, const float* k1, c
         float* o = out[a];
         _mm_storeu_ps(o, lane_sums4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]));
         for (int64_t j = k; j < D; j++)
-            o[0] = fmaf(q[a][j], k0[j], o[0]), o[1] = fmaf(q[a][j], k1[j], o[1]), o[2] = fmaf(q[a][j], k2[j], o[2]),
-            o[3] = fmaf(q[a][j], k3[j], o[3]);
+            o[0] = fmaf(q[a][j], to_float(k0[j]), o[0]), o[1] = fmaf(q[a][j], to_float(k1[j]), o[1]),
+            o[2] = fmaf(q[a][j], to_float(k2[j]), o[2]), o[3] = fmaf(q[a][j], to_float(k3[j]), o[3]);
         _mm_storeu_ps(o, _mm_mul_ps(_mm_loadu_ps(o), _mm_set1_ps(scale)));
     }
 }
 
 // scores[i] for i in [0, n) = scale * q . key(i), key(i) = k_head + index[i] * D (index null: i): dot4 chains.
-inline void row_scores(const float* q, const float* k_head, const int64_t* index, int64_t n, int64_t D, float scale,
+template <typename KV>
+inline void row_scores(const float* q, const KV* k_head, const int64_t* index, int64_t n, int64_t D, float scale,
                        float* scores) {
     auto key = [&](int64_t i) { return k_head + (index ? index[i] : i) * D; };
     int64_t i = 0;
@@ -176,8 +186,8 @@ inline float softmax_weights(float* scores, int64_t n) {
 // o_a[c] += p_a[i] * value(i)[c] for i in [0, n) in order, one FMA at a time, for ROWS (1 or 2) query rows
 // sharing each value's loads; c over `width` columns (at most SLICE) of which the first `vector` (a multiple
 // of 8) in registers. value(i) = values + index[i] * D (index null: i).
-template <int ROWS>
-inline void accumulate(float* const* o, const float* const* p, const float* values, const int64_t* index, int64_t n,
+template <int ROWS, typename KV>
+inline void accumulate(float* const* o, const float* const* p, const KV* values, const int64_t* index, int64_t n,
                        int64_t D, int64_t vector, int64_t width) {
     constexpr int MAX_REGS = SLICE / 8;
     const int regs = (int)(vector / 8);
@@ -187,13 +197,13 @@ inline void accumulate(float* const* o, const float* const* p, const float* valu
         for (int r = 0; r < MAX_REGS; r++)
             if (r < regs) acc[a][r] = _mm256_loadu_ps(o[a] + 8 * r);
     for (int64_t i = 0; i < n; i++) {
-        const float* value = values + (index ? index[i] : i) * D;
+        const KV* value = values + (index ? index[i] : i) * D;
         __m256 weight[ROWS];
         for (int a = 0; a < ROWS; a++) weight[a] = _mm256_set1_ps(p[a][i]);
 #pragma GCC unroll 4
         for (int r = 0; r < MAX_REGS; r++)
             if (r < regs) {
-                const __m256 v = _mm256_loadu_ps(value + 8 * r);
+                const __m256 v = load8(value + 8 * r);
                 for (int a = 0; a < ROWS; a++) acc[a][r] = _mm256_fmadd_ps(weight[a], v, acc[a][r]);
             }
     }
@@ -204,16 +214,17 @@ inline void accumulate(float* const* o, const float* const* p, const float* valu
     for (int64_t c = vector; c < width; c++)  // D not a multiple of 8: its last columns
         for (int a = 0; a < ROWS; a++) {
             float sum = o[a][c];
-            for (int64_t i = 0; i < n; i++) sum = fmaf(p[a][i], values[(index ? index[i] : i) * D + c], sum);
+            for (int64_t i = 0; i < n; i++) sum = fmaf(p[a][i], to_float(values[(index ? index[i] : i) * D + c]), sum);
             o[a][c] = sum;
         }
 }
 
 // Phase 1: scores of shared keys [first, last) for every query row of KV head kv's group in the chunk, SCORE_ROWS
 // query rows at a time sharing each key's loads.
-void shared_scores(const Problem& p, const Chunk& c, int64_t kv, int64_t first, int64_t last) {
+template <typename KV>
+void shared_scores(const Problem<KV>& p, const Chunk& c, int64_t kv, int64_t first, int64_t last) {
     const int64_t rows = c.rows() * p.group(), D = p.D;
-    const float* k = p.keys + kv * p.head_stride;
+    const KV* k = p.keys + kv * p.head_stride;
     for (int64_t r = 0; r < rows; r += SCORE_ROWS) {
         const int64_t count = std::min<int64_t>(SCORE_ROWS, rows - r);
         const float* q[SCORE_ROWS];
@@ -234,7 +245,8 @@ void shared_scores(const Problem& p, const Chunk& c, int64_t kv, int64_t first, 
 }
 
 // Phase 2: query row (t, h)'s tail scores, then its softmax weights and 1 / their sum.
-void finish_scores(const Problem& p, const Chunk& c, int64_t t, int64_t h) {
+template <typename KV>
+void finish_scores(const Problem<KV>& p, const Chunk& c, int64_t t, int64_t h) {
     const int64_t local = t - c.t0, tail = c.tail_sizes[local];
     float* scores = scores_of(p, c, t, h);
     row_scores(p.q + (h * p.T + t) * p.D, p.keys + (h / p.group()) * p.head_stride, c.tails + local * p.visible_width,
@@ -244,9 +256,10 @@ void finish_scores(const Problem& p, const Chunk& c, int64_t t, int64_t h) {
 
 // Phase 3: columns [col, col + width) of every query row of KV head kv's group in the chunk, a block of keys
 // at a time (its values' columns stay in L1 while every query row and slice uses them).
-void weighted_values(const Problem& p, const Chunk& c, int64_t kv, int64_t col, int64_t width) {
+template <typename KV>
+void weighted_values(const Problem<KV>& p, const Chunk& c, int64_t kv, int64_t col, int64_t width) {
     const int64_t rows = c.rows() * p.group(), D = p.D;
-    const float* v = p.values + kv * p.head_stride;
+    const KV* v = p.values + kv * p.head_stride;
     auto out_of = [&](int64_t r) {
         int64_t t, h;
         query_row(p, c, kv, r, &t, &h);
@@ -262,7 +275,7 @@ void weighted_values(const Problem& p, const Chunk& c, int64_t kv, int64_t col, 
         const int64_t n = std::min(VALUE_BLOCK, c.shared - first);
         for (int64_t start = col; start < col + width; start += SLICE) {
             const int64_t slice = std::min(SLICE, col + width - start), vector = slice / 8 * 8;
-            const float* values = v + first * D + start;
+            const KV* values = v + first * D + start;
             int64_t r = 0;
             for (; r + 2 <= rows; r += 2) {
                 float* o[2] = {out_of(r) + start, out_of(r + 1) + start};
@@ -294,7 +307,8 @@ void weighted_values(const Problem& p, const Chunk& c, int64_t kv, int64_t col, 
 
 // The chunk's shared keys (the prefix and the visible keys every row sees from the first on) and each row's
 // tail after them, into tails / tail_sizes.
-int64_t chunk_tails(const Problem& p, int64_t t0, int64_t t1, int64_t* tails, int64_t* tail_sizes) {
+template <typename P>
+int64_t chunk_tails(const P& p, int64_t t0, int64_t t1, int64_t* tails, int64_t* tail_sizes) {
     int64_t common = p.visible_width;
     for (int64_t t = t0; t < t1; t++) {
         const uint8_t* row = p.visible + t * p.visible_width;
@@ -313,14 +327,11 @@ int64_t chunk_tails(const Problem& p, int64_t t0, int64_t t1, int64_t* tails, in
     return p.prefix + common;
 }
 
-}  // namespace
-
-extern "C" void attention_rows(const float* q, const float* keys, const float* values, const uint8_t* visible,
-                               float* out, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t prefix,
-                               int64_t visible_width, int64_t head_stride, float scale, int num_threads) {
-    if (visible_width < 0) prefix += visible_width, visible_width = 0;  // fewer keys than the prefix: those there
-    const Problem p{q, keys, values, visible, out, T, H, Hkv, D, prefix, visible_width, head_stride, scale};
-    const int64_t padded = (prefix + visible_width + 7) / 8 * 8;
+// The call on a cache of KV elements (attention_rows below dispatches on its type).
+template <typename KV>
+void attend(const Problem<KV>& p, int num_threads) {
+    const int64_t T = p.T, H = p.H, Hkv = p.Hkv, D = p.D, visible_width = p.visible_width;
+    const int64_t padded = (p.prefix + visible_width + 7) / 8 * 8;
     const int64_t by_bytes = SCORE_BYTES / (int64_t)sizeof(float) / (H * padded);
     const int64_t chunk_rows = std::max<int64_t>(1, std::min({T, ROW_CHUNK, by_bytes}));
     static thread_local std::vector<float> scores, inverse;  // the caller's: kept between calls (no page faults)
@@ -354,5 +365,24 @@ extern "C" void attention_rows(const float* q, const float* keys, const float* v
                     if (part * part_width < D)
                         weighted_values(p, c, kv, part * part_width, std::min(part_width, D - part * part_width));
         }
+    }
+}
+
+}  // namespace
+
+extern "C" void attention_rows(const float* q, const void* keys, const void* values, const uint8_t* visible,
+                               float* out, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t prefix,
+                               int64_t visible_width, int64_t head_stride, float scale, int kv_type, int num_threads) {
+    if (visible_width < 0) prefix += visible_width, visible_width = 0;  // fewer keys than the prefix: those there
+    switch (kv_type) {
+        case KV_BFLOAT16:
+            return attend(Problem<bf16>{q, static_cast<const bf16*>(keys), static_cast<const bf16*>(values), visible, out,
+                                        T, H, Hkv, D, prefix, visible_width, head_stride, scale}, num_threads);
+        case KV_FLOAT16:
+            return attend(Problem<f16>{q, static_cast<const f16*>(keys), static_cast<const f16*>(values), visible, out,
+                                       T, H, Hkv, D, prefix, visible_width, head_stride, scale}, num_threads);
+        default:
+            return attend(Problem<float>{q, static_cast<const float*>(keys), static_cast<const float*>(values), visible,
+                                         out, T, H, Hkv, D, prefix, visible_width, head_stride, scale}, num_threads);
     }
 }

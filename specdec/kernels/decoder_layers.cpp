@@ -30,14 +30,14 @@ void int7_matmul(const float* x, const uint8_t* wq, const uint16_t* scales, floa
                  int64_t G, int num_threads);
 void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super, float* y,
                  int64_t T, int64_t K, int64_t N, int32_t layout, int64_t group, int64_t super_size, int num_threads);
-void attention_rows(const float* q, const float* keys, const float* values, const uint8_t* visible, float* out,
+void attention_rows(const float* q, const void* keys, const void* values, const uint8_t* visible, float* out,
                     int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t prefix, int64_t visible_width,
-                    int64_t head_stride, float scale, int num_threads);
+                    int64_t head_stride, float scale, int kv_type, int num_threads);
 void add_rms_norm(const float* x, const float* residual, const float* weight, float* sum, float* out, int64_t rows,
                   int64_t n, float eps);
-void rope_qkv_to_cache(const float* qkv, const float* cos, const float* sin, float* q_out, float* key_cache,
-                       float* value_cache, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t start,
-                       int64_t head_stride);
+void rope_qkv_to_cache(const float* qkv, const float* cos, const float* sin, float* q_out, void* key_cache,
+                       void* value_cache, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t start,
+                       int64_t head_stride, int kv_type);
 void silu_mul(const float* gate_up, float* out, int64_t T, int64_t I);
 }
 
@@ -95,16 +95,20 @@ void multiply(const PackedMatrix& w, const float* x, float* y, int64_t T, int th
 }  // namespace
 
 // One request's rows within a forward (models/layer_plan.py's Segment has the same layout): its batch-1
-// cache's first layer's (Hkv, S_max, D) key and value blocks, layer_stride floats apart, heads head_stride
-// apart; `start` cached tokens precede its `rows` new ones, whose keys and values go to [start, start + rows).
+// cache's first layer's (Hkv, S_max, D) key and value blocks of kv_type elements (vector_math.h), layer_stride
+// elements apart, heads head_stride apart; `start` cached tokens precede its `rows` new ones, whose keys and values go to [start, start + rows).
 // Attention: each row sees the first `prefix` keys; visible (rows, start + rows - prefix) uint8 says which of
 // the others it sees.
 struct Segment {
-    float* key_cache;
-    float* value_cache;
+    void* key_cache;
+    void* value_cache;
     int64_t layer_stride, head_stride;
     const uint8_t* visible;
-    int64_t prefix, rows, start;
+    int64_t prefix, rows, start, kv_type;
+
+    void* layer_keys(int64_t l) const { return static_cast<char*>(key_cache) + l * layer_stride * element_size(); }
+    void* layer_values(int64_t l) const { return static_cast<char*>(value_cache) + l * layer_stride * element_size(); }
+    int64_t element_size() const { return kv_type == 0 ? 4 : 2; }
 };
 
 namespace {
@@ -136,13 +140,13 @@ void run_layers(const LayerWeights* layers, int64_t count, float* x, const float
         int64_t row = 0;
         for (int64_t s = 0; s < num_segments; s++) {
             const Segment& seg = segments[s];
-            float* keys = seg.key_cache + l * seg.layer_stride;
-            float* values = seg.value_cache + l * seg.layer_stride;
+            void* keys = seg.layer_keys(l);
+            void* values = seg.layer_values(l);
             rope_qkv_to_cache(qkv.data() + row * width, cos + row * D, sin + row * D, q.data(), keys, values,
-                              seg.rows, H, Hkv, D, seg.start, seg.head_stride);
+                              seg.rows, H, Hkv, D, seg.start, seg.head_stride, (int)seg.kv_type);
             attention_rows(q.data(), keys, values, seg.visible, attended.data() + row * H * D, seg.rows, H, Hkv, D,
                            seg.prefix, seg.start + seg.rows - seg.prefix, seg.head_stride, attention_scale,
-                           num_threads);
+                           (int)seg.kv_type, num_threads);
             row += seg.rows;
         }
         multiply(layer.o, attended.data(), projected.data(), T, num_threads);
@@ -158,10 +162,10 @@ void run_layers(const LayerWeights* layers, int64_t count, float* x, const float
 
 // Layers [0, count) of `layers` over the T rows of one request (a Segment spelled out), in place.
 extern "C" void decoder_layers(const LayerWeights* layers, int64_t count, float* x, const float* cos, const float* sin,
-                               float* key_cache, float* value_cache, int64_t layer_stride, int64_t head_stride,
+                               void* key_cache, void* value_cache, int64_t layer_stride, int64_t head_stride,
                                const uint8_t* visible, int64_t prefix, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                               int64_t start, float attention_scale, int num_threads) {
-    const Segment one{key_cache, value_cache, layer_stride, head_stride, visible, prefix, T, start};
+                               int64_t start, int64_t kv_type, float attention_scale, int num_threads) {
+    const Segment one{key_cache, value_cache, layer_stride, head_stride, visible, prefix, T, start, kv_type};
     run_layers(layers, count, x, cos, sin, &one, 1, H, Hkv, D, attention_scale, num_threads);
 }
 

@@ -21,12 +21,15 @@ _INTEGER = (P, P, P, P, I64, I64, I64, I64, c_int)  # x, codes, scales, y, rows,
 _int4_matmul = declare("integer_matmul.cpp", "int4_matmul", *_INTEGER)
 _int7_matmul = declare("integer_matmul.cpp", "int7_matmul", *_INTEGER)
 _gguf_matmul = declare("gguf_matmul.cpp", "gguf_matmul", P, P, P, P, P, I64, I64, I64, c_int32, I64, I64, c_int)
-_attention_rows = declare("attention.cpp", "attention_rows", P, P, P, P, P, *[I64] * 7, c_float, c_int)
+_attention_rows = declare("attention.cpp", "attention_rows", P, P, P, P, P, *[I64] * 7, c_float, c_int, c_int)
 _add_rms_norm = declare("layer_ops.cpp", "add_rms_norm", P, P, P, P, P, I64, I64, c_float)
-_rope_qkv_to_cache = declare("layer_ops.cpp", "rope_qkv_to_cache", *[P] * 6, *[I64] * 6)
+_rope_qkv_to_cache = declare("layer_ops.cpp", "rope_qkv_to_cache", *[P] * 6, *[I64] * 6, c_int)
 _silu_mul = declare("layer_ops.cpp", "silu_mul", P, P, I64, I64)
+# The KV cache element types the kernels read and write (vector_math.h's KvType): a two-byte cache is widened
+# to float32 exactly as it is read, and written rounded to nearest even, as torch rounds.
+KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # A span of decoder layers in one call (models/layer_plan.py builds the arguments): one request, and a batch.
-decoder_layers = declare("decoder_layers.cpp", "decoder_layers", P, I64, *[P] * 5, I64, I64, P, *[I64] * 6,
+decoder_layers = declare("decoder_layers.cpp", "decoder_layers", P, I64, *[P] * 5, I64, I64, P, *[I64] * 7,
                          c_float, c_int)
 decoder_layers_batch = declare("decoder_layers.cpp", "decoder_layers_batch", P, I64, *[P] * 4, *[I64] * 4,
                                c_float, c_int)
@@ -94,15 +97,16 @@ def gguf_matmul(x: torch.Tensor, codes: torch.Tensor, group_codes: torch.Tensor,
 
 def attention_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
                    prefix: int, scale: float | None = None) -> torch.Tensor:
-    """q (1, H, T, D), the cache's keys/values views (1, Hkv, prefix + W, D), visible (T, W) uint8: which of
-    the keys after the shared `prefix` each row sees -> (1, T, H * D): each row's attention as its own
-    one-token step computes it (attention.cpp). Scores are scaled by `scale` (None: 1/sqrt(D))."""
+    """q (1, H, T, D), the cache's keys/values views (1, Hkv, prefix + W, D; float32, bf16 or fp16), visible
+    (T, W) uint8: which of the keys after the shared `prefix` each row sees -> (1, T, H * D) float32: each row's
+    attention as its own one-token step computes it (attention.cpp). Scores are scaled by `scale` (None:
+    1/sqrt(D))."""
     _, heads, rows, dim = q.shape
     q = q.contiguous()
     out = torch.empty(1, rows, heads * dim, dtype=torch.float32)
     _attention_rows()(q.data_ptr(), keys.data_ptr(), values.data_ptr(), visible.data_ptr(), out.data_ptr(), rows,
                       heads, keys.shape[1], dim, prefix, visible.shape[1], keys.stride(1),
-                      dim ** -0.5 if scale is None else scale, torch.get_num_threads())
+                      dim ** -0.5 if scale is None else scale, KV_TYPES[keys.dtype], torch.get_num_threads())
     return out
 
 
@@ -121,12 +125,13 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 def rope_qkv_to_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
                       value_cache: torch.Tensor, heads: int, kv_heads: int, start: int) -> torch.Tensor:
     """Fused q/k/v rows (1, T, (H + 2 Hkv) D) and rope tables (1, 1, T, D) -> queries (1, H, T, D); the
-    rotated keys and the values go to one layer of the cache, key_cache/value_cache (Hkv, S_max, D), at
-    slots [start, start + T)."""
+    rotated keys and the values go to one layer of the cache, key_cache/value_cache (Hkv, S_max, D; float32,
+    bf16 or fp16), at slots [start, start + T)."""
     rows, dim = qkv.shape[1], cos.shape[-1]
     q = torch.empty(1, heads, rows, dim, dtype=torch.float32)
     _rope_qkv_to_cache()(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(), key_cache.data_ptr(),
-                         value_cache.data_ptr(), rows, heads, kv_heads, dim, start, key_cache.stride(0))
+                         value_cache.data_ptr(), rows, heads, kv_heads, dim, start, key_cache.stride(0),
+                         KV_TYPES[key_cache.dtype])
     return q
 
 

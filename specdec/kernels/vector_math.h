@@ -1,6 +1,8 @@
 // Vector helpers shared by the CPU kernels (included, not compiled on its own).
 #pragma once
 #include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
 
 namespace vector_math {
 
@@ -35,5 +37,37 @@ inline __m256 exp8(__m256 x) {
     const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));  // times 2^n
 }
+
+// A KV cache's element types (kernels/ops.py KV_TYPES has the same codes): two-byte caches halve the bytes a
+// deep pass reads; a key is widened to float32 exactly, so the arithmetic on it is float32's on its value.
+enum KvType : int { KV_FLOAT32 = 0, KV_BFLOAT16 = 1, KV_FLOAT16 = 2 };
+struct bf16 { uint16_t bits; };
+struct f16 { uint16_t bits; };
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const bf16* p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+inline __m256 load8(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+inline float to_float(float x) { return x; }
+inline float to_float(bf16 x) {
+    const uint32_t bits = (uint32_t)x.bits << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+inline float to_float(f16 x) { return _cvtsh_ss(x.bits); }
+
+// Stores x rounded to the nearest even value of the type, as torch's conversions round (so a cache written
+// here holds what `cache[...] = tensor` writes).
+inline void store(float* p, float x) { *p = x; }
+inline void store(bf16* p, float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    p->bits = x != x ? 0x7fc0 : (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+}
+inline void store(f16* p, float x) { p->bits = _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 
 }  // namespace vector_math

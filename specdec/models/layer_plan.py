@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from specdec.kernels import GGUF_LAYOUTS, grouped_bits
-from specdec.kernels.ops import decoder_layers, decoder_layers_batch
+from specdec.kernels.ops import KV_TYPES, decoder_layers, decoder_layers_batch
 from specdec.models.kv_cache import KVCache
 from specdec.models.quantized.packed_linear import PackedLinear
 
@@ -42,7 +42,7 @@ class Segment(ctypes.Structure):
     """One request's rows in a batched span (decoder_layers.cpp's Segment)."""
     _fields_ = [("key_cache", ctypes.c_void_p), ("value_cache", ctypes.c_void_p), ("layer_stride", ctypes.c_int64),
                 ("head_stride", ctypes.c_int64), ("visible", ctypes.c_void_p), ("prefix", ctypes.c_int64),
-                ("rows", ctypes.c_int64), ("start", ctypes.c_int64)]
+                ("rows", ctypes.c_int64), ("start", ctypes.c_int64), ("kv_type", ctypes.c_int64)]
 
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:
@@ -135,7 +135,7 @@ class LayerPlan:
         decoder_layers()(
             entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
             cache.keys.stride(0), keys.stride(0), rows.visible.data_ptr(), rows.prefix, out.shape[1], heads,
-            kv_heads, head_dim, cache.length, head_dim ** -0.5, torch.get_num_threads())
+            kv_heads, head_dim, cache.length, KV_TYPES[keys.dtype], head_dim ** -0.5, torch.get_num_threads())
         return out
 
 
@@ -150,7 +150,8 @@ class LayerPlan:
         for index, (cache, rows, count) in enumerate(parts):
             keys, values = cache.keys[first, 0], cache.values[first, 0]  # (Hkv, S_max, D)
             segments[index] = Segment(keys.data_ptr(), values.data_ptr(), cache.keys.stride(0), keys.stride(0),
-                                      rows.visible.data_ptr(), rows.prefix, count, cache.length)
+                                      rows.visible.data_ptr(), rows.prefix, count, cache.length,
+                                      KV_TYPES[keys.dtype])
         entry = ctypes.addressof(self.entries) + first * ctypes.sizeof(LayerWeights)
         decoder_layers_batch()(
             entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
@@ -164,14 +165,14 @@ def plan_applies(x: torch.Tensor, cache, rows) -> bool:
     if rows is None or not rows.uses_kernel(x) or x.shape[0] != 1 or not isinstance(cache, KVCache):
         return False
     keys = cache.keys
-    return keys.dtype == torch.float32 and keys.shape[1] == 1 and keys.stride(-1) == 1 and \
+    return keys.dtype in KV_TYPES and keys.shape[1] == 1 and keys.stride(-1) == 1 and \
         keys.stride(-2) == keys.shape[-1]
 
 
 def layer_plan(owner: nn.Module, layers: Sequence[nn.Module], x: torch.Tensor, cache, rows) -> LayerPlan | None:
     """The plan of `layers` (packed decoder layers of `owner`: a model, an EAGLE head) where the one-call path
     applies to this forward: float32 rows on the CPU attended row by row (`rows`, llama.RowAttention), batch
-    1, a contiguous float32 KV cache. Built on first use and rebuilt after the layers change; else None."""
+    1, a contiguous KV cache of float32, bf16 or fp16. Built on first use and rebuilt after the layers change; else None."""
     if not plan_applies(x, cache, rows):
         return None
     plan = owner.__dict__.get("_layer_plan")

@@ -92,6 +92,7 @@ class Attention(nn.Module):
         keys, values = cache.write(layer, k, v)  # (B, Hkv, S, D), S = cached + T
         if rows is not None:
             return self.o_proj(rows.attend(q, keys, values, self.scale))
+        keys, values = keys.to(q.dtype), values.to(q.dtype)  # a two-byte cache's values, widened
         mask = None if attn_mask is None else attn_mask.unsqueeze(1)  # (B, 1, T, S)
         with gpu_attention_backends(q.device, getattr(cache, "attention_backends", GPU_ATTENTION_BACKENDS)):
             causal = mask is None and num_new > 1  # then keys are the T new ones only (LlamaForCausalLM.forward)
@@ -194,6 +195,7 @@ class RowAttention:
             return torch.cat(outs, dim=1)
         if self.uses_kernel(q):
             return attention_rows(q, keys, values, self.visible, self.prefix, scale)
+        keys, values = keys.to(q.dtype), values.to(q.dtype)  # a two-byte cache's values, widened
         out = torch.cat([F.scaled_dot_product_attention(q[:, :, t:t + 1], *self.keys_of_row(t, keys, values),
                                                         enable_gqa=True, scale=scale)
                          for t in range(rows)], dim=2)  # (1, H, T, D)
@@ -279,6 +281,10 @@ class LlamaForCausalLM(nn.Module, CausalLM):
         self.register_buffer("local_inv_freq", rope_inverse_frequencies(config.local_rope or config.rope,
                                                                         config.head_dim), persistent=False)
         self.graphs: CudaGraphs | None = None  # set by use_cuda_graphs()
+        # The KV cache's element type (None: the model's dtype). A two-byte cache halves the bytes a pass deep in
+        # a context reads; keys and values are rounded once as they are written, so plain and speculative
+        # decoding read the same stored values.
+        self.kv_dtype: torch.dtype | None = None
 
     def init_rope(self, device: torch.device | str) -> None:
         """Recompute the rope tables on `device` (after a load on the meta device): the global one and the
@@ -370,7 +376,7 @@ class LlamaForCausalLM(nn.Module, CausalLM):
         c = self.config
         return KVCache(
             c.num_layers, batch_size, c.num_kv_heads, max_length or c.max_position_embeddings,
-            c.head_dim, self.dtype, self.device,
+            c.head_dim, self.kv_dtype or self.dtype, self.device,
         )
 
     @torch.inference_mode()

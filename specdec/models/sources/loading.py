@@ -103,17 +103,19 @@ def load_model(
     weights: str = "float32",
     cuda_graphs: bool = True,
     ids_tokenizer=None,
+    kv_dtype: str = "auto",
 ) -> LoadedModel:
     """Load a model; `kernels=False` keeps stock torch matmuls instead of the packed CPU kernel.
     `ids_tokenizer`: for a model used only through token ids (a draft), a loaded tokenizer to reuse where
     this model's vocabulary file is the same (its chat template, never used by a draft, may differ).
     On a GPU the native runtime replays its decode and verify forwards as CUDA graphs unless
-    `cuda_graphs=False` (models/cuda_graphs.py).
+    `cuda_graphs=False` (models/cuda_graphs.py). kv_dtype: the KV cache's element type (a DTYPES name; "auto":
+    the model's dtype), native models only.
 
     weights="int8" (weight-only, per output channel) or "int4[:G]" (grouped 4-bit, see packed_linear)
     quantizes the linear layers at load: that quantized model is then the target, whose plain output
     speculation reproduces exactly. weights="auto" (what the CLI and the API default to): see auto_weights."""
-    check_load_options(device, dtype, backend, weights)
+    check_load_options(device, dtype, backend, weights, kv_dtype)
     on_kernel = backend != "transformers" and kernels and uses_packed_kernel(device, DTYPES[dtype])
     if weights not in ("float32", "auto") and not on_kernel:
         raise InvalidParameterError(
@@ -127,6 +129,8 @@ def load_model(
         weights = auto_weights(model_dir, on_kernel and backend == "native")
     if backend == "transformers" and weights != "float32":
         raise InvalidParameterError(f"--weights {weights} needs the native backend; {name} loads with transformers")
+    if backend == "transformers" and kv_dtype != "auto":
+        raise InvalidParameterError(f"--kv-dtype {kv_dtype} needs the native backend; {name} loads with transformers")
     if backend == "native":
         # low-bit formats: the packing saved by an earlier load (models/quantized/packed_cache.py), else quantize and save
         model = load_native_packed(model_dir, hf_config, weights) if is_cached_format(weights) else None
@@ -142,6 +146,8 @@ def load_model(
                     raise InvalidParameterError(f"{name}: {error}") from None
                 if is_cached_format(weights):
                     save_packed(model, packed_cache_path(model_dir, weights))
+        if kv_dtype != "auto":
+            model.kv_dtype = DTYPES[kv_dtype]
         if cuda_graphs and torch.device(device).type == "cuda":
             model.use_cuda_graphs()
     else:
@@ -151,9 +157,9 @@ def load_model(
     return LoadedModel(name, model_dir, model, tokenizer, eos, backend)
 
 
-def check_load_options(device: str, dtype: str, backend: str, weights: str) -> None:
-    """InvalidParameterError for a device, dtype, backend or weight format `load_model` does not know
-    ("auto" weights are resolved once the model's source is known)."""
+def check_load_options(device: str, dtype: str, backend: str, weights: str, kv_dtype: str = "auto") -> None:
+    """InvalidParameterError for a device, dtype, backend, weight format or KV cache dtype `load_model` does not
+    know ("auto" weights are resolved once the model's source is known)."""
     if weights != "auto":
         try:
             parse_weight_format(weights)
@@ -161,6 +167,8 @@ def check_load_options(device: str, dtype: str, backend: str, weights: str) -> N
             raise InvalidParameterError(str(error)) from None
     if dtype not in DTYPES:
         raise InvalidParameterError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    if kv_dtype != "auto" and kv_dtype not in DTYPES:
+        raise InvalidParameterError(f"unknown KV cache dtype {kv_dtype!r} (choose from auto, {', '.join(DTYPES)})")
     if backend not in BACKENDS:
         raise InvalidParameterError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
     check_device(device)
