@@ -7,7 +7,7 @@ bytes and arithmetic; a cache of untouched zero pages would read as one page fro
 
     python scripts/context_depth.py                      # Qwen2.5-Coder-1.5B GGUF, depths 0 4096 16384
     python scripts/context_depth.py --model smollm2-135m-instruct --depths 0 2048
-    python scripts/context_depth.py --kv-dtypes float32 bfloat16 float16
+    python scripts/context_depth.py --kv-dtypes float32 bfloat16 float16 --prefill 512   # + 512 prompt rows
 """
 
 import argparse
@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8, help="rows of the verification pass")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--kv-dtypes", nargs="+", default=["float32"], choices=list(DTYPES))
+    parser.add_argument("--prefill", type=int, default=0, help="also time this many prompt rows at each depth")
     args = parser.parse_args()
     model = load_model(args.model, weights=args.weights).model
     generator = torch.Generator().manual_seed(0)
@@ -35,13 +36,14 @@ def main() -> None:
     for kv_dtype in args.kv_dtypes:
         model.kv_dtype = DTYPES[kv_dtype]
         for depth in args.depths:
-            caches[kv_dtype, depth] = cache = model.new_cache(1, depth + args.rows)
+            caches[kv_dtype, depth] = cache = model.new_cache(1, depth + max(args.rows, args.prefill))
             for storage in (cache.keys, cache.values):
                 storage.copy_(torch.randn(storage.shape, generator=generator))
-    times: dict[tuple, list[float]] = {(*key, t): [] for key in caches for t in (1, args.rows)}
+    sizes = (1, args.rows, args.prefill) if args.prefill else (1, args.rows)
+    times: dict[tuple, list[float]] = {(*key, t): [] for key in caches for t in sizes}
     for _ in range(args.reps):
         for (kv_dtype, depth), cache in caches.items():
-            for rows in (1, args.rows):
+            for rows in sizes:
                 cache.length = depth
                 tokens = torch.zeros(1, rows, dtype=torch.long)
                 start = time.perf_counter()
@@ -51,12 +53,15 @@ def main() -> None:
     median = {key: sorted(values)[len(values) // 2] * 1e3 for key, values in times.items()}
     first = args.depths[0]
     print(f"{args.model} ({args.weights}), {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
-    print(f"| KV cache | depth | step ms | tokens/s | step / depth {first}'s | {args.rows}-row pass ms | pass / step |")
-    print("|---|---|---|---|---|---|---|")
+    prefill = f" prefill of {args.prefill}, tokens/s |" if args.prefill else ""
+    print(f"| KV cache | depth | step ms | tokens/s | step / depth {first}'s | {args.rows}-row pass ms | pass / step |"
+          + prefill)
+    print("|---|---|---|---|---|---|---|" + ("---|" if prefill else ""))
     for kv_dtype, depth in caches:
         step, passed = median[kv_dtype, depth, 1], median[kv_dtype, depth, args.rows]
-        print(f"| {kv_dtype} | {depth} | {step:.1f} | {1e3 / step:.1f} | {step / median[kv_dtype, first, 1]:.2f}x | "
-              f"{passed:.1f} | {passed / step:.2f}x |")
+        row = (f"| {kv_dtype} | {depth} | {step:.1f} | {1e3 / step:.1f} | {step / median[kv_dtype, first, 1]:.2f}x | "
+               f"{passed:.1f} | {passed / step:.2f}x |")
+        print(row + (f" {args.prefill / median[kv_dtype, depth, args.prefill] * 1e3:.1f} |" if prefill else ""))
 
 
 if __name__ == "__main__":
