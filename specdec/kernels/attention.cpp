@@ -58,6 +58,10 @@ constexpr int SCORE_ROWS = 4;     // query rows sharing each key's loads in phas
 constexpr int64_t SLICE = 32;
 constexpr int SCORE_ROWS = 2;
 #endif
+// Software prefetches, PREFETCH_KEYS keys ahead in phase 1 and a block ahead in phase 3: with only the
+// hardware's, a block's first loads waited on memory while the FMAs of the previous block sat idle.
+constexpr int64_t PREFETCH_KEYS = 16;
+constexpr int64_t LINE = 64;  // bytes of a cache line
 constexpr int64_t ROW_CHUNK = 32;         // rows of one chunk at most: longer prefills share more keys
 constexpr int64_t SCORE_BYTES = 8 << 20;  // a chunk's scores at most (unless one row alone needs more)
 
@@ -237,6 +241,9 @@ void shared_scores(const Problem<KV>& p, const Chunk& c, int64_t kv, int64_t fir
         int64_t j = first;
         if (count == SCORE_ROWS)
             for (; j + 4 <= last; j += 4) {
+                if (r == 0)  // the first rows stream the block from memory: ask for the keys further on early
+                    for (int64_t at = 0; at < 4 * D; at += LINE / (int64_t)sizeof(KV))
+                        _mm_prefetch((const char*)(k + (j + PREFETCH_KEYS) * D + at), _MM_HINT_T0);
                 dot4_rows<SCORE_ROWS>(q, k + j * D, k + (j + 1) * D, k + (j + 2) * D, k + (j + 3) * D, D, p.scale, scores);
                 for (int64_t a = 0; a < count; a++) scores[a] += 4;
             }
@@ -276,6 +283,10 @@ void weighted_values(const Problem<KV>& p, const Chunk& c, int64_t kv, int64_t c
         for (int64_t start = col; start < col + width; start += SLICE) {
             const int64_t slice = std::min(SLICE, col + width - start), vector = slice / 8 * 8;
             const KV* values = v + first * D + start;
+            if (start == col)  // ask for the next block's values while this one is summed
+                for (int64_t i = 0; i < n; i++)
+                    for (int64_t at = 0; at < width; at += LINE / (int64_t)sizeof(KV))
+                        _mm_prefetch((const char*)(v + (first + VALUE_BLOCK + i) * D + col + at), _MM_HINT_T0);
             int64_t r = 0;
             for (; r + 2 <= rows; r += 2) {
                 float* o[2] = {out_of(r) + start, out_of(r + 1) + start};
