@@ -188,34 +188,52 @@ inline float softmax_weights(float* scores, int64_t n) {
 }
 
 // o_a[c] += p_a[i] * value(i)[c] for i in [0, n) in order, one FMA at a time, for ROWS (1 or 2) query rows
-// sharing each value's loads; c over `width` columns (at most SLICE) of which the first `vector` (a multiple
-// of 8) in registers. value(i) = values + index[i] * D (index null: i).
-template <int ROWS, typename KV>
-inline void accumulate(float* const* o, const float* const* p, const KV* values, const int64_t* index, int64_t n,
-                       int64_t D, int64_t vector, int64_t width) {
-    constexpr int MAX_REGS = SLICE / 8;
-    const int regs = (int)(vector / 8);
-    __m256 acc[ROWS][MAX_REGS];
+// sharing each value's loads, over REGS * 8 columns held in registers (REGS a constant, or the compiler keeps
+// the sums in memory). value(i) = values + index[i] * D (index null: i).
+template <int ROWS, int REGS, typename KV>
+inline void accumulate_vectors(float* const* o, const float* const* p, const KV* values, const int64_t* index,
+                               int64_t n, int64_t D) {
+    __m256 acc[ROWS][REGS];
+#pragma GCC unroll 2
     for (int a = 0; a < ROWS; a++)
-#pragma GCC unroll 4
-        for (int r = 0; r < MAX_REGS; r++)
-            if (r < regs) acc[a][r] = _mm256_loadu_ps(o[a] + 8 * r);
+#pragma GCC unroll 8
+        for (int r = 0; r < REGS; r++) acc[a][r] = _mm256_loadu_ps(o[a] + 8 * r);
     for (int64_t i = 0; i < n; i++) {
         const KV* value = values + (index ? index[i] : i) * D;
         __m256 weight[ROWS];
+#pragma GCC unroll 2
         for (int a = 0; a < ROWS; a++) weight[a] = _mm256_set1_ps(p[a][i]);
-#pragma GCC unroll 4
-        for (int r = 0; r < MAX_REGS; r++)
-            if (r < regs) {
-                const __m256 v = load8(value + 8 * r);
-                for (int a = 0; a < ROWS; a++) acc[a][r] = _mm256_fmadd_ps(weight[a], v, acc[a][r]);
-            }
+#pragma GCC unroll 8
+        for (int r = 0; r < REGS; r++) {
+            const __m256 v = load8(value + 8 * r);
+#pragma GCC unroll 2
+            for (int a = 0; a < ROWS; a++) acc[a][r] = _mm256_fmadd_ps(weight[a], v, acc[a][r]);
+        }
     }
+#pragma GCC unroll 2
     for (int a = 0; a < ROWS; a++)
-#pragma GCC unroll 4
-        for (int r = 0; r < MAX_REGS; r++)
-            if (r < regs) _mm256_storeu_ps(o[a] + 8 * r, acc[a][r]);
-    for (int64_t c = vector; c < width; c++)  // D not a multiple of 8: its last columns
+#pragma GCC unroll 8
+        for (int r = 0; r < REGS; r++) _mm256_storeu_ps(o[a] + 8 * r, acc[a][r]);
+}
+
+// accumulate_vectors over `regs` registers (at most REGS), as a constant.
+template <int ROWS, int REGS, typename KV>
+inline void accumulate_registers(int regs, float* const* o, const float* const* p, const KV* values,
+                                 const int64_t* index, int64_t n, int64_t D) {
+    if (regs == REGS)
+        accumulate_vectors<ROWS, REGS>(o, p, values, index, n, D);
+    else if constexpr (REGS > 1)
+        accumulate_registers<ROWS, REGS - 1>(regs, o, p, values, index, n, D);
+}
+
+// The sums above over `width` columns (at most SLICE), of which the first `vector` (a multiple of 8) in
+// registers and the rest (D not a multiple of 8) one FMA at a time (explicit fmaf: the same rounding inlined
+// anywhere).
+template <int ROWS, typename KV>
+inline void accumulate(float* const* o, const float* const* p, const KV* values, const int64_t* index, int64_t n,
+                       int64_t D, int64_t vector, int64_t width) {
+    if (vector > 0) accumulate_registers<ROWS, SLICE / 8>((int)(vector / 8), o, p, values, index, n, D);
+    for (int64_t c = vector; c < width; c++)
         for (int a = 0; a < ROWS; a++) {
             float sum = o[a][c];
             for (int64_t i = 0; i < n; i++) sum = fmaf(p[a][i], to_float(values[(index ? index[i] : i) * D + c]), sum);
