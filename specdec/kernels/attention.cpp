@@ -26,8 +26,9 @@
 // Rows go in chunks so the scores fit a few MB; a chunk's shared keys are the prefix plus the visible
 // keys all its rows see (the earlier rows of a prefill), so a causal prefill shares almost every key too.
 //
-// q: (H, T, D) contiguous; keys/values: (Hkv, *, D) with `head_stride` floats between heads (the cache's
-// layer slice); out: (T, H, D), ready to be flattened to (T, H * D) for the output projection.
+// q: (H, T, D) contiguous; keys/values: (Hkv, *, D) of float32, bf16 or fp16 (kv_type: vector_math.h's
+// KvType, widened to float32 exactly as they are loaded) with `head_stride` elements between heads (the
+// cache's layer slice); out: (T, H, D), ready to be flattened to (T, H * D) for the output projection.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
