@@ -31,6 +31,16 @@ def test_generate_streams_to_stdout(tiny_dirs, capsys):
     assert "tok/s" in captured.err and "drafter ngram" in captured.err
 
 
+def test_a_two_byte_kv_cache_from_the_command_line_keeps_speculation_exact(tiny_dirs, capsys):
+    args = ["generate", "hello hello hello", "--target", str(tiny_dirs["qwen2"]), "--drafter", "ngram", "--k", "3",
+            "--max-new-tokens", "12", "--no-chat", "--kv-dtype", "bfloat16"]
+    assert main([*args, "--compare", "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert whole["compare"]["identical"] is True and len(whole["token_ids"]) == 12
+    assert main(args) == 0  # streamed to stdout: the same text
+    assert capsys.readouterr().out.strip() == whole["text"].strip()
+
+
 def test_generate_compare_runs_plain_decoding_too(tiny_dirs, capsys):
     args = ["generate", "hello hello hello", "--target", str(tiny_dirs["qwen2"]), "--drafter", "ngram", "--k", "3",
             "--max-new-tokens", "12", "--no-chat", "--compare"]

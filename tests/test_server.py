@@ -502,12 +502,13 @@ def test_graceful_shutdown_finishes_in_flight_requests(tiny_generator):
     assert not running.app.state.scheduler.thread.is_alive()
 
 
-def test_specdec_serve_answers_and_exits_cleanly_on_sigterm(tiny_dirs, tmp_path):
+def test_specdec_serve_answers_and_exits_cleanly_on_sigterm(tiny_dirs, tmp_path):  # on a two-byte KV cache
     port = bind_socket("127.0.0.1", 0).getsockname()[1]  # a free port (closed again when collected)
     env = {**os.environ, "SPECDEC_HOME": str(tmp_path / "home")}
     process = subprocess.Popen(
         [sys.executable, "-m", "specdec.cli", "serve", "--target", str(tiny_dirs["llama"]), "--port", str(port),
-         "--drafter", "ngram", "--model-name", "tiny"], stderr=subprocess.PIPE, text=True, env=env)
+         "--drafter", "ngram", "--model-name", "tiny", "--kv-dtype", "float16"], stderr=subprocess.PIPE, text=True,
+        env=env)
     try:
         line = process.stderr.readline()
         assert "serving 'tiny'" in line, line
@@ -521,6 +522,8 @@ def test_specdec_serve_answers_and_exits_cleanly_on_sigterm(tiny_dirs, tmp_path)
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
         assert reply.usage.completion_tokens == 5
+        stream = client.completions.create(model="tiny", prompt="abc", max_tokens=5, temperature=0, stream=True)
+        assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == reply.choices[0].text
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
     finally:

@@ -40,11 +40,7 @@
 
 namespace {
 
-using vector_math::bf16;
 using vector_math::exp8;
-using vector_math::f16;
-using vector_math::KV_BFLOAT16;
-using vector_math::KV_FLOAT16;
 using vector_math::lane_max;
 using vector_math::lane_sum;
 using vector_math::load8;
@@ -404,15 +400,10 @@ extern "C" void attention_rows(const float* q, const void* keys, const void* val
                                float* out, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t prefix,
                                int64_t visible_width, int64_t head_stride, float scale, int kv_type, int num_threads) {
     if (visible_width < 0) prefix += visible_width, visible_width = 0;  // fewer keys than the prefix: those there
-    switch (kv_type) {
-        case KV_BFLOAT16:
-            return attend(Problem<bf16>{q, static_cast<const bf16*>(keys), static_cast<const bf16*>(values), visible, out,
-                                        T, H, Hkv, D, prefix, visible_width, head_stride, scale}, num_threads);
-        case KV_FLOAT16:
-            return attend(Problem<f16>{q, static_cast<const f16*>(keys), static_cast<const f16*>(values), visible, out,
-                                       T, H, Hkv, D, prefix, visible_width, head_stride, scale}, num_threads);
-        default:
-            return attend(Problem<float>{q, static_cast<const float*>(keys), static_cast<const float*>(values), visible,
-                                         out, T, H, Hkv, D, prefix, visible_width, head_stride, scale}, num_threads);
-    }
+    vector_math::with_kv_type(kv_type, [&](auto element) {
+        using KV = decltype(element);
+        attend(Problem<KV>{q, static_cast<const KV*>(keys), static_cast<const KV*>(values), visible, out, T, H, Hkv, D,
+                           prefix, visible_width, head_stride, scale},
+               num_threads);
+    });
 }

@@ -18,6 +18,8 @@
 
 #include <vector>
 
+#include "vector_math.h"
+
 extern "C" {
 void packed_matmul_f32(const float* x, const float* wp, float* y, int64_t T, int64_t K, int64_t N, int num_threads);
 void packed_matmul_bf16(const float* x, const uint16_t* wp, float* y, int64_t T, int64_t K, int64_t N, int num_threads);
@@ -96,7 +98,8 @@ void multiply(const PackedMatrix& w, const float* x, float* y, int64_t T, int th
 
 // One request's rows within a forward (models/layer_plan.py's Segment has the same layout): its batch-1
 // cache's first layer's (Hkv, S_max, D) key and value blocks of kv_type elements (vector_math.h), layer_stride
-// elements apart, heads head_stride apart; `start` cached tokens precede its `rows` new ones, whose keys and values go to [start, start + rows).
+// elements apart, heads head_stride apart; `start` cached tokens precede its `rows` new ones, whose keys and
+// values go to [start, start + rows).
 // Attention: each row sees the first `prefix` keys; visible (rows, start + rows - prefix) uint8 says which of
 // the others it sees.
 struct Segment {
@@ -106,9 +109,11 @@ struct Segment {
     const uint8_t* visible;
     int64_t prefix, rows, start, kv_type;
 
-    void* layer_keys(int64_t l) const { return static_cast<char*>(key_cache) + l * layer_stride * element_size(); }
-    void* layer_values(int64_t l) const { return static_cast<char*>(value_cache) + l * layer_stride * element_size(); }
-    int64_t element_size() const { return kv_type == 0 ? 4 : 2; }
+    void* layer_keys(int64_t l) const { return layer_of(key_cache, l); }
+    void* layer_values(int64_t l) const { return layer_of(value_cache, l); }
+    void* layer_of(void* cache, int64_t l) const {
+        return static_cast<char*>(cache) + l * layer_stride * vector_math::kv_element_size(kv_type);
+    }
 };
 
 namespace {

@@ -13,9 +13,7 @@
 
 namespace {
 
-using vector_math::bf16;
 using vector_math::exp8;
-using vector_math::f16;
 using vector_math::lane_sum;
 using vector_math::store;
 
@@ -56,29 +54,29 @@ extern "C" void add_rms_norm(const float* x, const float* residual, const float*
 
 namespace {
 
-// rope_qkv_to_cache on a cache of KV elements (rounded to them as torch rounds).
+// out[0..D) = x rotated by the angles (c, s) in the half-split (rotate_half) layout, stored as OUT elements
+// (rounded to them as torch rounds).
+template <typename OUT>
+inline void rotate_half(const float* x, const float* c, const float* s, int64_t D, OUT* out) {
+    const int64_t half = D / 2;
+    for (int64_t d = 0; d < half; d++) store(out + d, x[d] * c[d] + (-x[d + half]) * s[d]);
+    for (int64_t d = half; d < D; d++) store(out + d, x[d] * c[d] + x[d - half] * s[d]);
+}
+
+// rope_qkv_to_cache on a cache of KV elements.
 template <typename KV>
 void rope_to_cache(const float* qkv, const float* cos, const float* sin, float* q_out, KV* key_cache, KV* value_cache,
                    int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t start, int64_t head_stride) {
-    const int64_t half = D / 2, width = (H + 2 * Hkv) * D;
+    const int64_t width = (H + 2 * Hkv) * D;
     for (int64_t t = 0; t < T; t++) {
         const float* row = qkv + t * width;
-        const float* c = cos + t * D;
-        const float* s = sin + t * D;
-        for (int64_t h = 0; h < H; h++) {
-            const float* x = row + h * D;
-            float* y = q_out + (h * T + t) * D;
-            for (int64_t d = 0; d < half; d++) y[d] = x[d] * c[d] + (-x[d + half]) * s[d];
-            for (int64_t d = half; d < D; d++) y[d] = x[d] * c[d] + x[d - half] * s[d];
-        }
+        for (int64_t h = 0; h < H; h++) rotate_half(row + h * D, cos + t * D, sin + t * D, D, q_out + (h * T + t) * D);
         for (int64_t h = 0; h < Hkv; h++) {
-            const float* x = row + (H + h) * D;
-            KV* y = key_cache + h * head_stride + (start + t) * D;
-            for (int64_t d = 0; d < half; d++) store(y + d, x[d] * c[d] + (-x[d + half]) * s[d]);
-            for (int64_t d = half; d < D; d++) store(y + d, x[d] * c[d] + x[d - half] * s[d]);
+            KV* slot = key_cache + h * head_stride + (start + t) * D;
+            rotate_half(row + (H + h) * D, cos + t * D, sin + t * D, D, slot);
             const float* v = row + (H + Hkv + h) * D;
-            KV* z = value_cache + h * head_stride + (start + t) * D;
-            for (int64_t d = 0; d < D; d++) store(z + d, v[d]);
+            KV* value = value_cache + h * head_stride + (start + t) * D;
+            for (int64_t d = 0; d < D; d++) store(value + d, v[d]);
         }
     }
 }
@@ -86,23 +84,17 @@ void rope_to_cache(const float* qkv, const float* cos, const float* sin, float* 
 }  // namespace
 
 // The fused q/k/v projection's rows (T, (H + 2 Hkv) D) -> rotary-embedded queries q_out (H, T, D), and
-// rotary-embedded keys and the values written into one layer of the KV cache (float32, bf16
-// or fp16 elements: kv_type) at slots [start, start + T)
-// (head h of the cache at h * head_stride elements). cos/sin: (T, D), the half-split (rotate_half) layout.
+// rotary-embedded keys and the values written into one layer of the KV cache (float32, bf16 or fp16 elements:
+// kv_type) at slots [start, start + T) (head h of the cache at h * head_stride elements). cos/sin: (T, D), the
+// half-split (rotate_half) layout.
 extern "C" void rope_qkv_to_cache(const float* qkv, const float* cos, const float* sin, float* q_out,
                                   void* key_cache, void* value_cache, int64_t T, int64_t H, int64_t Hkv,
                                   int64_t D, int64_t start, int64_t head_stride, int kv_type) {
-    switch (kv_type) {
-        case vector_math::KV_BFLOAT16:
-            return rope_to_cache(qkv, cos, sin, q_out, static_cast<bf16*>(key_cache), static_cast<bf16*>(value_cache), T,
-                                 H, Hkv, D, start, head_stride);
-        case vector_math::KV_FLOAT16:
-            return rope_to_cache(qkv, cos, sin, q_out, static_cast<f16*>(key_cache), static_cast<f16*>(value_cache), T, H,
-                                 Hkv, D, start, head_stride);
-        default:
-            return rope_to_cache(qkv, cos, sin, q_out, static_cast<float*>(key_cache), static_cast<float*>(value_cache),
-                                 T, H, Hkv, D, start, head_stride);
-    }
+    vector_math::with_kv_type(kv_type, [&](auto element) {
+        using KV = decltype(element);
+        rope_to_cache(qkv, cos, sin, q_out, static_cast<KV*>(key_cache), static_cast<KV*>(value_cache), T, H, Hkv, D,
+                      start, head_stride);
+    });
 }
 
 // The fused gate/up projection's rows (T, 2 I) -> silu(gate) * up (T, I).

@@ -70,4 +70,17 @@ inline void store(bf16* p, float x) {
 }
 inline void store(f16* p, float x) { p->bits = _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 
+// call(element) with a value of the element type kv_type names (float, bf16 or f16): a kernel's entry point
+// picks its typed body once, e.g. with_kv_type(kv_type, [&](auto element) { body<decltype(element)>(...); }).
+template <typename Call>
+inline void with_kv_type(int kv_type, Call&& call) {
+    switch (kv_type) {
+        case KV_BFLOAT16: return call(bf16{});
+        case KV_FLOAT16: return call(f16{});
+        default: return call(0.0f);
+    }
+}
+
+inline int64_t kv_element_size(int64_t kv_type) { return kv_type == KV_FLOAT32 ? 4 : 2; }
+
 }  // namespace vector_math
