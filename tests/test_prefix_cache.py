@@ -112,7 +112,7 @@ def generate(model, prompt: list[int], max_new: int = 24, chunk: int | None = No
     engine = SpeculativeEngine(model, NgramDrafter(), FixedK(3))
     generation = engine.start(prompt, GREEDY, StopCriteria(max_new, frozenset()), _NoTokenizer())
     if prompt_cache is not None:
-        generation.use_prompt_cache(prompt_cache)
+        generation.prefill.use_prompt_cache(prompt_cache)
     steps = 0
     while not generation.prefilled:
         generation.prefill_step(chunk)
@@ -144,7 +144,7 @@ def test_chunked_prefill_and_a_prefix_hit_generate_what_one_prefill_generates(ta
     hit = cache.lookup(prompt[:-1])
     assert hit is not None and hit.length == 36  # the common 40 tokens, cut to the last reusable point
     reused, reused_logits, _, generation = generate(model, prompt, prompt_cache=hit)
-    assert generation.reused_prompt_tokens == 36
+    assert generation.prefill.reused_tokens == 36
     assert reused == tokens and torch.equal(reused_logits, logits)
 
 
@@ -183,7 +183,7 @@ def test_a_prefix_hit_on_the_real_model_in_int4_is_exact():
     cache = PrefixCache(model, 1 << 28)
     cache.store(shared, prefill(model, shared, [])[0])
     warm, warm_logits, _, generation = generate(model, prompt, max_new=16, prompt_cache=cache.lookup(prompt[:-1]))
-    assert generation.reused_prompt_tokens == 200
+    assert generation.prefill.reused_tokens == 200
     assert warm == cold and torch.equal(warm_logits, cold_logits)
 
 

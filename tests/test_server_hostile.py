@@ -118,25 +118,24 @@ def test_a_short_request_is_prefilled_before_a_long_prompt_is_done(tiny_generato
 
     def job(name: str, prompt: list[int]) -> Job:
         made = Job(GenerationRequest(prompt, 4, SamplingParams(temperature=0.0), chat=False))
-        made.emit = lambda kind, payload: events.append((name, kind))
+        made.emit = lambda event: events.append((name, type(event).__name__))
         return made
 
     long = job("long", [5 + i % 50 for i in range(400)])
     scheduler.waiting.append(long)
     scheduler._admit_some()
-    scheduler._prefill_some()
+    scheduler._step()
     generation = scheduler.active[0][1]
     assert 0 < generation.cache.length <= 64 and not generation.prefilled, events
     scheduler.waiting.append(job("short", [7, 8, 9]))
     scheduler._admit_some()
-    scheduler._prefill_some()
-    assert ("short", "started") in events and ("long", "started") not in events
+    scheduler._step()
+    assert ("short", "Started") in events and ("long", "Started") not in events
     for _ in range(30):
         scheduler._admit_some()
-        scheduler._prefill_some()
-        scheduler._round()
-    assert ("long", "started") in events and events.index(("short", "started")) < events.index(("long", "started"))
-    assert ("short", "done") in events
+        scheduler._step()
+    assert ("long", "Started") in events and events.index(("short", "Started")) < events.index(("long", "Started"))
+    assert ("short", "Done") in events
 
 
 def test_messages_the_chat_template_cannot_render_get_a_400(server, monkeypatch):

@@ -137,7 +137,7 @@ class SpeculativeGenerator:
         after each (a progress bar for long prompts; the keys and values are those of one prefill)."""
         generation = self.start(request)
         if prompt_cache is not None:
-            generation.use_prompt_cache(prompt_cache)
+            generation.prefill.use_prompt_cache(prompt_cache)
         if on_prefill is not None:
             total = len(generation.prompt_ids) - 1
             while not generation.prefilled:

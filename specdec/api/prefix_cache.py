@@ -57,7 +57,7 @@ class PrefixCache:
 
     def lookup(self, head: Sequence[int]) -> KVCache | None:
         """A cache whose first `length` slots hold head[:length] (the longest reusable common prefix with an
-        entry, at least MIN_REUSED_TOKENS), for `_Generation(prompt_cache=)`; None when nothing is shared.
+        entry, at least MIN_REUSED_TOKENS), for `PromptPrefill.use_prompt_cache`; None when nothing is shared.
         The cache is the entry's own storage, to be copied from, not written."""
         if not self.enabled:
             return None

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from specdec.api.events import FINAL_EVENTS, Cancelled, Chunk, Done, Event, Failed, Refused, Started
 from specdec.core.rounds import GenerationResult
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.api.generator import SpeculativeGenerator
@@ -211,19 +212,18 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
             return error(400, str(exc), "invalid_request_error", endpoint)
         prompt_tokens = 0
         for job in jobs:  # each waits in the queue until admitted
-            first_kind, first_payload = await next_event(job, request)
-            if first_kind != "started":
+            first = await next_event(job, request)
+            if not isinstance(first, Started):
                 for other in jobs:
                     other.cancel()
-            if first_kind == "error":
-                code = "context_length_exceeded" if isinstance(first_payload, ContextLengthError) else None
-                return error(400, str(first_payload), "invalid_request_error", endpoint, code=code)
-            if first_kind == "cancelled" and await request.is_disconnected():  # gone while queued or prefilling
+            if isinstance(first, Refused):
+                code = "context_length_exceeded" if isinstance(first.error, ContextLengthError) else None
+                return error(400, str(first.error), "invalid_request_error", endpoint, code=code)
+            if isinstance(first, Cancelled) and await request.is_disconnected():  # gone while queued or prefilling
                 return error(499, "the client closed the request", "invalid_request_error", endpoint)
-            if first_kind != "started":
-                return error(500 if first_kind == "failed" else 503, f"generation {first_kind}: {first_payload}",
-                             "server_error", endpoint)
-            prompt_tokens = first_payload
+            if not isinstance(first, Started):
+                return error(500 if isinstance(first, Failed) else 503, ended_text(first), "server_error", endpoint)
+            prompt_tokens = first.prompt_tokens
         if stream:  # the status goes out now; a non-streamed reply's status is known at its end
             events = infill_events(jobs[0], reply, arrived) if infill else stream_events(jobs, reply, prompt_tokens,
                                                                                         arrived)
@@ -294,7 +294,7 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
         return await run_jobs(request, endpoint, generation_request, 1, body.stream,
                               InfillReply(settings.model_name), infill=True)
 
-    async def next_event(job: Job, request: Request) -> tuple[str, object]:
+    async def next_event(job: Job, request: Request) -> Event:
         """The job's next event; a client that disconnects meanwhile cancels the job (within a round). The
         connection is checked every DISCONNECT_POLL_SECONDS even while events flow (a non-streamed reply's
         rounds would otherwise hide a client that left)."""
@@ -309,7 +309,7 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
                     job.connection_checked = time.monotonic()
                     if await request.is_disconnected():
                         job.cancel("the client disconnected")
-                        return "cancelled", "the client disconnected"
+                        return Cancelled("the client disconnected")
                 if event is not None:
                     return event
         except BaseException:
@@ -318,10 +318,12 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
 
     async def finish(job: Job, request: Request) -> GenerationResult | Exception | None:
         while True:
-            kind, payload = await next_event(job, request)
-            if kind in ("done", "failed"):
-                return payload
-            if kind == "cancelled":
+            event = await next_event(job, request)
+            if isinstance(event, Done):
+                return event.result
+            if isinstance(event, Failed):
+                return event.error
+            if isinstance(event, Cancelled):
                 return None
 
     async def stream_events(jobs: list[Job], reply, prompt_tokens: int, arrived: float) -> AsyncIterator[str]:
@@ -331,20 +333,20 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
         try:
             for index in range(len(jobs)):
                 yield sse(reply.opening(index))
-            async for index, kind, payload in merged_events(jobs):
-                if kind == "chunk":
-                    chunks = reply.delta(index, payload.text, payload.logprobs)
+            async for index, event in merged_events(jobs):
+                if isinstance(event, Chunk):
+                    chunks = reply.delta(index, event.chunk.text, event.chunk.logprobs)
                     if chunks and first_text:
                         metrics.time_to_first_token.observe(time.perf_counter() - arrived)
                         first_text = False
                     for chunk in chunks:
                         yield sse(chunk)
-                elif kind == "done":
-                    results[index] = payload
-                    for chunk in reply.closing(index, payload):
+                elif isinstance(event, Done):
+                    results[index] = event.result
+                    for chunk in reply.closing(index, event.result):
                         yield sse(chunk)
                 else:  # failed or cancelled: tell the client in-band, the status line is already sent
-                    yield sse(error_body(f"generation {kind}: {payload}", "server_error"))
+                    yield sse(error_body(ended_text(event), "server_error"))
                     break
             if reply.include_usage and all(result is not None for result in results):
                 yield sse(reply.usage_chunk(results, prompt_tokens))
@@ -357,14 +359,14 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
         """llama-server's stream: `data: {"content": ..., "stop": false}` per round, a last one with stop true."""
         try:
             while True:
-                kind, payload = await job.events.get()
-                if kind == "chunk" and payload.text:
-                    yield sse(reply.chunk(payload.text))
-                elif kind == "done":
-                    yield sse(reply.last(payload))
+                event = await job.events.get()
+                if isinstance(event, Chunk) and event.chunk.text:
+                    yield sse(reply.chunk(event.chunk.text))
+                elif isinstance(event, Done):
+                    yield sse(reply.last(event.result))
                     break
-                elif kind != "chunk":
-                    yield sse(error_body(f"generation {kind}: {payload}", "server_error"))
+                elif not isinstance(event, Chunk):
+                    yield sse(error_body(ended_text(event), "server_error"))
                     break
         finally:
             job.cancel()
@@ -373,21 +375,29 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
 
 
 async def merged_events(jobs: list[Job]):
-    """(choice index, kind, payload) of several jobs' events as they come; a job's stream ends with its
-    "done" (or another final event)."""
+    """(choice index, event) of several jobs' events as they come; a job's stream ends with its Done (or
+    another final event)."""
     pending = {asyncio.ensure_future(job.events.get()): index for index, job in enumerate(jobs)}
     try:
         while pending:
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in sorted(done, key=lambda task: pending[task]):
                 index = pending.pop(task)
-                kind, payload = task.result()
-                yield index, kind, payload
-                if kind == "chunk":
+                event = task.result()
+                yield index, event
+                if not isinstance(event, FINAL_EVENTS):
                     pending[asyncio.ensure_future(jobs[index].events.get())] = index
     finally:
         for task in pending:
             task.cancel()
+
+
+def ended_text(event: Event) -> str:
+    """A request's end other than Done, as its error message says it."""
+    if isinstance(event, Cancelled):
+        return f"generation cancelled: {event.reason}"
+    kind = "failed" if isinstance(event, Failed) else "error"
+    return f"generation {kind}: {event.error}"
 
 
 class BodyTooLarge(BadRequest):

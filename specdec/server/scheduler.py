@@ -25,10 +25,9 @@ read-only copies and the adaptive-K cost model are shared. A cancelled job
 (client gone, server stopping) is dropped before its next step and its cache is
 freed with it.
 
-Events go back to the asyncio side through `loop.call_soon_threadsafe`:
-("started", prompt_tokens), ("chunk", StreamChunk), ("done", GenerationResult),
-("error", SpecdecError) for bad input found late (prompt too long), ("failed", Exception),
-("cancelled", the reason as text).
+Events (api/events.py: Started, Chunk, Done, Refused for bad input found late, Failed, Cancelled) go
+back to the asyncio side through `loop.call_soon_threadsafe`; the batch runner's step makes all but the
+scheduler's own (Refused for a cache over the KV memory, Cancelled).
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specdec.api.batch import BatchRunner
+from specdec.api.events import FINAL_EVENTS, Cancelled, Done, Event, Failed, Refused
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.prefix_cache import PrefixCache
 from specdec.api.request import GenerationRequest
@@ -56,7 +56,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     loop: asyncio.AbstractEventLoop | None = None
     cancelled: bool = False
-    reason: str = ""  # why it was cancelled: what its "cancelled" event carries
+    reason: str = ""  # why it was cancelled: what its Cancelled event carries
     connection_checked: float = 0.0  # when the server last asked whether the client is still there
     kv_bytes: int = 0  # its KV cache's size, once known (a job waiting for KV memory is not sized again)
 
@@ -64,9 +64,9 @@ class Job:
         if not self.cancelled:  # the first reason stands
             self.cancelled, self.reason = True, reason  # read by the worker before each round
 
-    def emit(self, kind: str, payload) -> None:
+    def emit(self, event: Event) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:
             pass  # the event loop is closed: the server has stopped and nobody is listening
 
@@ -93,8 +93,8 @@ class Scheduler:
         self.kv_budget_bytes = kv_budget_bytes
         self.prefill_tokens_per_step = max(1, prefill_tokens_per_step)
         self.on_finished = on_finished or (lambda job, result: None)
-        self.on_round = on_round or (lambda batch: None)  # after each batched round (its BatchedRound)
-        self.runner = BatchRunner(generator, prefix_cache, keep_conversations=True)
+        # on_round: after each batched round (its BatchedRound)
+        self.runner = BatchRunner(generator, prefix_cache, keep_conversations=True, on_round=on_round)
         self.waiting: deque[Job] = deque()
         self.active: list[tuple[Job, object]] = []  # (job, its generation), prefilling or running
         self.wake = threading.Condition()
@@ -116,7 +116,7 @@ class Scheduler:
             self.wake.notify()
 
     def cancel_all(self) -> None:
-        """Cancel what is queued or running; each job gets its "cancelled" event. Does not wait."""
+        """Cancel what is queued or running; each job gets its Cancelled event. Does not wait."""
         with self.wake:
             for job in self.waiting:
                 job.cancel(SHUTTING_DOWN)
@@ -156,8 +156,7 @@ class Scheduler:
                 if self.stopping and not self.waiting and not self.active:
                     return
             self._admit_some()
-            self._prefill_some()
-            self._round()
+            self._step()
 
     def _admit_some(self) -> None:
         """Start waiting requests, first come first served, while a slot is free and the next one's KV cache
@@ -169,22 +168,23 @@ class Scheduler:
                 job = self.waiting[0]
             if job.cancelled:
                 self._dequeue(job)
-                job.emit("cancelled", job.reason)
+                job.emit(Cancelled(job.reason))
                 continue
             if job.kv_bytes and self.active and not self._kv_fits(job.kv_bytes):
                 return
-            generation = self._start(job)
+            generation = self._admit(job)
             if generation is None:
                 self._dequeue(job)
                 continue
             job.kv_bytes = generation.cache.nbytes
             if not self._kv_fits(job.kv_bytes):
+                self.runner.drop(job)  # its cache goes; it is allocated again once memory is free
                 if self.active:
-                    return  # its cache is dropped here; it is allocated again once memory is free
+                    return
                 self._dequeue(job)
-                job.emit("error", SpecdecError(
+                job.emit(Refused(SpecdecError(
                     f"this request needs {_mib(job.kv_bytes)} MiB of KV cache, more than the server's KV memory "
-                    f"({_mib(self.kv_budget_bytes)} MiB); send a shorter prompt or a smaller max_tokens"))
+                    f"({_mib(self.kv_budget_bytes)} MiB); send a shorter prompt or a smaller max_tokens")))
                 continue
             self._dequeue(job)
             with self.wake:
@@ -198,82 +198,42 @@ class Scheduler:
             if self.waiting and self.waiting[0] is job:
                 self.waiting.popleft()
 
-    def _start(self, job: Job):
-        """The job's generation (its cache allocated, nothing computed), or None when it could not start
-        (the job got its event)."""
+    def _admit(self, job: Job):
+        """The job's generation, admitted to the runner (its cache allocated, nothing computed), or None when
+        it could not start (the job got its event)."""
         try:
-            return self.runner.start(job.request)
+            return self.runner.admit(job, job.request)
         except SpecdecError as exc:
-            job.emit("error", exc)
+            job.emit(Refused(exc))
         except Exception as exc:  # a bug, not bad input: report it to this request only
-            job.emit("failed", exc)
+            job.emit(Failed(exc))
         return None
-
-    def _prefill_some(self) -> None:
-        """Prefill started requests, about prefill_tokens_per_step prompt rows' work this step (a row deep in a
-        long prompt counts for more: BatchRunner.prefill), the prompts with the fewest tokens left first: a
-        short request arriving behind a long prompt starts after one chunk of it, not after all of it, and
-        the long prompt goes on in chunks between rounds. A request whose prefill is done gets its "started"
-        event and joins the next round."""
-        with self.wake:
-            entries = [entry for entry in self.active if not entry[1].prefilled and not entry[0].cancelled]
-        entries.sort(key=lambda entry: entry[1].prompt_tokens_left)
-        budget = self.prefill_tokens_per_step
-        for entry in entries:
-            job, generation = entry
-            try:
-                spent = self.runner.prefill(generation, budget)
-            except Exception as exc:
-                job.emit("failed", exc)
-                self._remove(entry)
-                continue
-            if generation.prefilled:
-                job.emit("started", len(generation.prompt_ids))
-            budget -= max(1.0, spent)
-            if budget <= 0:
-                return
 
     def encode(self, job: Job) -> None:
         """Replace the job's prompt by its checked token ids. Thread-safe: the server calls it off the worker
         thread, so tokenizing a large prompt never stalls the generations running."""
         job.request = job.request.replace(prompt=self.generator.prompt_ids(job.request), chat=False)
 
-    def _round(self) -> None:
-        """One round of every prefilled generation, their verify forwards batched (BatchRunner.round);
-        then each job gets its new text, or its result when it is done. Cancelled jobs leave first."""
-        for entry in [entry for entry in self.active if entry[0].cancelled or entry[1].finished]:
-            self._finish(entry, cancelled=entry[0].cancelled)
-        running = [entry for entry in self.active if entry[1].prefilled]
-        if not running:
-            return
-        try:
-            batch = self.runner.round([generation for _, generation in running])
-            self.on_round(batch)
-        except Exception as exc:  # a bug, not bad input: the requests of this round fail, the server goes on
-            for entry in running:
-                entry[0].emit("failed", exc)
-                self._remove(entry)
-            return
-        for (job, generation), outcome in zip(running, batch.outcomes):
-            chunk = outcome.stream_chunk()
-            if chunk is not None:
-                job.emit("chunk", chunk)
-            if generation.finished:
-                self._finish((job, generation), cancelled=False)
-
-    def _finish(self, entry, cancelled: bool) -> None:
-        job, generation = entry
-        if cancelled:
-            job.emit("cancelled", job.reason)
-        else:
-            result = self.runner.finish(generation)  # the conversation so far: the next turn's history
-            self.on_finished(job, result)
-            job.emit("done", result)
-        self._remove(entry)
-
-    def _remove(self, entry) -> None:
+    def _step(self) -> None:
+        """Cancelled jobs leave; then one step of the runner (BatchRunner.step: about prefill_tokens_per_step
+        prompt rows' work prefilled, a row deep in a long prompt counting for more, then one round of every
+        prefilled generation, their verify forwards batched), its events to their jobs."""
         with self.wake:
-            self.active.remove(entry)
+            cancelled = [job for job, _ in self.active if job.cancelled]
+        for job in cancelled:
+            self.runner.drop(job)
+            job.emit(Cancelled(job.reason))
+            self._remove(job)
+        for job, event in self.runner.step(self.prefill_tokens_per_step):
+            if isinstance(event, Done):
+                self.on_finished(job, event.result)
+            job.emit(event)
+            if isinstance(event, FINAL_EVENTS):
+                self._remove(job)
+
+    def _remove(self, job: Job) -> None:
+        with self.wake:
+            self.active = [entry for entry in self.active if entry[0] is not job]
 
 
 def _mib(size: int) -> str:

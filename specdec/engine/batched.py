@@ -1,0 +1,54 @@
+"""One round of several generations of one target, their verify forwards one batched pass."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specdec.core.batch_drafts import PassCost, acceptance_rate, draft_caps
+from specdec.core.commit import CommitOutcome
+from specdec.engine.generation import Generation
+
+
+@dataclass
+class BatchedRound:
+    outcomes: list[CommitOutcome]  # one per generation, in order
+    rows: int  # target rows verified, all generations together
+    drafted: list[int]  # draft tokens each generation verified (its K this round), in order
+
+
+def run_round_together(generations: Sequence[Generation], row_budget: int | None = None,
+                       pass_cost: PassCost | None = None) -> BatchedRound:
+    """One round of each of several prefilled, unfinished generations of one target, with the target's
+    verify forwards run as one batched pass (`forward_batch`: each request's rows, positions, cache and
+    mask as its own, the weights read once). Each generation drafts, accepts and commits as in its own
+    round, on outputs identical to its own forward's, so its tokens are those it produces alone.
+
+    Rows compete: a request's draft tokens cost what other requests' next tokens would. At most row_budget
+    rows are verified; with `pass_cost` (the caller's record of its passes, updated here) the draft rows go to
+    the generations whose drafts are accepted most, while they raise the round's tokens per second
+    (batch_drafts.draft_caps); without it, every generation gets an even share."""
+    wanted = [generation.plan_k() for generation in generations]
+    cost = None if pass_cost is None or len(generations) < 2 else pass_cost.fit()
+    rates = [acceptance_rate(g.rounds) if cost is not None and k else 0.0 for g, k in zip(generations, wanted)]
+    caps = draft_caps(rates, wanted, row_budget, cost)
+    rounds = [g.prepare_round(cap, k) for g, cap, k in zip(generations, caps, wanted)]
+    outcomes: list[CommitOutcome | None] = [None] * len(generations)
+    groups: dict[tuple, list[int]] = {}  # generations asking for the same hidden layers share one pass
+    for index, generation in enumerate(generations):
+        groups.setdefault(generation.hidden_layers, []).append(index)
+    for hidden_layers, members in groups.items():
+        target = generations[members[0]].target
+        started = time.perf_counter()
+        outs = target.forward_batch([rounds[i].request for i in members], hidden_layers)
+        if outs and outs[0].logits.device.type == "cuda":
+            torch.cuda.synchronize(outs[0].logits.device)
+        ended = time.perf_counter()
+        if pass_cost is not None:
+            pass_cost.observe(sum(rounds[i].request.tokens.shape[1] for i in members), ended - started)
+        for index, out in zip(members, outs):
+            outcomes[index] = generations[index].finish_round(rounds[index], out, started, ended)
+    return BatchedRound(outcomes, sum(r.request.tokens.shape[1] for r in rounds), [len(r.draft) for r in rounds])

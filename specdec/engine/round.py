@@ -1,0 +1,132 @@
+"""One round as a value: what it drafted, what the target was asked, what the target returned, what was
+accepted. The draft phase makes a `Round`, verification and acceptance fill it, the commit consumes it;
+nothing of it outlives its round.
+
+The functions here are the parts of a round that depend on nothing but its values: the verify forward's
+inputs (a chain, a tree, a tree with side inputs), the rows of the target's output that judge the draft,
+the acceptance rule applied to them, and the cache kept afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specdec.core.randomness import PositionalNoise
+from specdec.core.rounds import Draft, SideInputs, VerifyResult
+from specdec.core.sampling import SamplingParams, processed_probs, tree_processed_probs
+from specdec.core.stats import RoundStats
+from specdec.core.tree import TokenTree
+from specdec.core.verify import (verify_chain_greedy, verify_chain_match, verify_chain_rejection, verify_tree_greedy,
+                                 verify_tree_match, verify_tree_rejection)
+from specdec.models.base import ForwardRequest, positions_after, tree_attention_mask
+
+
+@dataclass
+class Round:
+    k: int  # the K asked of the drafter (stats.k_chosen), within the generation's and the batch's budgets
+    draft: Draft
+    tree: TokenTree | None  # None: the draft is a chain
+    request: ForwardRequest  # the verify forward: [last committed] + draft (+ side inputs)
+    position: int  # the absolute position of the first token this round decides (the context's length)
+    proposed: bool  # the drafter proposed the draft (it hears of the outcome); not a forced or an empty one
+    forced: bool  # the grammar's forced tokens: they say nothing of the drafter or of K
+    draft_seconds: float
+    catch_up_seconds: float = 0.0  # of draft_seconds, the drafter catching up with the context (a prefill)
+    verify_seconds: float = 0.0
+    logits: torch.Tensor | None = None  # (K+1 or T+1, V) the rows that judge the draft, grammar-masked
+    features: torch.Tensor | None = None  # (K+1 or T+1, C x layers) the target's features, for feature drafters
+    result: VerifyResult | None = None
+
+    @property
+    def kept_rows(self) -> list[int]:
+        """The verify rows that decided the committed tokens: the root's, then each accepted draft's."""
+        return [0] + [1 + node for node in self.result.accepted_path]
+
+    @property
+    def drafting_seconds(self) -> float:
+        """What drafting cost this round's K: a catch-up is paid once, not per drafted token."""
+        return self.draft_seconds - self.catch_up_seconds
+
+    def stats(self, committed: int, other_seconds: float) -> RoundStats:
+        asked = self.k if self.draft.asked is None else self.draft.asked  # a combined drafter's source's own K
+        return RoundStats(asked, len(self.draft), self.result.num_accepted, committed, self.draft_seconds,
+                          self.verify_seconds, other_seconds)
+
+    def keep_accepted_in_cache(self) -> None:
+        """The cache keeps [last committed] + the accepted drafts; the new last token is the next input."""
+        cache, draft, result = self.request.cache, self.draft, self.result
+        root_slot = cache.length - len(draft) - draft.num_side - 1
+        if self.tree is None:
+            cache.truncate(root_slot + 1 + result.num_accepted)
+        else:  # the accepted path's slots move up behind the root
+            cache.compact(root_slot + 1, [root_slot + 1 + node for node in result.accepted_path])
+
+
+def verify_request(draft: Draft, tree: TokenTree | None, last_token: int, cache, device) -> ForwardRequest:
+    """The target forward over [last committed] + draft (a tree: one row per node, plus side inputs)."""
+    if tree is None:
+        tokens = torch.tensor([[last_token, *draft.tokens]], device=device)  # (1, K+1)
+        return ForwardRequest(tokens, positions_after(cache.length, tokens.shape[1], 1, device), cache)
+    tokens, positions, mask = tree.verify_inputs(last_token, cache.length, device)
+    if draft.side is not None:
+        tokens, positions, mask = with_side_inputs(draft.side, tokens, positions, mask)
+    attn_mask = tree_attention_mask(cache.length, mask)  # (1, T+1(+S), cache + T+1(+S))
+    return ForwardRequest(tokens, positions, cache, attn_mask)
+
+
+def with_side_inputs(side: SideInputs, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Append a draft's side inputs (lookahead's Jacobi branch) after root + nodes: (1, T+1+S) tokens and
+    positions, (T+1+S, T+1+S) mask in which side tokens see the root and their own side mask only."""
+    device = tokens.device
+    size = len(side)
+    root_position = int(positions[0, 0])
+    tokens = torch.cat([tokens, torch.tensor([side.tokens], device=device)], dim=1)
+    positions = torch.cat([positions, torch.tensor([[root_position + d for d in side.positions]],
+                                                   device=device)], dim=1)
+    full = torch.zeros(mask.shape[0] + size, mask.shape[0] + size, dtype=torch.bool, device=device)
+    full[: mask.shape[0], : mask.shape[0]] = mask
+    full[mask.shape[0]:, 0] = True  # the root
+    full[mask.shape[0]:, mask.shape[0]:] = side.mask.to(device)
+    return tokens, positions, full
+
+
+def judging_logits(out, draft: Draft) -> torch.Tensor:
+    """(K+1 or T+1, V): the verify forward's rows that judge the draft. Side inputs' rows are not verified:
+    their argmax goes back to the draft's side inputs (what lookahead learns from)."""
+    logits = out.logits[0]
+    if draft.side is not None:
+        draft.side.outputs = logits[len(draft) + 1:].argmax(-1).tolist()
+        logits = logits[: len(draft) + 1]
+    return logits
+
+
+def accept(round: Round, params: SamplingParams, acceptance: str, context: Sequence[int],
+           noise: PositionalNoise) -> VerifyResult:
+    """The acceptance rule on the round's logits: greedy where sampling is greedy, else `acceptance`'s rule
+    (core/verify.py) on the processed target distribution of each row."""
+    logits, draft, tree = round.logits, round.draft, round.tree
+    if params.greedy and params.repetition_penalty == 1.0:
+        return verify_chain_greedy(logits, draft) if tree is None else verify_tree_greedy(logits, tree)
+    history = torch.tensor(list(context), device=logits.device)
+    match = acceptance == "match"
+    if tree is None:
+        target_probs = processed_probs(logits, params, history, draft.tokens)  # (K+1, V)
+        rule = verify_chain_match if match else verify_chain_rejection
+        return rule(target_probs, draft, noise, round.position)
+    target_probs = tree_processed_probs(logits, params, history, tree)  # (T+1, V)
+    if match:
+        return verify_tree_match(target_probs, tree, noise, round.position)
+    return verify_tree_rejection(target_probs, tree, draft.draft_probs, noise, round.position)
+
+
+def path_to(parents: Sequence[int], node: int) -> list[int]:
+    """A draft node's ancestors and itself, root first (indices into the draft)."""
+    path = []
+    while node != -1:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]

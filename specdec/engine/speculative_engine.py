@@ -1,0 +1,68 @@
+"""A target, a drafter and a speculation length: generations started from them."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from specdec.core.commit import StopCriteria
+from specdec.core.constraint import Constraint
+from specdec.core.rounds import GenerationResult, StreamChunk
+from specdec.core.sampling import SamplingParams
+from specdec.core.speculation_length import FixedK, SourceLengths, SpeculationLength
+from specdec.core.verify import check_acceptance
+from specdec.drafters.base import Drafter
+from specdec.engine.generation import Generation
+from specdec.models.base import CausalLM, positions_after
+
+
+class SpeculativeEngine:
+    def __init__(self, target: CausalLM, drafter: Drafter | None = None, speculation: SpeculationLength | None = None,
+                 acceptance: str = "match"):
+        """acceptance: the sampling rule (specdec.core.verify): "match" returns the text plain sampling returns for
+        the same seed; "rejection" accepts more of a sampling drafter's tokens, exact in distribution only."""
+        check_acceptance(acceptance)
+        self.target = target
+        self.drafter = drafter
+        self.speculation = speculation or FixedK(0 if drafter is None else 4)
+        if drafter is not None and isinstance(self.speculation, SourceLengths):
+            drafter.use_source_lengths(self.speculation)
+        self.acceptance = acceptance
+
+    @property
+    def drafter_name(self) -> str:
+        return "none" if self.drafter is None else self.drafter.name
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
+                 seed: int | None = None, on_chunk: Callable[[StreamChunk], None] | None = None,
+                 prompt_cache=None) -> GenerationResult:
+        """`prompt_cache`: a target cache holding exactly prompt_ids[:-1] (`prompt_cache()`), copied instead of
+        a prefill when many generations share one prompt (the same keys and values, so the same output)."""
+        run = Generation(self, list(prompt_ids), params, criteria, tokenizer, seed, prompt_cache)
+        for chunk in run.chunks():
+            if on_chunk is not None:
+                on_chunk(chunk)
+        return run.result()
+
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
+               seed: int | None = None) -> Iterator[StreamChunk]:
+        return self.start(prompt_ids, params, criteria, tokenizer, seed).chunks()
+
+    def prompt_cache(self, prompt_ids: Sequence[int]):
+        """The target's cache after a prefill of prompt_ids[:-1], for `generate(..., prompt_cache=)`."""
+        head = list(prompt_ids)[:-1]
+        cache = self.target.new_cache(1, max(1, len(head)))
+        if head:
+            tokens = torch.tensor([head], device=self.target.device)  # (1, P-1)
+            self.target.forward(tokens, positions_after(0, len(head), 1, tokens.device), cache, last_logits_only=True)
+        return cache
+
+    def start(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
+              seed: int | None = None, constraint: Constraint | None = None,
+              logprobs: int | None = None) -> Generation:
+        """A generation to drive round by round (`chunks()`), then `result()`: what a scheduler interleaves.
+        `constraint`: the grammar its output must match (core/constraint.py), in its initial state;
+        `logprobs`: record each token's log-probability and this many alternatives' (None: none)."""
+        return Generation(self, list(prompt_ids), params, criteria, tokenizer, seed, constraint=constraint,
+                          logprobs=logprobs)
