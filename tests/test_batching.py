@@ -215,3 +215,46 @@ def test_draft_rows_go_where_drafts_are_accepted_and_only_while_they_pay():
     assert draft_caps([0.9], [5], 32, (0.01, 0.001)) == [None]  # alone: its own K, as without batching
     rounds = [RoundStats(4, 4, 3, 4, 0, 0, 0), RoundStats(4, 0, 0, 1, 0, 0, 0), RoundStats(4, 4, 1, 2, 0, 0, 0)]
     assert acceptance_rate(rounds) == pytest.approx((4 + 1) / (8 + 2)) and acceptance_rate([]) == 0.5
+
+
+def test_the_server_and_the_batch_runner_stream_what_each_request_streams_alone(targets):
+    """One round loop: the server's scheduler drives the batch runner's step(); both give each request the
+    tokens, text and logprobs (top 2) it streams alone, seeded sampling included, chunk by chunk."""
+    from specdec.api.batch import BatchRunner
+    from specdec.api.events import Chunk, Done
+    from specdec.api.request import GenerationRequest
+    from specdec.core.sampling import SamplingParams
+    from specdec.server.scheduler import Job, Scheduler
+
+    generator = generators(targets["llama"])["ngram"]
+    requests = [GenerationRequest(prompt, 24, SamplingParams(temperature=0.8 * (i % 2)), seed=i, chat=False,
+                                  logprobs=2) for i, prompt in enumerate(PROMPTS[:4])]
+    requests = [r.replace(prompt=generator.prompt_ids(r), chat=False) for r in requests]
+
+    def joined(chunks):  # a request's chunks, whichever rounds they fell into
+        assert all(len(c.logprobs) == len(c.token_ids) for c in chunks)
+        entries = [entry for c in chunks for entry in c.logprobs]
+        return ("".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids],
+                [(e.token, e.logprob, e.top) for e in entries])
+
+    alone = [joined(list(generator.start(request).chunks())) for request in requests]
+
+    runner, streamed, done = BatchRunner(generator), {i: [] for i in range(4)}, set()
+    for index, request in enumerate(requests):
+        runner.admit(index, request)
+    while runner.running:
+        for index, event in runner.step():
+            streamed[index] += [event.chunk] if isinstance(event, Chunk) else []
+            done |= {index} if isinstance(event, Done) else set()
+    assert done == {0, 1, 2, 3} and [joined(streamed[i]) for i in range(4)] == alone
+
+    scheduler, served = Scheduler(generator, max_active=4), {i: [] for i in range(4)}
+    for index, request in enumerate(requests):
+        job = Job(request)
+        job.emit = lambda event, index=index: served[index].append(event)
+        scheduler.waiting.append(job)
+    while scheduler.waiting or scheduler.active:
+        scheduler._admit_some()
+        scheduler._step()
+    assert all(isinstance(events[-1], Done) for events in served.values())
+    assert [joined([e.chunk for e in served[i] if isinstance(e, Chunk)]) for i in range(4)] == alone
