@@ -150,7 +150,7 @@ def test_chain_verifier_law_on_the_device(device, name, target, draft):
 def test_a_verifier_that_accepts_one_wrong_draft_is_caught(models, device, monkeypatch):
     """The near-tie allowance must not hide a real bug: a greedy verifier that also keeps the first
     rejected draft token fails the equality check."""
-    from specdec import engine
+    from specdec.engine import round as engine_round
     from specdec.core.rounds import VerifyResult
 
     def accepts_one_more(target_logits, draft):
@@ -161,7 +161,7 @@ def test_a_verifier_that_accepts_one_wrong_draft_is_caught(models, device, monke
         count = min(count + 1, len(draft))
         return VerifyResult(len(draft), list(range(count)), draft.tokens[:count] + [choice[count]])
 
-    monkeypatch.setattr(engine, "verify_chain_greedy", accepts_one_more)
+    monkeypatch.setattr(engine_round, "verify_chain_greedy", accepts_one_more)
     target = models["target"]
     prompt = PROMPTS[0]
     expected = plain(target, prompt).token_ids

@@ -452,3 +452,19 @@ def now() -> int:
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+
+
+def openapi_body(kind: type) -> dict:
+    """The OpenAPI requestBody of a completion endpoint, from its pydantic model."""
+    schema = kind.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node):  # the document root has no $defs: put each referenced definition in place
+        if isinstance(node, dict):
+            reference = node.get("$ref", "")
+            if reference.startswith("#/$defs/"):
+                return inline(definitions[reference.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items()}
+        return [inline(item) for item in node] if isinstance(node, list) else node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}

@@ -1,0 +1,199 @@
+"""A request's choices as scheduler jobs: submitted, waited for until they start, then answered whole or as a
+stream of server-sent events, a client that leaves cancelling its jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from specdec.api.events import FINAL_EVENTS, Cancelled, Chunk, Done, Event, Failed, Refused, Started
+from specdec.api.request import GenerationRequest
+from specdec.core.rounds import GenerationResult
+from specdec.errors import ContextLengthError, SpecdecError
+from specdec.server.http_errors import ended_text, error
+from specdec.server.protocol import BadRequest, error_body
+from specdec.server.replies import sse
+from specdec.server.scheduler import Job, QueueFullError
+from specdec.server.state import ServerState
+from starlette.concurrency import run_in_threadpool
+
+DISCONNECT_POLL_SECONDS = 0.25
+
+
+async def run_jobs(state: ServerState, request: Request, generation_request: GenerationRequest, n: int,
+                   stream: bool, reply, infill: bool = False) -> Response:
+    """Submit the request's `n` choices (seeds seed, seed + 1, ...), wait until they start, then answer
+    whole or as a stream."""
+    arrived = time.perf_counter()
+    jobs = await submit(state, generation_request, n)
+    if isinstance(jobs, Response):
+        return jobs
+    prompt_tokens = 0
+    for job in jobs:  # each waits in the queue until admitted
+        first = await next_event(job, request)
+        if not isinstance(first, Started):
+            for other in jobs:
+                other.cancel()
+            return await not_started(first, request)
+        prompt_tokens = first.prompt_tokens
+    if stream:  # the status goes out now; a non-streamed reply's status is known at its end
+        events = infill_events(jobs[0], reply) if infill else stream_events(state, jobs, reply, prompt_tokens,
+                                                                          arrived)
+        return StreamingResponse(events, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    results = []
+    for job in jobs:
+        result = await finish(job, request)
+        if result is None or isinstance(result, Exception):
+            for other in jobs:
+                other.cancel()
+        if result is None:
+            if await request.is_disconnected():  # nobody reads this reply: count it as nginx does, not a 503
+                return error(499, "the client closed the request", "invalid_request_error")
+            return error(503, "generation cancelled: the server is shutting down", "server_error")
+        if isinstance(result, Exception):
+            return error(500, f"generation failed: {result}", "server_error")
+        results.append(result)
+    return JSONResponse(reply.whole(results, prompt_tokens))
+
+
+async def submit(state: ServerState, generation_request: GenerationRequest, n: int) -> list[Job] | Response:
+    """The choices' jobs, queued; or the error reply (a prompt too long, the queue full)."""
+    jobs: list[Job] = []
+    try:
+        first = Job(generation_request)
+        await run_in_threadpool(state.scheduler.encode, first)  # off the worker: tokenizing may take a while
+        prompt_length, limit = len(first.request.prompt), state.settings.max_prompt_tokens
+        if limit is not None and prompt_length > limit:
+            return error(400, f"the prompt is {prompt_length} tokens; this server takes at most {limit}",
+                         "invalid_request_error", code="context_length_exceeded")
+        base = first.request.seed if first.request.seed is not None else random.getrandbits(63)
+        jobs = [Job(first.request.replace(seed=base + i if n > 1 or first.request.seed is not None else None))
+                for i in range(n)]
+        for job in jobs:
+            state.scheduler.submit(job)
+    except BadRequest as exc:
+        return error(400, str(exc), "invalid_request_error", exc.param)
+    except QueueFullError as exc:
+        for job in jobs:
+            job.cancel()
+        return error(503, str(exc), "server_busy")
+    except SpecdecError as exc:
+        return error(400, str(exc), "invalid_request_error")
+    return jobs
+
+
+async def not_started(first: Event, request: Request) -> Response:
+    """The reply to a job whose first event was not Started."""
+    if isinstance(first, Refused):
+        code = "context_length_exceeded" if isinstance(first.error, ContextLengthError) else None
+        return error(400, str(first.error), "invalid_request_error", code=code)
+    if isinstance(first, Cancelled) and await request.is_disconnected():  # gone while queued or prefilling
+        return error(499, "the client closed the request", "invalid_request_error")
+    return error(500 if isinstance(first, Failed) else 503, ended_text(first), "server_error")
+
+
+async def next_event(job: Job, request: Request) -> Event:
+    """The job's next event; a client that disconnects meanwhile cancels the job (within a round). The
+    connection is checked every DISCONNECT_POLL_SECONDS even while events flow (a non-streamed reply's
+    rounds would otherwise hide a client that left)."""
+    try:
+        while True:
+            event = None
+            try:
+                event = await asyncio.wait_for(job.events.get(), DISCONNECT_POLL_SECONDS)
+            except asyncio.TimeoutError:
+                pass
+            if event is None or time.monotonic() - job.connection_checked > DISCONNECT_POLL_SECONDS:
+                job.connection_checked = time.monotonic()
+                if await request.is_disconnected():
+                    job.cancel("the client disconnected")
+                    return Cancelled("the client disconnected")
+            if event is not None:
+                return event
+    except BaseException:
+        job.cancel()
+        raise
+
+
+async def finish(job: Job, request: Request) -> GenerationResult | Exception | None:
+    """The job's result, its failure, or None when it was cancelled."""
+    while True:
+        event = await next_event(job, request)
+        if isinstance(event, Done):
+            return event.result
+        if isinstance(event, Failed):
+            return event.error
+        if isinstance(event, Cancelled):
+            return None
+
+
+async def stream_events(state: ServerState, jobs: list[Job], reply, prompt_tokens: int, arrived: float
+                        ) -> AsyncIterator[str]:
+    """The choices' chunks as their rounds commit text, interleaved (each chunk names its choice)."""
+    first_text = True
+    results: list[GenerationResult | None] = [None] * len(jobs)
+    try:
+        for index in range(len(jobs)):
+            yield sse(reply.opening(index))
+        async for index, event in merged_events(jobs):
+            if isinstance(event, Chunk):
+                chunks = reply.delta(index, event.chunk.text, event.chunk.logprobs)
+                if chunks and first_text:
+                    state.metrics.time_to_first_token.observe(time.perf_counter() - arrived)
+                    first_text = False
+                for chunk in chunks:
+                    yield sse(chunk)
+            elif isinstance(event, Done):
+                results[index] = event.result
+                for chunk in reply.closing(index, event.result):
+                    yield sse(chunk)
+            else:  # failed or cancelled: tell the client in-band, the status line is already sent
+                yield sse(error_body(ended_text(event), "server_error"))
+                break
+        if reply.include_usage and all(result is not None for result in results):
+            yield sse(reply.usage_chunk(results, prompt_tokens))
+        yield "data: [DONE]\n\n"
+    finally:
+        for job in jobs:
+            job.cancel()  # no-op when finished; frees the slots when the client disconnected
+
+
+async def infill_events(job: Job, reply) -> AsyncIterator[str]:
+    """llama-server's stream: `data: {"content": ..., "stop": false}` per round, a last one with stop true."""
+    try:
+        while True:
+            event = await job.events.get()
+            if isinstance(event, Chunk) and event.chunk.text:
+                yield sse(reply.chunk(event.chunk.text))
+            elif isinstance(event, Done):
+                yield sse(reply.last(event.result))
+                break
+            elif not isinstance(event, Chunk):
+                yield sse(error_body(ended_text(event), "server_error"))
+                break
+    finally:
+        job.cancel()
+
+
+async def merged_events(jobs: list[Job]):
+    """(choice index, event) of several jobs' events as they come; a job's stream ends with its Done (or
+    another final event)."""
+    pending = {asyncio.ensure_future(job.events.get()): index for index, job in enumerate(jobs)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda task: pending[task]):
+                index = pending.pop(task)
+                event = task.result()
+                yield index, event
+                if not isinstance(event, FINAL_EVENTS):
+                    pending[asyncio.ensure_future(jobs[index].events.get())] = index
+    finally:
+        for task in pending:
+            task.cancel()

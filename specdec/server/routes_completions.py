@@ -1,0 +1,64 @@
+"""POST /v1/chat/completions and /v1/completions: OpenAI's two generation endpoints."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from specdec.api.request import GenerationRequest
+from specdec.errors import SpecdecError
+from specdec.server.http_errors import ERROR_RESPONSES, read_body, refused
+from specdec.server.infill import require_fim
+from specdec.server.jobs import run_jobs
+from specdec.server.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, openapi_body, parse_request
+from specdec.server.replies import Reply
+from specdec.server.state import ServerState, server_state
+from specdec.server.tools import speaks_hermes
+
+router = APIRouter()
+
+
+# The bodies are parsed by parse_request (one-line 400s), so their schemas are declared for the OpenAPI
+# document here rather than taken from the signature.
+@router.post("/v1/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest), responses=ERROR_RESPONSES)
+async def chat_completions(request: Request, state: ServerState = Depends(server_state)) -> Response:
+    return await complete(state, request, ChatCompletionRequest)
+
+
+@router.post("/v1/completions", openapi_extra=openapi_body(CompletionRequest), responses=ERROR_RESPONSES)
+async def completions(request: Request, state: ServerState = Depends(server_state)) -> Response:
+    return await complete(state, request, CompletionRequest)
+
+
+async def complete(state: ServerState, request: Request, kind: type) -> Response:
+    try:
+        body = parse_request(await read_body(request, state.settings.max_request_bytes), kind)
+        generation_request = make_request(state, body)
+    except SpecdecError as exc:
+        return refused(exc)
+    tools = isinstance(body, ChatCompletionRequest) and body.uses_tools
+    reply = Reply(kind is ChatCompletionRequest, state.settings.model_name, body.include_usage, state.token_text,
+                  tools=tools, choices=body.n)
+    return await run_jobs(state, request, generation_request, body.n, body.stream, reply)
+
+
+def make_request(state: ServerState, body) -> GenerationRequest:
+    """The generation a parsed body asks for (BadRequest naming the field at fault)."""
+    settings = state.settings
+    if body.model is not None and body.model != settings.model_name:
+        raise BadRequest(f"model {body.model!r} is not served here (this server serves "
+                         f"{settings.model_name!r})", "model")
+    tokenizer = state.generator.target.tokenizer
+    if isinstance(body, ChatCompletionRequest) and body.uses_tools and not speaks_hermes(tokenizer):
+        raise BadRequest(f"model {settings.model_name!r}: its chat template does not list tools "
+                         "(Hermes-style <tool_call> templates are supported)", "tools")
+    try:
+        request = body.generation_request(settings.default_max_tokens, tokenizer, settings.tool_grammar)
+    except SpecdecError as exc:
+        raise BadRequest(str(exc), getattr(exc, "param", None)) from None
+    if isinstance(body, CompletionRequest) and body.suffix is not None:
+        if not isinstance(body.prompt, str):
+            raise BadRequest("suffix needs a text prompt", "suffix")
+        fim = require_fim(tokenizer, settings.model_name, "suffix")
+        request = request.replace(prompt=fim.prompt(body.prompt, body.suffix), chat=False)
+    return request

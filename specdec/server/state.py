@@ -1,0 +1,45 @@
+"""What every route of one server shares: the generator, the settings, the scheduler and the metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from specdec.api.generator import SpeculativeGenerator
+from specdec.server.metrics import ServerMetrics
+from specdec.server.scheduler import PREFILL_TOKENS_PER_STEP, Scheduler
+
+
+@dataclass
+class ServerSettings:
+    model_name: str  # the id clients send as `model`
+    max_active: int = 16  # generations whose rounds run batched together
+    max_queue: int = 64  # requests waiting beyond those; more get HTTP 503
+    default_max_tokens: int = 512
+    api_key: str | None = None  # required as 'Authorization: Bearer KEY' on /v1 routes when set
+    max_request_bytes: int = 1 << 20  # larger bodies get 413 before they are read
+    allowed_hosts: tuple[str, ...] | None = None  # Host names served (None: any); loopback binds set these
+    allowed_origins: tuple[str, ...] = ()  # browser origins allowed by CORS (none by default)
+    max_prompt_tokens: int | None = None  # longer prompts get 400 (None: up to the model's context)
+    kv_memory_bytes: int | None = None  # running generations' KV caches at most (more wait); None: no limit
+    prefix_cache_bytes: int = 512 << 20  # prompts' keys and values kept for later prompts; 0: off
+    prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP  # prompt tokens prefilled per step
+    tool_grammar: bool = True  # tool_choice "auto" constrained to text or well-formed calls (--no-tool-grammar: off)
+
+
+@dataclass
+class ServerState:
+    generator: SpeculativeGenerator
+    settings: ServerSettings
+    scheduler: Scheduler
+    metrics: ServerMetrics
+
+    def token_text(self, token: int) -> str:
+        """How a token is spelled in `logprobs`."""
+        return self.generator.target.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def server_state(request: Request) -> ServerState:
+    """The state of the server a request came to (the routes' one dependency)."""
+    return request.app.state.server
