@@ -23,6 +23,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="specdec", description="Exact speculative decoding for LLMs.")
     commands = parser.add_subparsers(dest="command", required=True)
 
+    add_generate_parser(commands)
+    from specdec.certify.command import add_certify_parser
+
+    add_certify_parser(commands)
+    pull = commands.add_parser("pull", help="download, verify and convert zoo models")
+    pull.add_argument("names", nargs="+", metavar="name")
+    commands.add_parser("models", help="list zoo models, pulled or not")
+    for add in (add_serve_parser, add_bench_parser, add_bench_serve_parser, add_analyze_parser, add_datastore_parser,
+                add_export_parser, add_train_parser):
+        add(commands)
+    return parser
+
+
+def add_generate_parser(commands) -> None:
+    """`specdec generate`: one prompt (or a JSONL file of them) generated, streamed or whole."""
     gen = commands.add_parser("generate", help="generate text from a prompt")
     gen.add_argument("prompt", nargs="?", default=None,
                      help="the prompt (use - to read it from standard input; none with --input)")
@@ -46,15 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "skips the prompts it already holds")
     gen.add_argument("--batch", type=int, default=16, help="with --input: generations run together")
 
-    from specdec.certify.command import add_certify_parser
 
-    add_certify_parser(commands)
-
-    pull = commands.add_parser("pull", help="download, verify and convert zoo models")
-    pull.add_argument("names", nargs="+", metavar="name")
-
-    commands.add_parser("models", help="list zoo models, pulled or not")
-
+def add_serve_parser(commands) -> None:
+    """`specdec serve`: the OpenAI-compatible server."""
     serve = commands.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
     add_model_options(serve)
     add_speculation_options(serve)
@@ -96,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --replicas: Ray Serve's autoscaling_config as JSON, e.g. "
                             "'{\"min_replicas\": 1, \"max_replicas\": 4}'")
 
+
+def add_bench_parser(commands) -> None:
+    """`specdec bench`: drafters against plain decoding and the peers."""
     bench = commands.add_parser("bench", help="benchmark drafters against plain decoding and transformers")
     add_model_options(bench)  # the transformers peers run the same dtype, always with float32 weights
     add_k_option(bench)
@@ -118,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--roofline-mb", type=int, default=1024,
                        help="buffer for the bandwidth measurement in MB (0 skips the roofline)")
 
+
+def add_bench_serve_parser(commands) -> None:
+    """`specdec bench serve`: concurrent clients against our server and llama-server."""
     bench_serve = commands.add_parser(
         "bench-serve", help="`specdec bench serve`: concurrent streaming clients against our server and "
         "llama.cpp's on the same model: throughput, TTFT, time per token")
@@ -139,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_argument("--slot-context", type=int, default=2048, help="llama-server's context per slot")
     bench_serve.add_argument("--json", dest="json_out", default=None, help="write the reports to this JSON file")
 
+
+def add_analyze_parser(commands) -> None:
+    """`specdec analyze`: the theory as a calculator, or fitted to a bench run."""
     analyze = commands.add_parser("analyze", help="the theory as a calculator: expected tokens per round, "
                                   "speedup, best K; or fit it to a bench run")
     analyze.add_argument("--k", type=int, default=5, help="draft tokens per round")
@@ -149,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--max-k", type=int, default=16)
     analyze.add_argument("--from-bench", default=None, help="fit alpha, c and v(K) to `specdec bench --json` output")
     analyze.add_argument("--plot", default=None, help="write a PNG chart here")
+
+
+def add_datastore_parser(commands) -> None:
+    """`specdec datastore build`: a retrieval datastore."""
     datastore = commands.add_parser("datastore", help="retrieval datastores for --drafter retrieval:DIR")
     datastore_commands = datastore.add_subparsers(dest="datastore_command", required=True)
     build = datastore_commands.add_parser("build", help="tokenize a corpus and index it (suffix array)")
@@ -156,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_option(build, help_text="the model whose tokenizer the datastore uses")
     build.add_argument("--out", required=True, help="datastore directory to write")
 
+
+def add_export_parser(commands) -> None:
+    """`specdec export`: a trained head in another tool's format."""
     export = commands.add_parser("export", help="write a trained head in another tool's format (speculators: vLLM)")
     export.add_argument("head", help="a head directory written by `specdec train eagle3`")
     export.add_argument("--format", required=True, choices=["speculators"])
@@ -166,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: the target's local directory)")
     export.add_argument("--device", default="cpu")
 
+
+def add_train_parser(commands) -> None:
+    """`specdec train`: a head trained on this machine."""
     train = commands.add_parser("train", help="train an EAGLE, EAGLE-3 or Medusa head for a target on this machine")
     train.add_argument("kind", choices=["eagle", "eagle3", "medusa"])
     add_target_option(train)
@@ -189,7 +217,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the target's weight format for computing the features and self-generated answers "
                        "(float32 by default; gguf: a GGUF model's own blocks, several times faster on a CPU); "
                        "the head drafts for the model whatever its format")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,3 +97,29 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
     module = tmp_path / "sample.py"
     module.write_text("def f():\n    from specdec.engine import SpeculativeEngine\n    import specdec.api.batch\n")
     assert imported_modules(module) >= {"specdec.engine", "specdec.api.batch"}
+
+
+def long_functions(limit: int) -> list[str]:
+    """Functions (methods and nested functions included) of more than `limit` lines in specdec/."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= limit:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    return found
+
+
+def test_no_function_is_over_80_lines():
+    assert long_functions(80) == []
+
+
+def test_a_generation_is_a_short_class_whose_features_are_round_steps():
+    """The round's features (grammar, logprobs, target features) live in engine/round_steps.py: Generation
+    stays short and names none of them."""
+    from specdec.engine.generation import Generation
+
+    source = (PACKAGE / "engine" / "generation.py").read_text()
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == Generation.__name__)
+    assert node.end_lineno - node.lineno < 150
+    body = ast.get_source_segment(source, node)
+    assert not any(name in body for name in ("constraint.", "masked_logits(", "token_logprobs(", "take_features("))
