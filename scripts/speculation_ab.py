@@ -13,7 +13,7 @@ import sys
 from specdec.bench.tasks import load_prompts
 from specdec.drafters import make_drafter
 from specdec.api.generator import SpeculativeGenerator
-from specdec.core.speculation_length import speculation_length
+from specdec.core.speculation_length import KSetting
 from specdec.models.sources.loading import load_model
 
 
@@ -32,7 +32,7 @@ def main() -> None:
         plain_rate, plain_ids = 0.0, None
         for name, (generator, k) in methods.items():
             if k is not None:
-                generator.engine.speculation = speculation_length(k)  # fresh per prompt
+                generator.engine.speculation = KSetting.parse(k).new_length()  # fresh per prompt
             result = generator.generate(prompt.prompt, new_tokens, chat=prompt.chat, temperature=0.0, seed=0)
             s = result.stats
             decode = s.seconds - s.prefill_seconds

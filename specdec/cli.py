@@ -447,7 +447,7 @@ def cmd_bench(args) -> int:
         GeneratorOptions(args.target, spec, args.k, args.device, args.dtype, args.backend, args.weights,
                          kv_dtype=args.kv_dtype)
     config = BenchConfig(args.target, split_drafter_specs(args.drafters), split(args.tasks), args.limit,
-                         args.max_new_tokens, sampling, args.seed, str(args.k), split(args.peers), args.device,
+                         args.max_new_tokens, sampling, args.seed, args.k, split(args.peers), args.device,
                          args.roofline_mb, args.weights, args.dtype, args.cuda_graphs, args.backend, rules,
                          args.kv_dtype)
     prompts = load_prompts(config.tasks, config.limit, Path(args.spec_bench) if args.spec_bench else None)

@@ -11,7 +11,7 @@ from specdec.api.options import GeneratorOptions
 from specdec.api.request import GenerationRequest
 from specdec.api.structured import GrammarSpec
 from specdec.core.sampling import SamplingParams
-from specdec.core.speculation_length import K_HELP, parse_k
+from specdec.core.speculation_length import K_HELP, KSetting
 from specdec.errors import InvalidParameterError
 
 KV_DTYPE_HELP = ("the target's KV cache elements: auto (default: the model's dtype), float32, bfloat16 or float16 "
@@ -37,10 +37,10 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"specdec: error: {where}{message} (see {self.prog} --help)\n")
 
 
-def k_argument(text: str) -> int | str:
-    """--k's type: an integer, 'auto' or 'auto:N' (speculation_length's grammar), checked as parsed."""
+def k_argument(text: str) -> KSetting:
+    """--k's type: an integer, 'auto' or 'auto:N', parsed."""
     try:
-        return parse_k(text)
+        return KSetting.parse(text)
     except InvalidParameterError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -66,7 +66,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_k_option(parser) -> None:
-    parser.add_argument("--k", type=k_argument, default="auto", help=K_HELP)
+    parser.add_argument("--k", type=k_argument, default=KSetting(), help=K_HELP)
 
 
 def add_speculation_options(parser: argparse.ArgumentParser) -> None:

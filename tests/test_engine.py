@@ -11,7 +11,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpeculativeEngine
 from specdec.errors import InvalidParameterError, SpecdecError
 from specdec.api.generator import SpeculativeGenerator
-from specdec.core.speculation_length import speculation_length
+from specdec.core.speculation_length import KSetting
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
 from specdec.models.derived import head_prefix_copy, layer_subset_copy
@@ -216,7 +216,8 @@ def test_eos_inside_an_accepted_block(models, k):
     full = plain_ids(target, "hello", 30)
     eos = full[10]  # pretend the 11th greedy token is EOS: it arrives inside a block of accepted drafts
     first = full.index(eos)
-    engine = SpeculativeEngine(target.model, DraftModelDrafter(target, target.model.vocab_size), speculation_length(k))
+    drafter = DraftModelDrafter(target, target.model.vocab_size)
+    engine = SpeculativeEngine(target.model, drafter, KSetting.parse(k).new_length())
     chunks = []
     result = engine.generate(target.tokenizer.encode("hello"), SamplingParams(),
                              StopCriteria(30, frozenset({eos})), target.tokenizer, on_chunk=chunks.append)

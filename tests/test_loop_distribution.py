@@ -18,7 +18,7 @@ from specdec.drafters.combined import CombinedDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpeculativeEngine
-from specdec.core.speculation_length import speculation_length
+from specdec.core.speculation_length import KSetting
 from specdec.core.sampling import SamplingParams, processed_probs
 from stats_checks import assert_distribution
 
@@ -78,7 +78,7 @@ def engine_for(drafter_kind: str, k, acceptance: str = "rejection") -> tuple[Spe
         drafter = NgramDrafter(max_ngram=2)
     else:
         return SpeculativeEngine(target, None, acceptance=acceptance), target
-    return SpeculativeEngine(target, drafter, speculation_length(k), acceptance), target
+    return SpeculativeEngine(target, drafter, KSetting.parse(k).new_length(), acceptance), target
 
 
 # The rejection rule is where a verifier can be subtly wrong (the residual, the draft's reported law), so it
@@ -184,7 +184,7 @@ def test_unprocessed_draft_probs_fail_through_the_loop(monkeypatch):
             return draft
 
     target = MockLM(salt=1)
-    engine = SpeculativeEngine(target, LyingDrafter(mock_loaded(MockLM(salt=2), "liar"), VOCAB), speculation_length(2),
-                               "rejection")
+    liar = LyingDrafter(mock_loaded(MockLM(salt=2), "liar"), VOCAB)
+    engine = SpeculativeEngine(target, liar, KSetting.parse(2).new_length(), "rejection")
     with pytest.raises(AssertionError):
         assert_distribution(count_outcomes(engine, params, range(20_000)), exact_law(target, params))

@@ -7,6 +7,7 @@ import pytest
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.request import GenerationRequest
 from specdec.core.sampling import SamplingParams
+from specdec.core.speculation_length import KSetting
 from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import InvalidParameterError
 
@@ -47,7 +48,7 @@ def test_cli_and_server_build_the_same_request(tiny_dirs):
     assert body.generation_request(512) == from_cli
     chat = parse_request(b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 7, '
                          b'"speculative": {"k": 3}}', ChatCompletionRequest).generation_request(512)
-    assert chat.chat and chat.k == 3 and chat.max_new_tokens == 7 and chat.sampling == SamplingParams(temperature=1.0)
+    assert chat.chat and chat.k == KSetting(3) and chat.max_new_tokens == 7 and chat.sampling == SamplingParams(temperature=1.0)
 
 
 def test_run_start_and_the_keyword_methods_agree(tiny_dirs):

@@ -2,6 +2,7 @@
 drafting does not pay."""
 
 import numpy as np
+import pytest
 
 from specdec.core.speculation_length import AdaptiveK
 
@@ -69,11 +70,20 @@ def test_positions_never_drafted_borrow_the_measured_acceptance():
     assert np.mean(history[-20:]) >= 5
 
 
-def test_auto_k_caps():
-    from specdec.core.speculation_length import MAX_AUTO_K, speculation_length
+def test_k_is_read_once_into_a_setting_that_prints_as_it_was_written():
+    from specdec.core.speculation_length import MAX_AUTO_K, MAX_K, FixedK, KSetting
+    from specdec.errors import InvalidParameterError
 
-    assert speculation_length("auto").max_k == MAX_AUTO_K
-    assert speculation_length("auto:5").max_k == 5
+    assert KSetting.parse("auto").new_length().max_k == MAX_AUTO_K and KSetting.parse("auto") == KSetting()
+    assert KSetting.parse("auto:5").new_length().max_k == 5 and str(KSetting.parse("auto:5")) == "auto:5"
+    assert KSetting.parse("7") == KSetting.parse(7) == KSetting(7) and isinstance(KSetting(7).new_length(), FixedK)
+    setting = KSetting.parse("auto:3")
+    assert KSetting.parse(setting) is setting and str(KSetting()) == "auto" and str(KSetting(4)) == "4"
+    for bad in ("0", MAX_K + 1, "auto:0", f"auto:{MAX_K + 1}", "auto:x", "four", 2.0, True, None):
+        with pytest.raises(InvalidParameterError):
+            KSetting.parse(bad)
+    with pytest.raises(InvalidParameterError):  # JSON sends numbers as numbers
+        KSetting.parse("4", numbers_as_text=False)
 
 
 def test_each_source_of_a_combined_drafter_gets_its_own_k():

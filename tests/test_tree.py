@@ -14,7 +14,7 @@ from specdec.core import verify
 from specdec.core.commit import StopCriteria
 from specdec.engine import SpeculativeEngine
 from specdec.api.generator import SpeculativeGenerator
-from specdec.core.speculation_length import speculation_length
+from specdec.core.speculation_length import KSetting
 from specdec.models.sources.loading import load_model
 from specdec.core.sampling import SamplingParams, processed_probs
 from specdec.core.tree import ROOT, TokenTree
@@ -139,7 +139,7 @@ def _count(args) -> np.ndarray:
     torch.set_num_threads(1)
     # the rejection rule: multi-draft residuals are what can go wrong (under the match rule the text is plain
     # sampling's, checked token for token in test_seeded_sampling)
-    engine = SpeculativeEngine(MockLM(salt=1), drafter, speculation_length(8), "rejection")
+    engine = SpeculativeEngine(MockLM(salt=1), drafter, KSetting.parse(8).new_length(), "rejection")
     counts = np.zeros(VOCAB**length)
     for seed in seeds:
         ids = engine.generate(PROMPT, params, StopCriteria(length), MockTokenizer(), seed=seed).token_ids

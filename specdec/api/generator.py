@@ -20,7 +20,7 @@ from specdec.api.request import GenerationRequest, Prompt
 from specdec.api.structured import GrammarConstraint, GrammarSpec, first_line
 from specdec.core.commit import StopCriteria
 from specdec.core.rounds import GenerationResult, StreamChunk
-from specdec.core.speculation_length import FixedK, SourceLengths, SpeculationLength, is_auto, speculation_length
+from specdec.core.speculation_length import FixedK, KSetting, SourceLengths, SpeculationLength
 from specdec.drafters import Drafter, draft_model_of, make_drafter
 from specdec.engine import Generation, SpeculativeEngine
 from specdec.errors import InvalidParameterError, SpecdecError
@@ -55,16 +55,15 @@ DEFAULT_DRAFTERS: dict[tuple[str, str], str] = {
 PREFILL_CHUNK = 512
 
 
-def speculation_for(drafter: Drafter | None, k: int | str) -> SpeculationLength:
-    """How many tokens `drafter` drafts a round for K = `k`: chain drafters follow `speculation_length`."""
+def speculation_for(drafter: Drafter | None, k: KSetting) -> SpeculationLength:
+    """How many tokens `drafter` drafts a round for the setting `k`: chain drafters follow it."""
     if drafter is None:
         return FixedK(0)
     # Tree drafters (EAGLE, Medusa) draft a node budget, which AdaptiveK's chain model does not describe.
-    if is_auto(k) and drafter.tree_node_budget is not None:
+    if k.is_auto and drafter.tree_node_budget is not None:
         return FixedK(drafter.tree_node_budget)
-    length = speculation_length(k)
     # A combined drafter's sources are accepted at rates far apart: each gets its own K.
-    return SourceLengths(length.max_k) if is_auto(k) and drafter.drafts_per_source else length
+    return SourceLengths(k.max_k) if k.is_auto and drafter.drafts_per_source else k.new_length()
 
 
 def default_drafter(target: LoadedModel) -> str:
@@ -93,7 +92,7 @@ class SpeculativeGenerator:
     """A target with its drafter. Keyword methods for scripts (`generate`, `stream`, `generate_batch`); the
     same as requests (`run`, `start`, `run_batch` with a `GenerationRequest`), which front ends build."""
 
-    def __init__(self, target: LoadedModel, drafter: Drafter | None = None, k: int | str = 4,
+    def __init__(self, target: LoadedModel, drafter: Drafter | None = None, k: int | str | KSetting = 4,
                  acceptance: str = "match"):
         """acceptance: how sampled drafts are judged (specdec.core.verify): "match" (the default) returns, for
         a seed, exactly the text plain sampling returns; "rejection" accepts more of a sampling draft model's
@@ -101,7 +100,7 @@ class SpeculativeGenerator:
         self.target = target
         self.drafter = drafter
         self.acceptance = acceptance
-        self.engine = SpeculativeEngine(target.model, drafter, speculation_for(drafter, k), acceptance)
+        self.engine = SpeculativeEngine(target.model, drafter, speculation_for(drafter, KSetting.parse(k)), acceptance)
 
     @classmethod
     def from_pretrained(
@@ -186,7 +185,7 @@ class SpeculativeGenerator:
             return self.engine
         return self.request_engine(request.speculative, request.k)
 
-    def request_engine(self, speculative: bool = True, k: int | str | None = None) -> SpeculativeEngine:
+    def request_engine(self, speculative: bool = True, k: KSetting | None = None) -> SpeculativeEngine:
         """An engine for one generation that runs interleaved with others (batches, the server): its own
         drafter state (`Drafter.fresh()`) over the shared weights, and K as this generator's unless `k` is
         given, which is read as the constructor reads it (a tree drafter's node budget for 'auto')."""

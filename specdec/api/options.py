@@ -8,9 +8,9 @@ a name must be a zoo model, a model directory or a GGUF file that exists; a draf
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from specdec.core.speculation_length import check_k
+from specdec.core.speculation_length import KSetting
 from specdec.core.verify import check_acceptance
 from specdec.errors import InvalidParameterError
 from specdec.models.sources.loading import check_load_options, check_model_spec
@@ -20,7 +20,7 @@ from specdec.models.sources.loading import check_load_options, check_model_spec
 class GeneratorOptions:
     target: str
     drafter: str = "default"  # a drafter spec (drafters/registry.py), "default" (the best for the target), "none"
-    k: int | str = "auto"
+    k: KSetting = KSetting()  # given as an integer, 'auto' or 'auto:N' too: parsed here
     device: str = "cpu"
     dtype: str = "float32"
     backend: str = "auto"
@@ -30,14 +30,11 @@ class GeneratorOptions:
     kv_dtype: str = "auto"  # the target's KV cache elements: auto (the model's dtype), float32, bfloat16, float16
 
     def __post_init__(self):
-        check_k(self.k)
+        object.__setattr__(self, "k", KSetting.parse(self.k))
         check_acceptance(self.acceptance)
         check_load_options(self.device, self.dtype, self.backend, self.weights, self.kv_dtype)
         check_model_spec(self.target)
         check_drafter_spec(self.drafter)
-
-    def as_keywords(self) -> dict:
-        return asdict(self)
 
 
 def check_drafter_spec(spec: str) -> None:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from specdec.api.structured import GrammarSpec
 from specdec.core.sampling import SamplingParams, check_seed
-from specdec.core.speculation_length import check_k
+from specdec.core.speculation_length import KSetting
 from specdec.errors import InvalidParameterError
 
 Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "content": ...}]
@@ -38,7 +38,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     chat: bool | None = None
-    k: int | str | None = None
+    k: KSetting | None = None  # given as an integer, 'auto' or 'auto:N' too: parsed here
     speculative: bool = True
     grammar: GrammarSpec | None = None
     logprobs: int | None = None
@@ -60,7 +60,7 @@ class GenerationRequest:
             raise InvalidParameterError("stop strings must be non-empty text")
         check_seed(self.seed)
         if self.k is not None:
-            check_k(self.k)
+            object.__setattr__(self, "k", KSetting.parse(self.k))
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise InvalidParameterError(f"logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, not {self.logprobs!r}")

@@ -131,8 +131,8 @@ def roofline_lines(roofline: Roofline, summary: dict[str, dict[str, dict]]) -> l
 
 def drafter_k(results: BenchResults, method: str) -> int:
     """K for a drafter's curve: the configured K, or the mean K it drafted per round (adaptive K)."""
-    if results.config.k.isdigit():
-        return int(results.config.k)
+    if results.config.k.fixed is not None:
+        return results.config.k.fixed
     runs = [r for r in results.runs if r.method == method and r.rounds]
     rounds = sum(r.rounds for r in runs)
     return max(1, round(sum(r.drafted for r in runs) / rounds)) if rounds else 1

@@ -10,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 from specdec.bench.peers import TransformersPeer
+from specdec.core.speculation_length import KSetting
 from specdec.bench.roofline import Roofline, measure_roofline
 from specdec.api.generator import DEFAULT_DRAFTERS, SpeculativeGenerator, default_drafter
 from specdec.api.request import GenerationRequest
@@ -31,7 +32,7 @@ class BenchConfig:
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int = 0
-    k: str = "auto"
+    k: KSetting = KSetting()
     peers: list[str] = field(default_factory=list)  # "plain", "assisted:MODEL", "lookup"
     device: str = "cpu"
     roofline_buffer_mb: int = 1024  # buffer for the bandwidth measurement; 0 skips the roofline
@@ -42,6 +43,9 @@ class BenchConfig:
     # sampling rules (specdec.core.verify) each drafter runs under; with several, methods are named "SPEC [RULE]"
     acceptance: list[str] = field(default_factory=lambda: ["match"])
     kv_dtype: str = "auto"  # ours: the target's KV cache elements
+
+    def __post_init__(self):
+        self.k = KSetting.parse(self.k)  # an integer, 'auto' or 'auto:N' given as such is read here
 
 
 @dataclass
@@ -75,7 +79,8 @@ class BenchResults:
     memory: dict | None = None  # target_weights_mb (as held, in its format), peak_rss_mb (the whole process)
 
     def to_dict(self) -> dict:
-        return {"config": asdict(self.config), "machine": self.machine, "runs": [asdict(r) for r in self.runs],
+        return {"config": {**asdict(self.config), "k": str(self.config.k)}, "machine": self.machine,
+                "runs": [asdict(r) for r in self.runs],
                 "roofline": asdict(self.roofline) if self.roofline else None, "memory": self.memory}
 
 

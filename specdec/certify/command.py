@@ -121,7 +121,7 @@ def run_certify(args) -> int:
         prompts = [prompt.for_base_model() for prompt in prompts]
     configuration = {
         "target": generator.target.name, "weights": generator.target.model.weight_format,
-        "device": args.device, "drafter": args.drafter, "K": args.k, "acceptance": args.acceptance,
+        "device": args.device, "drafter": args.drafter, "K": str(args.k), "acceptance": args.acceptance,
         **{name: value for name, value in vars(params).items()}}
     report = certify_local(generator, prompts, params, settings, configuration, progress=not args.json)
     print(json.dumps(report.to_json()) if args.json else summary(report))

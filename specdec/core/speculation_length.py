@@ -19,6 +19,7 @@ stayed at K = 3 where K = 5-7 pays: the untried positions never left the prior.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Hashable, Protocol
 
 import numpy as np
@@ -35,44 +36,53 @@ MAX_AUTO_K = 16
 K_HELP = f"draft tokens per round; 'auto' (default) chooses K <= {MAX_AUTO_K} from measurements, 'auto:N' K <= N"
 
 
-def is_auto(k: int | str) -> bool:
-    """Whether K is left to measurements: 'auto' or 'auto:N' (validated by `speculation_length`)."""
-    return isinstance(k, str) and (k == "auto" or k.startswith("auto:"))
+@dataclass(frozen=True)
+class KSetting:
+    """K as a user sets it, parsed once at the edge (`parse`): a fixed K every round, or AdaptiveK choosing
+    K <= `most` from measurements ('auto', 'auto:N'). Below the edge only this value travels."""
 
+    fixed: int | None = None  # K every round; None: chosen from measurements
+    most: int = MAX_AUTO_K  # with fixed None: the longest draft AdaptiveK considers
 
-def parse_k(text: str) -> int | str:
-    """A K as written on a command line: an integer, 'auto' or 'auto:N' (checked: InvalidParameterError)."""
-    value: int | str = text if is_auto(text) else _integer(text)
-    check_k(value)
-    return value
+    @classmethod
+    def parse(cls, value: "int | str | KSetting", numbers_as_text: bool = True) -> "KSetting":
+        """The one reader of K's grammar: an integer in 1..MAX_K, 'auto' or 'auto:N' with N in 1..MAX_K, or a
+        KSetting (returned as it is); InvalidParameterError otherwise. numbers_as_text: '4' reads as 4 (a
+        command line); False where a number comes typed (JSON)."""
+        if isinstance(value, KSetting):
+            return value
+        if isinstance(value, str) and (value == "auto" or value.startswith("auto:")):
+            most = value.partition(":")[2]
+            if most and not (most.isdigit() and 1 <= int(most) <= MAX_K):
+                raise InvalidParameterError(f"k: 'auto:N' needs N between 1 and {MAX_K}, not {most!r}")
+            return cls(None, int(most) if most else MAX_AUTO_K)
+        if isinstance(value, str) and numbers_as_text:
+            try:
+                value = int(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidParameterError(f"k must be an integer, 'auto' or 'auto:N', not {value!r}")
+        if not 1 <= value <= MAX_K:
+            raise InvalidParameterError(f"k must be between 1 and {MAX_K}, not {value}")
+        return cls(value)
 
+    @property
+    def is_auto(self) -> bool:
+        return self.fixed is None
 
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        raise InvalidParameterError(f"k must be an integer, 'auto' or 'auto:N', not {text!r}") from None
+    @property
+    def max_k(self) -> int:
+        return self.most if self.fixed is None else self.fixed
 
+    def new_length(self) -> "SpeculationLength":
+        """A fresh speculation length for this setting (AdaptiveK's measurements start empty)."""
+        return AdaptiveK(max_k=self.most) if self.fixed is None else FixedK(self.fixed)
 
-def check_k(k: int | str) -> None:
-    """InvalidParameterError unless k is an integer in 1..MAX_K, 'auto' or 'auto:N' with N in 1..MAX_K."""
-    speculation_length(k)
-
-
-def speculation_length(k: int | str) -> "SpeculationLength":
-    """The speculation length K = `k` means: FixedK(k), or AdaptiveK for 'auto' / 'auto:N'."""
-    if is_auto(k):
-        most = k.partition(":")[2]
-        if most and not (most.isdigit() and 1 <= int(most) <= MAX_K):
-            raise InvalidParameterError(f"k: 'auto:N' needs N between 1 and {MAX_K}, not {most!r}")
-        return AdaptiveK(max_k=int(most) if most else MAX_AUTO_K)
-    if isinstance(k, str):
-        k = _integer(k)
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise InvalidParameterError(f"k must be an integer, 'auto' or 'auto:N', not {k!r}")
-    if not 1 <= k <= MAX_K:
-        raise InvalidParameterError(f"k must be between 1 and {MAX_K}, not {k}")
-    return FixedK(k)
+    def __str__(self) -> str:
+        if self.fixed is not None:
+            return str(self.fixed)
+        return "auto" if self.most == MAX_AUTO_K else f"auto:{self.most}"
 
 
 class SpeculationLength(Protocol):

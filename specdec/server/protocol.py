@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from specdec.api.request import MAX_TOP_LOGPROBS, GenerationRequest
 from specdec.api.structured import GrammarSpec
 from specdec.core.sampling import SamplingParams, check_seed
-from specdec.core.speculation_length import check_k, is_auto
+from specdec.core.speculation_length import KSetting
 from specdec.errors import InvalidParameterError
 
 # OpenAI fields we accept only at their neutral value: field -> values that mean "off".
@@ -56,15 +56,11 @@ class SpeculativeOptions(BaseModel):
 
     @field_validator("k")
     @classmethod
-    def _k_grammar(cls, k):
-        if isinstance(k, str) and not is_auto(k):  # a number comes as a JSON number
-            raise ValueError(f"k must be an integer, 'auto' or 'auto:N', not {k!r}")
-        if k is not None:
-            try:
-                check_k(k)
-            except InvalidParameterError as error:
-                raise ValueError(str(error)) from None
-        return k
+    def _k_grammar(cls, k) -> KSetting | None:
+        try:  # a number comes as a JSON number
+            return None if k is None else KSetting.parse(k, numbers_as_text=False)
+        except InvalidParameterError as error:
+            raise ValueError(str(error)) from None
 
 
 class ToolFunction(BaseModel):
