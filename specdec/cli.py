@@ -252,6 +252,7 @@ def cmd_certify(args) -> int:
 
 def cmd_generate(args) -> int:
     from specdec.api.generator import SpeculativeGenerator
+    from specdec.api.comparison import compare_with_plain
     from specdec.hints import comparison_hint, speculation_hint, take_unshown
 
     if args.input is not None or args.output is not None:
@@ -269,7 +270,7 @@ def cmd_generate(args) -> int:
         out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
                "stats": result.stats.to_dict()}
         if comparison is not None:
-            out["compare"] = comparison
+            out["compare"] = comparison.to_dict()
         print(json.dumps(out))
     else:
         s = result.stats
@@ -279,7 +280,7 @@ def cmd_generate(args) -> int:
               f"{s.verify_ms_per_round:.1f} ms per round (draft + verify), drafter memory "
               f"{s.drafter_memory_bytes / 1e6:.1f} MB]", file=sys.stderr)
         if comparison is not None:
-            print(comparison_line(comparison), file=sys.stderr)
+            print(comparison.line(), file=sys.stderr)
         hint = speculation_hint(s)
         if hint is None and comparison is not None:
             hint = comparison_hint(comparison, s)
@@ -338,26 +339,6 @@ def generate_file(args) -> int:
     print(f"specdec: wrote {generated} results to {args.output}"
           + (f" ({skipped} already there)" if skipped else ""), file=sys.stderr)
     return 0
-
-
-def compare_with_plain(generator, request, speculative) -> dict:
-    """Decode the request again without a drafter, same settings: speeds, speedup and identity of the outputs."""
-    plain = generator.run(request.replace(speculative=False))
-    speed, plain_speed = speculative.stats.tokens_per_second, plain.stats.tokens_per_second
-    # greedy and the match rule reproduce plain decoding token for token; the rejection rule only in distribution
-    token_for_token = request.sampling.greedy or generator.acceptance == "match"
-    return {"plain_tokens_per_second": plain_speed, "speculative_tokens_per_second": speed,
-            "speedup": speed / max(plain_speed, 1e-9),
-            "identical": speculative.token_ids == plain.token_ids if token_for_token else None}
-
-
-def comparison_line(comparison: dict) -> str:
-    identical = comparison["identical"]
-    verdict = ("output identical to plain decoding" if identical
-               else "OUTPUT DIFFERS from plain decoding" if identical is False
-               else "rejection rule: outputs agree in distribution, not token for token")
-    return (f"[speculative {comparison['speculative_tokens_per_second']:.1f} tok/s vs plain "
-            f"{comparison['plain_tokens_per_second']:.1f} tok/s: {comparison['speedup']:.2f}x; {verdict}]")
 
 
 def cmd_serve(args) -> int:
@@ -435,14 +416,12 @@ def cmd_bench(args) -> int:
     from specdec.bench.tasks import load_prompts
     from specdec.api.options import GeneratorOptions
     from specdec.cli_options import sampling_from_args
-    from specdec.core.verify import check_acceptance
+    from specdec.core.verify import Acceptance
     from specdec.drafters.registry import split_drafter_specs
 
     split = lambda text: [item for item in text.split(",") if item]  # noqa: E731
     sampling = sampling_from_args(args)
-    rules = split(args.acceptance)
-    for rule in rules or [args.acceptance]:
-        check_acceptance(rule)
+    rules = [Acceptance.parse(rule) for rule in split(args.acceptance) or [args.acceptance]]
     for spec in split_drafter_specs(args.drafters):  # every spec checked before the target loads
         GeneratorOptions(args.target, spec, args.k, args.device, args.dtype, args.backend, args.weights,
                          kv_dtype=args.kv_dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from specdec.api.comparison import PlainComparison
 from specdec.models.sources.zoo import DEFAULT_MODEL
 from specdec.paths import specdec_home
 from specdec.core.stats import GenerationStats
@@ -34,18 +35,19 @@ def speculation_hint(stats: GenerationStats) -> tuple[str, str] | None:
             "a drafter closer to the target (a sibling model, a self-draft) would pay more")
 
 
-def comparison_hint(comparison: dict, stats: GenerationStats) -> tuple[str, str] | None:
+def comparison_hint(comparison: PlainComparison, stats: GenerationStats) -> tuple[str, str] | None:
     """(key, advice) when `--compare` measured no real gain; None when it did or the run was too short."""
-    if stats.new_tokens < MIN_TOKENS or comparison["speedup"] >= NO_GAIN:
+    speedup = comparison.speedup
+    if stats.new_tokens < MIN_TOKENS or speedup >= NO_GAIN:
         return None
-    plain = comparison["plain_tokens_per_second"]
+    plain = comparison.plain_tokens_per_second
     if plain > FAST_PLAIN_TOKENS_PER_SECOND:
-        return ("compare-small-target", f"speculation gained {comparison['speedup']:.2f}x here: this model decodes "
+        return ("compare-small-target", f"speculation gained {speedup:.2f}x here: this model decodes "
                 f"{plain:.0f} tokens/s plainly ({1000 / plain:.0f} ms a token), so a draft must cost almost nothing "
                 "and be mostly accepted to pay. It pays where the answer repeats the prompt (code edits, quoting), "
                 f"and on larger targets, such as the default model, {DEFAULT_MODEL} (with no --target; its 0.5B "
                 "sibling drafts; docs/performance.md)")
-    return ("compare-no-gain", f"speculation gained {comparison['speedup']:.2f}x here; `specdec bench --drafters "
+    return ("compare-no-gain", f"speculation gained {speedup:.2f}x here; `specdec bench --drafters "
             "DRAFTER,...` compares drafters on this target over many prompts (docs/drafters.md says which fits)")
 
 

@@ -1,5 +1,6 @@
 """Advice after a generation whose speculation did not pay: said in plain words, once per kind."""
 
+from specdec.api.comparison import PlainComparison
 from specdec.hints import comparison_hint, speculation_hint, take_unshown
 from specdec.core.stats import GenerationStats, RoundStats
 
@@ -28,10 +29,10 @@ def test_a_hint_is_shown_once(tmp_path, monkeypatch):
 
 def test_compare_names_what_pays_when_speculation_gained_nothing():
     rounds = [RoundStats(4, 4, 1, 2, 0.001, 0.01, 0.001) for _ in range(20)]  # 40 tokens
-    small = {"speedup": 0.98, "plain_tokens_per_second": 105.0}
+    small = PlainComparison(105.0, 103.0, 0.98, True)
     key, advice = comparison_hint(small, stats("ngram", rounds))
     assert key == "compare-small-target" and "--target" in advice and "0.98x" in advice
-    large = {"speedup": 1.02, "plain_tokens_per_second": 15.0}
+    large = PlainComparison(15.0, 15.3, 1.02, True)
     assert comparison_hint(large, stats("ngram", rounds))[0] == "compare-no-gain"
-    assert comparison_hint({"speedup": 1.4, "plain_tokens_per_second": 105.0}, stats("ngram", rounds)) is None
+    assert comparison_hint(PlainComparison(105.0, 147.0, 1.4, True), stats("ngram", rounds)) is None
     assert comparison_hint(small, stats("ngram", rounds[:5])) is None  # too short to judge

@@ -21,6 +21,7 @@ from specdec.api.structured import GrammarConstraint, GrammarSpec, first_line
 from specdec.core.commit import StopCriteria
 from specdec.core.rounds import GenerationResult, StreamChunk
 from specdec.core.speculation_length import FixedK, KSetting, SourceLengths, SpeculationLength
+from specdec.core.verify import Acceptance
 from specdec.drafters import Drafter, draft_model_of, make_drafter
 from specdec.engine import Generation, SpeculativeEngine
 from specdec.errors import InvalidParameterError, SpecdecError
@@ -93,13 +94,13 @@ class SpeculativeGenerator:
     same as requests (`run`, `start`, `run_batch` with a `GenerationRequest`), which front ends build."""
 
     def __init__(self, target: LoadedModel, drafter: Drafter | None = None, k: int | str | KSetting = 4,
-                 acceptance: str = "match"):
+                 acceptance: Acceptance | str = Acceptance.MATCH):
         """acceptance: how sampled drafts are judged (specdec.core.verify): "match" (the default) returns, for
         a seed, exactly the text plain sampling returns; "rejection" accepts more of a sampling draft model's
         tokens and is exact in distribution, but its text depends on how tokens fall into rounds."""
         self.target = target
         self.drafter = drafter
-        self.acceptance = acceptance
+        self.acceptance = Acceptance.parse(acceptance)
         self.engine = SpeculativeEngine(target.model, drafter, speculation_for(drafter, KSetting.parse(k)), acceptance)
 
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdec.core.speculation_length import KSetting
-from specdec.core.verify import check_acceptance
+from specdec.core.verify import Acceptance
 from specdec.errors import InvalidParameterError
 from specdec.models.sources.loading import check_load_options, check_model_spec
 
@@ -26,12 +26,12 @@ class GeneratorOptions:
     backend: str = "auto"
     weights: str = "auto"
     cuda_graphs: bool = True
-    acceptance: str = "match"
+    acceptance: Acceptance = Acceptance.MATCH  # given by name too: parsed here
     kv_dtype: str = "auto"  # the target's KV cache elements: auto (the model's dtype), float32, bfloat16, float16
 
     def __post_init__(self):
         object.__setattr__(self, "k", KSetting.parse(self.k))
-        check_acceptance(self.acceptance)
+        object.__setattr__(self, "acceptance", Acceptance.parse(self.acceptance))
         check_load_options(self.device, self.dtype, self.backend, self.weights, self.kv_dtype)
         check_model_spec(self.target)
         check_drafter_spec(self.drafter)

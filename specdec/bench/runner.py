@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from specdec.bench.peers import TransformersPeer
 from specdec.core.speculation_length import KSetting
+from specdec.core.verify import Acceptance
 from specdec.bench.roofline import Roofline, measure_roofline
 from specdec.api.generator import DEFAULT_DRAFTERS, SpeculativeGenerator, default_drafter
 from specdec.api.request import GenerationRequest
@@ -41,11 +42,12 @@ class BenchConfig:
     cuda_graphs: bool = True  # ours on a GPU: replay decode and verify forwards as CUDA graphs
     backend: str = "auto"  # ours: auto, native or transformers
     # sampling rules (specdec.core.verify) each drafter runs under; with several, methods are named "SPEC [RULE]"
-    acceptance: list[str] = field(default_factory=lambda: ["match"])
+    acceptance: list[Acceptance] = field(default_factory=lambda: [Acceptance.MATCH])
     kv_dtype: str = "auto"  # ours: the target's KV cache elements
 
     def __post_init__(self):
         self.k = KSetting.parse(self.k)  # an integer, 'auto' or 'auto:N' given as such is read here
+        self.acceptance = [Acceptance.parse(rule) for rule in self.acceptance]
 
 
 @dataclass
@@ -107,7 +109,7 @@ class Method:
     def reproduces_plain(self) -> bool:
         """Whether this method's tokens must equal plain decoding's under the bench's seed: ours under the
         match rule (greedy decoding is the match rule's special case)."""
-        return self.generator is not None and self.generator.acceptance == "match"
+        return self.generator is not None and self.generator.acceptance is Acceptance.MATCH
 
     def run(self, target: LoadedModel, prompt: BenchPrompt, config: BenchConfig) -> tuple[PromptRun, list[int]]:
         ids = SpeculativeGenerator(target, None).encode(prompt.prompt, chat=prompt.chat)

@@ -26,6 +26,7 @@ from specdec.api.request import GenerationRequest
 from specdec.bench.tasks import BenchPrompt
 from specdec.certify.statistics import ChiSquareResult, goodness_of_fit, homogeneity
 from specdec.core.sampling import SamplingParams, processed_probs
+from specdec.core.verify import Acceptance
 from specdec.models.base import positions_after
 
 OTHER_SEEDS = 1 << 40  # plain draws for the homogeneity test use seeds base + OTHER_SEEDS + i
@@ -87,9 +88,9 @@ class CertifyReport:
                 "greedy": [{**asdict(case), "passed": case.passed} for case in self.greedy], "sampled": sampled}
 
 
-def chi_square_tests(settings: CertifySettings, prompts: int, acceptance: str) -> int:
+def chi_square_tests(settings: CertifySettings, prompts: int, acceptance: Acceptance) -> int:
     """How many chi-square tests a run makes (the Bonferroni divisor of alpha)."""
-    return min(prompts, settings.sampled_prompts) * (2 if acceptance == "rejection" else 1)
+    return min(prompts, settings.sampled_prompts) * (2 if acceptance is Acceptance.REJECTION else 1)
 
 
 def certify_local(generator: SpeculativeGenerator, prompts: Sequence[BenchPrompt], params: SamplingParams,
@@ -195,7 +196,7 @@ def sampled_case(generator: SpeculativeGenerator, prompt_id: str, ids: list[int]
         seed = settings.seed + i
         drawn = _outcome(generator, ids, params, length, seed, prompt_cache)
         first[drawn[0]] = first.get(drawn[0], 0) + 1
-        if generator.acceptance == "match":
+        if generator.acceptance is Acceptance.MATCH:
             identical += drawn == _outcome(plain, ids, params, length, seed, prompt_cache)
         else:
             ours[drawn] = ours.get(drawn, 0) + 1
@@ -203,7 +204,7 @@ def sampled_case(generator: SpeculativeGenerator, prompt_id: str, ids: list[int]
             theirs[other] = theirs.get(other, 0) + 1
         tick()
     case = SampledCase(prompt_id, goodness_of_fit(first, exact, level), draws=settings.samples)
-    if generator.acceptance == "match":
+    if generator.acceptance is Acceptance.MATCH:
         case.seeded_identical = identical
     else:
         case.joint = homogeneity(ours, theirs, level)

@@ -23,6 +23,8 @@ call; the engine calls it with N = 1.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import torch
 
 from specdec.core.rounds import Draft, VerifyResult
@@ -31,13 +33,23 @@ from specdec.core.randomness import PositionalNoise, Purpose
 from specdec.core.sampling import inverse_cdf
 from specdec.core.tree import ROOT, TokenTree
 
-ACCEPTANCE_RULES = ("match", "rejection")
+class Acceptance(StrEnum):
+    """The sampling rule that judges drafts (the module's docstring): parsed once at the edge (`parse`)."""
+
+    MATCH = "match"
+    REJECTION = "rejection"
+
+    @classmethod
+    def parse(cls, rule: "str | Acceptance") -> "Acceptance":
+        """The rule named `rule`, else InvalidParameterError (before anything loads)."""
+        try:
+            return cls(rule)
+        except ValueError:
+            raise InvalidParameterError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, "
+                                        f"not {rule!r}") from None
 
 
-def check_acceptance(rule: str) -> None:
-    """A rule this module implements, else InvalidParameterError (before anything loads)."""
-    if rule not in ACCEPTANCE_RULES:
-        raise InvalidParameterError(f"acceptance must be one of {', '.join(ACCEPTANCE_RULES)}, not {rule!r}")
+ACCEPTANCE_RULES = tuple(rule.value for rule in Acceptance)
 
 
 def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:

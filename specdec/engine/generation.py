@@ -14,6 +14,7 @@ from specdec.core.rounds import Draft, GenerationResult, StreamChunk, TokenLogpr
 from specdec.core.sampling import SamplingParams
 from specdec.core.stats import GenerationStats, RoundStats
 from specdec.core.tree import TokenTree
+from specdec.core.verify import Acceptance
 from specdec.engine.prefill import PromptPrefill, criteria_within_context
 from specdec.engine.round import Round, accept, judging_logits, verify_request
 from specdec.engine.round_steps import round_steps
@@ -36,7 +37,7 @@ class Generation:
         self.noise = PositionalNoise(seed if seed is not None else random_seed())
         # Under the match rule a sampling drafter draws with the target's own uniforms (coupled: its token
         # agrees with the target's as often as their CDFs allow); under the rejection rule with its own.
-        self.draft_noise = self.noise.stream(Purpose.TOKEN if engine.acceptance == "match" else Purpose.DRAFT)
+        self.draft_noise = self.noise.stream(Purpose.TOKEN if engine.acceptance is Acceptance.MATCH else Purpose.DRAFT)
         self.hidden_layers = () if self.drafter is None else tuple(self.drafter.feature_layers)
         # Drafters with side inputs (lookahead) need that many more slots in each verify forward.
         self.side_capacity = 0 if self.drafter is None else self.drafter.side_capacity

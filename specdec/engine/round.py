@@ -19,7 +19,7 @@ from specdec.core.rounds import Draft, SideInputs, VerifyResult
 from specdec.core.sampling import SamplingParams, processed_probs, tree_processed_probs
 from specdec.core.stats import RoundStats
 from specdec.core.tree import TokenTree
-from specdec.core.verify import (verify_chain_greedy, verify_chain_match, verify_chain_rejection, verify_tree_greedy,
+from specdec.core.verify import (Acceptance, verify_chain_greedy, verify_chain_match, verify_chain_rejection, verify_tree_greedy,
                                  verify_tree_match, verify_tree_rejection)
 from specdec.models.base import ForwardRequest, positions_after, tree_attention_mask
 
@@ -104,7 +104,7 @@ def judging_logits(out, draft: Draft) -> torch.Tensor:
     return logits
 
 
-def accept(round: Round, params: SamplingParams, acceptance: str, context: Sequence[int],
+def accept(round: Round, params: SamplingParams, acceptance: Acceptance, context: Sequence[int],
            noise: PositionalNoise) -> VerifyResult:
     """The acceptance rule on the round's logits: greedy where sampling is greedy, else `acceptance`'s rule
     (core/verify.py) on the processed target distribution of each row."""
@@ -112,7 +112,7 @@ def accept(round: Round, params: SamplingParams, acceptance: str, context: Seque
     if params.greedy and params.repetition_penalty == 1.0:
         return verify_chain_greedy(logits, draft) if tree is None else verify_tree_greedy(logits, tree)
     history = torch.tensor(list(context), device=logits.device)
-    match = acceptance == "match"
+    match = acceptance is Acceptance.MATCH
     if tree is None:
         target_probs = processed_probs(logits, params, history, draft.tokens)  # (K+1, V)
         rule = verify_chain_match if match else verify_chain_rejection

@@ -11,7 +11,7 @@ from specdec.core.constraint import Constraint
 from specdec.core.rounds import GenerationResult, StreamChunk
 from specdec.core.sampling import SamplingParams
 from specdec.core.speculation_length import FixedK, SourceLengths, SpeculationLength
-from specdec.core.verify import check_acceptance
+from specdec.core.verify import Acceptance
 from specdec.drafters.base import Drafter
 from specdec.engine.generation import Generation
 from specdec.models.base import CausalLM, positions_after
@@ -19,16 +19,15 @@ from specdec.models.base import CausalLM, positions_after
 
 class SpeculativeEngine:
     def __init__(self, target: CausalLM, drafter: Drafter | None = None, speculation: SpeculationLength | None = None,
-                 acceptance: str = "match"):
+                 acceptance: Acceptance | str = Acceptance.MATCH):
         """acceptance: the sampling rule (specdec.core.verify): "match" returns the text plain sampling returns for
         the same seed; "rejection" accepts more of a sampling drafter's tokens, exact in distribution only."""
-        check_acceptance(acceptance)
         self.target = target
         self.drafter = drafter
         self.speculation = speculation or FixedK(0 if drafter is None else 4)
         if drafter is not None and isinstance(self.speculation, SourceLengths):
             drafter.use_source_lengths(self.speculation)
-        self.acceptance = acceptance
+        self.acceptance = Acceptance.parse(acceptance)
 
     @property
     def drafter_name(self) -> str:
