@@ -123,3 +123,21 @@ def test_a_generation_is_a_short_class_whose_features_are_round_steps():
     assert node.end_lineno - node.lineno < 150
     body = ast.get_source_segment(source, node)
     assert not any(name in body for name in ("constraint.", "masked_logits(", "token_logprobs(", "take_features("))
+
+
+def places(pattern: str) -> set[str]:
+    """The specdec/ files whose source matches `pattern` (a regular expression)."""
+    import re
+
+    return {str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if re.search(pattern, path.read_text())}
+
+
+def test_k_the_drafter_spec_and_the_acceptance_rule_are_each_read_in_one_place():
+    """Each setting's grammar has one reader (KSetting.parse, DrafterChoice.parse, Acceptance.parse), called at
+    the front ends' edges; below them only the typed values travel, so no module reads the text again."""
+    assert places(r"""startswith\(["']auto""") == {"core/speculation_length.py"}
+    # (bench/llama_cpp.py splits llama.cpp's own speculative types, llamacpp-spec:A+B)
+    assert places(r"""split\(["']\+["']\)""") - {"bench/llama_cpp.py"} == {"drafters/registry.py"}
+    assert places(r"""[=!]= ["'](match|rejection)["']""") == set()
+    drafter_text = r"""(spec|drafter)\S* ([=!]=|in) \(?["'](default|none)["']"""
+    assert places(drafter_text) <= {"drafters/registry.py", "hints.py"}  # stats name plain decoding "none"

@@ -321,20 +321,20 @@ def test_request_engines_read_k_auto_as_the_cli_does_for_every_tree_drafter(tiny
     """A server request's speculative.k 'auto' on a tree drafter drafts the tree's node budget, as the CLI does
     (it used to get chain-style adaptive K of up to 16 nodes); a number is a fixed node count."""
     from specdec.drafters.lookahead import LookaheadDrafter
-    from specdec.core.speculation_length import AdaptiveK, FixedK
+    from specdec.core.speculation_length import AdaptiveK, FixedK, KSetting
 
     model = tiny["target"].model
     for drafter in (eagle_drafter(model), medusa_drafter(model), LookaheadDrafter(4, 3, 4)):
         gen = SpeculativeGenerator(tiny["target"], drafter, "auto")
         for k in ("auto", "auto:5", None):
-            speculation = gen.request_engine(True, k).speculation
+            speculation = gen.request_engine(True, None if k is None else KSetting.parse(k)).speculation
             assert isinstance(speculation, FixedK) and speculation.max_k == drafter.tree_node_budget, (drafter.name, k)
-        assert gen.request_engine(True, 3).speculation.max_k == 3
-        assert gen.request_engine(False, "auto").drafter is None
+        assert gen.request_engine(True, KSetting(3)).speculation.max_k == 3
+        assert gen.request_engine(False, KSetting()).drafter is None
     chain = SpeculativeGenerator(tiny["target"], eagle_drafter(model), 4)
-    assert isinstance(SpeculativeGenerator(tiny["target"], None).request_engine(True, "auto").speculation, FixedK)
+    assert isinstance(SpeculativeGenerator(tiny["target"], None).request_engine(True, KSetting()).speculation, FixedK)
     assert chain.request_engine(True, None).drafter is not chain.drafter  # its own drafter state
     from specdec.drafters.ngram import NgramDrafter
 
-    assert isinstance(SpeculativeGenerator(tiny["target"], NgramDrafter()).request_engine(True, "auto").speculation,
+    assert isinstance(SpeculativeGenerator(tiny["target"], NgramDrafter()).request_engine(True, KSetting()).speculation,
                       AdaptiveK)

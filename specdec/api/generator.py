@@ -125,7 +125,7 @@ class SpeculativeGenerator:
         """Load what `options` (checked when they were built, before anything loads) name."""
         loaded = load_model(options.target, device=options.device, dtype=options.dtype, backend=options.backend,
                             weights=options.weights, cuda_graphs=options.cuda_graphs, kv_dtype=options.kv_dtype)
-        drafter = default_drafter(loaded) if options.drafter == "default" else options.drafter
+        drafter = default_drafter(loaded) if options.drafter.default else options.drafter
         return cls(loaded, make_drafter(drafter, loaded, options.device, options.dtype), options.k,
                    options.acceptance)
 

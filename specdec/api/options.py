@@ -12,14 +12,15 @@ from dataclasses import dataclass
 
 from specdec.core.speculation_length import KSetting
 from specdec.core.verify import Acceptance
-from specdec.errors import InvalidParameterError
+from specdec.drafters.registry import DrafterChoice
 from specdec.models.sources.loading import check_load_options, check_model_spec
 
 
 @dataclass(frozen=True)
 class GeneratorOptions:
     target: str
-    drafter: str = "default"  # a drafter spec (drafters/registry.py), "default" (the best for the target), "none"
+    # a drafter spec (drafters/registry.py), "default" (the best for the target) or "none": parsed here
+    drafter: DrafterChoice = DrafterChoice(default=True, text="default")
     k: KSetting = KSetting()  # given as an integer, 'auto' or 'auto:N' too: parsed here
     device: str = "cpu"
     dtype: str = "float32"
@@ -34,18 +35,7 @@ class GeneratorOptions:
         object.__setattr__(self, "acceptance", Acceptance.parse(self.acceptance))
         check_load_options(self.device, self.dtype, self.backend, self.weights, self.kv_dtype)
         check_model_spec(self.target)
-        check_drafter_spec(self.drafter)
+        object.__setattr__(self, "drafter", DrafterChoice.parse(self.drafter))
+        if self.drafter.draft_model is not None:
+            check_model_spec(self.drafter.draft_model)
 
-
-def check_drafter_spec(spec: str) -> None:
-    """Every part of a drafter spec parses (drafters/registry.py), and a draft model names a model."""
-    from specdec.drafters.registry import parse_spec
-
-    if spec in ("default", "none"):
-        return
-    for part in spec.split("+"):
-        if part == "none":
-            raise InvalidParameterError(f"drafter {spec!r}: 'none' cannot be combined")
-        parsed = parse_spec(part)
-        if parsed.kind == "draft":
-            check_model_spec(parsed.argument)

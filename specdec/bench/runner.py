@@ -17,7 +17,7 @@ from specdec.api.generator import DEFAULT_DRAFTERS, SpeculativeGenerator, defaul
 from specdec.api.request import GenerationRequest
 from specdec.bench.tasks import BenchPrompt
 from specdec.core.sampling import SamplingParams
-from specdec.drafters import draft_model_of, make_drafter
+from specdec.drafters import DrafterChoice, draft_model_of, make_drafter
 from specdec.errors import InvalidParameterError
 from specdec.models.sources.loading import LoadedModel, load_model, resolve_model_dir
 
@@ -27,7 +27,7 @@ PLAIN = "plain"
 @dataclass
 class BenchConfig:
     target: str
-    drafters: list[str]
+    drafters: list[DrafterChoice]  # specs as written are parsed here
     tasks: list[str]
     limit: int
     max_new_tokens: int = 128
@@ -48,6 +48,7 @@ class BenchConfig:
     def __post_init__(self):
         self.k = KSetting.parse(self.k)  # an integer, 'auto' or 'auto:N' given as such is read here
         self.acceptance = [Acceptance.parse(rule) for rule in self.acceptance]
+        self.drafters = [DrafterChoice.parse(spec) for spec in self.drafters]
 
 
 @dataclass
@@ -81,7 +82,8 @@ class BenchResults:
     memory: dict | None = None  # target_weights_mb (as held, in its format), peak_rss_mb (the whole process)
 
     def to_dict(self) -> dict:
-        return {"config": {**asdict(self.config), "k": str(self.config.k)}, "machine": self.machine,
+        config = {**asdict(self.config), "k": str(self.config.k), "drafters": [c.text for c in self.config.drafters]}
+        return {"config": config, "machine": self.machine,
                 "runs": [asdict(r) for r in self.runs],
                 "roofline": asdict(self.roofline) if self.roofline else None, "memory": self.memory}
 
@@ -144,9 +146,9 @@ def zoo_draft(target_name: str) -> str | None:
 
 def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
     methods = [Method(PLAIN, SpeculativeGenerator(target, None))]
-    for spec in config.drafters:
-        name = spec
-        if spec == "default":  # what generate and serve would run for this target
+    for choice in config.drafters:
+        spec, name = choice, choice.text
+        if choice.default:  # what generate and serve would run for this target
             spec = default_drafter(target)
             name = f"default ({spec})"
         for rule in config.acceptance:

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     import specdec.cli  # noqa: F401  what the command imports before it parses its options
     from specdec.api.generator import SpeculativeGenerator, default_drafter
-    from specdec.drafters import make_drafter
+    from specdec.drafters import DrafterChoice, make_drafter
     from specdec.models.sources.loading import load_model
     from specdec.models.sources.zoo import DEFAULT_MODEL
 
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         target = load_model(args.target or DEFAULT_MODEL, weights="auto")
     target_loaded = time.perf_counter()
     with profiles["drafter"]:
-        spec = default_drafter(target) if args.drafter == "default" else args.drafter
+        choice = DrafterChoice.parse(args.drafter)
+        spec = default_drafter(target) if choice.default else choice
         drafter = make_drafter(spec, target, "cpu", "float32")
     drafter_loaded = time.perf_counter()
     SpeculativeGenerator(target, drafter, "auto").generate("Hi", max_new_tokens=1)

@@ -109,7 +109,7 @@ def run_certify(args) -> int:
     params = sampling_from_args(args)
     settings = certify_settings(args)
     options = None if args.endpoint else generator_options_from_args(args)  # checked before anything loads
-    if not args.endpoint and args.drafter == "none":
+    if options is not None and options.drafter.is_plain:
         raise InvalidParameterError("--drafter none: there is no speculation to certify")
     prompts = certify_prompts(args)
     if args.endpoint:

@@ -156,7 +156,7 @@ class DraftModelDrafter(Drafter):
 
 
 def build(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
-    """`draft:MODEL[@options]` (a registry.DrafterSpec): options as drafters.draft_options reads them."""
+    """`draft:MODEL[@options]` (a spec.DrafterSpec): options as drafters.draft_options reads them."""
     from specdec.drafters.draft_options import draft_options as typed_options, with_head_vocab
     from specdec.models.sources.loading import load_model
 

@@ -43,7 +43,7 @@ def draft_options(options: Mapping[str, float | int | str], kind: str = "draft")
 
 
 def check_draft_spec(spec) -> None:
-    """InvalidParameterError for a registry.DrafterSpec's draft options out of range."""
+    """InvalidParameterError for a spec.DrafterSpec's draft options out of range."""
     draft_options(spec.options, spec.kind)
 
 

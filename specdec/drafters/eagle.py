@@ -41,7 +41,7 @@ class TreeShape:
 
 
 def check_tree_options(spec) -> None:
-    """InvalidParameterError for a registry.DrafterSpec's tree shape out of range (TreeShape's limits)."""
+    """InvalidParameterError for a spec.DrafterSpec's tree shape out of range (TreeShape's limits)."""
     tree_shape(spec.options, TreeShape())
 
 

@@ -27,7 +27,7 @@ def shipped_head(kind: str, target_name: str) -> Path:
 
 
 def head_drafter(kind: str, spec, target):
-    """The EAGLE or Medusa drafter a registry.DrafterSpec names (its argument: a head directory)."""
+    """The EAGLE or Medusa drafter a spec.DrafterSpec names (its argument: a head directory)."""
     options, location = spec.options, spec.argument
     path = Path(location).expanduser() if location else shipped_head(kind, target.name)
     if kind == "eagle":  # specdec's EAGLE and EAGLE-3 heads, or a speculators EAGLE-3 checkpoint

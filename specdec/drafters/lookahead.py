@@ -108,7 +108,7 @@ class LookaheadDrafter(Drafter):
 
 
 def build(spec, target, device: str, dtype: str) -> LookaheadDrafter:
-    """`lookahead[:W,N,G]` (a registry.DrafterSpec)."""
+    """`lookahead[:W,N,G]` (a spec.DrafterSpec)."""
     arg = spec.argument
     try:
         window, ngram, pool = (int(v) for v in arg.split(",")) if arg else (4, 3, 4)

@@ -129,7 +129,7 @@ def check(spec) -> None:
 
 
 def build(spec, target, device: str, dtype: str) -> NgramDrafter:
-    """`ngram[:MAX_N][@memory=TOKENS]` (a registry.DrafterSpec)."""
+    """`ngram[:MAX_N][@memory=TOKENS]` (a spec.DrafterSpec)."""
     check(spec)
     memory = ContinuationMemory(spec.options["memory"]) if "memory" in spec.options else None
     return NgramDrafter(max_ngram=int(spec.argument) if spec.argument else 4,

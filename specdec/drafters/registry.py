@@ -10,25 +10,14 @@ options. `A+B` combines chain drafters (drafters/combined.py); `none` is plain d
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from specdec.drafters import draft_model, eagle, heads, lookahead, ngram, retrieval, self_draft
 from specdec.drafters.base import Drafter
+from specdec.drafters.draft_options import check_draft_spec
+from specdec.drafters.spec import DrafterSpec
 from specdec.errors import InvalidParameterError
-
-
-
-@dataclass(frozen=True)
-class DrafterSpec:
-    """One drafter's spec, parsed: `draft:MODEL@vocab=32768,weights=int4` -> kind "draft", argument "MODEL",
-    options {"vocab": "32768", "weights": "int4"}."""
-
-    kind: str
-    argument: str = ""
-    options: Mapping[str, int | float | str] = field(default_factory=dict)  # typed as the kind declares
-    text: str = ""  # as written (the drafter's name in stats)
-
 
 Builder = Callable[[DrafterSpec, object, str, str], Drafter]  # (spec, target LoadedModel, device, dtype)
 DRAFT_MODEL_OPTIONS = {"confidence": float, "vocab": int, "context": int}
@@ -40,56 +29,44 @@ class DrafterKind:
     name: str
     syntax: str  # the spec's grammar, as help text shows it
     summary: str  # what drafts, in a few words
-    builder: str  # "module:function" taking (DrafterSpec, target, device, dtype); imported when first used
+    build: Builder
     needs_argument: bool = False
     options: Mapping[str, type] = field(default_factory=dict)  # the keys it takes after '@', and their types
     bare_option: str | None = None  # a value given without a key is this option's (draft:M@0.4: a confidence)
-    # "module:function" taking the DrafterSpec and raising InvalidParameterError for values out of range, so a
-    # command refuses them before it loads anything (the builder checks them again)
-    checker: str | None = None
+    # InvalidParameterError for a DrafterSpec's values out of range, so that a command refuses them before it
+    # loads anything (the builder checks them again)
+    check: Callable[[DrafterSpec], None] = lambda spec: None
     # A spec the test suite runs on a tiny random target ({target}: that target's directory), or None where
     # the kind needs files a test cannot make in passing (then its own tests cover it).
     test_spec: str | None = None
 
-    def build(self, spec: DrafterSpec, target, device: str, dtype: str) -> Drafter:
-        return _function(self.builder)(spec, target, device, dtype)
-
-    def check(self, spec: DrafterSpec) -> None:
-        if self.checker is not None:
-            _function(self.checker)(spec)
-
-
-def _function(path: str) -> Callable:
-    module, _, function = path.partition(":")
-    return getattr(importlib.import_module(module), function)
-
 
 KINDS = [
     DrafterKind("ngram", "ngram[:MAX_N][@memory=TOKENS]", "lookup of the context's last tokens in prompt + "
-                "output (memory: and in earlier generations' outputs)", "specdec.drafters.ngram:build",
-                options={"memory": int}, checker="specdec.drafters.ngram:check", test_spec="ngram"),
+                "output (memory: and in earlier generations' outputs)", ngram.build,
+                options={"memory": int}, check=ngram.check, test_spec="ngram"),
     DrafterKind("draft", "draft:MODEL[@confidence=C,vocab=N,context=N,weights=FORMAT]",
                 "a smaller model (another tokenizer's drafts go through text)",
-                "specdec.drafters.draft_model:build", needs_argument=True, test_spec="draft:{target}",
+                draft_model.build, needs_argument=True, test_spec="draft:{target}",
                 options={**DRAFT_MODEL_OPTIONS, "weights": str}, bare_option="confidence",
-                checker="specdec.drafters.draft_options:check_draft_spec"),
+                check=check_draft_spec),
     DrafterKind("quant", "quant:int8|int4[:GROUP]|int7[:GROUP]|gguf[@confidence=C,vocab=N,context=N]",
-                "the target itself, quantized", "specdec.drafters.self_draft:build_quantized",
+                "the target itself, quantized", self_draft.build_quantized,
                 needs_argument=True, test_spec="quant:int8", options=DRAFT_MODEL_OPTIONS, bare_option="confidence",
-                checker="specdec.drafters.self_draft:check_quant_spec"),
+                check=self_draft.check_quant_spec),
     DrafterKind("layerskip", "layerskip[:SUBSET]", "the target running a subset of its layers",
-                "specdec.drafters.self_draft:build_layer_skip", test_spec="layerskip:first:1"),
+                self_draft.build_layer_skip, test_spec="layerskip:first:1"),
     DrafterKind("eagle", "eagle[:HEAD_DIR][@depth=D,topk=W,budget=N]", "an EAGLE head, dynamic trees",
-                "specdec.drafters.heads:build_eagle", options=TREE_OPTIONS,
-                checker="specdec.drafters.eagle:check_tree_options"),
+                heads.build_eagle, options=TREE_OPTIONS,
+                check=eagle.check_tree_options),
     DrafterKind("medusa", "medusa[:HEAD_DIR][@budget=N]", "Medusa heads, a static tree",
-                "specdec.drafters.heads:build_medusa", options={"budget": int},
-                checker="specdec.drafters.eagle:check_tree_options"),
+                heads.build_medusa, options={"budget": int},
+                check=eagle.check_tree_options),
     DrafterKind("retrieval", "retrieval:DATASTORE_DIR[@budget=N,depth=D]", "continuations found in a datastore",
-                "specdec.drafters.retrieval:build", needs_argument=True, options={"budget": int, "depth": int},
-                checker="specdec.drafters.eagle:check_tree_options"),
+                retrieval.build, needs_argument=True, options={"budget": int, "depth": int},
+                check=eagle.check_tree_options),
     DrafterKind("lookahead", "lookahead[:W,N,G]", "Jacobi iterations riding along in the verify forward",
-                "specdec.drafters.lookahead:build", test_spec="lookahead:4,3,4"),
+                lookahead.build, test_spec="lookahead:4,3,4"),
 ]
 REGISTRY: dict[str, DrafterKind] = {kind.name: kind for kind in KINDS}
 
@@ -129,13 +106,43 @@ def parse_spec(text: str) -> DrafterSpec:
     return spec
 
 
-def draft_model_of(spec: str) -> str | None:
+@dataclass(frozen=True)
+class DrafterChoice:
+    """What a drafter option names, parsed once (`parse`): "default" (the best measured for the target, which
+    the generator resolves once the target is loaded), "none" (plain decoding, no specs), one spec, or
+    several joined by '+' (drafters/combined.py: the first that proposes drafts)."""
+
+    specs: tuple[DrafterSpec, ...] = ()
+    default: bool = False
+    text: str = "none"
+
+    @classmethod
+    def parse(cls, text: "str | DrafterChoice") -> "DrafterChoice":
+        """The one reader of the spec grammar (InvalidParameterError: an unknown kind or option, 'none' in
+        a '+' chain); a DrafterChoice is returned as it is."""
+        if isinstance(text, DrafterChoice):
+            return text
+        if text in ("default", "none"):
+            return cls((), text == "default", text)
+        parts = text.split("+")
+        if "none" in parts:
+            raise InvalidParameterError(f"drafter {text!r}: 'none' cannot be combined")
+        return cls(tuple(parse_spec(part) for part in parts), False, text)
+
+    @property
+    def is_plain(self) -> bool:
+        """'none': plain decoding."""
+        return not self.specs and not self.default
+
+    @property
+    def draft_model(self) -> str | None:
+        """The draft model it runs ('draft:MODEL', alone or in a '+' chain), else None."""
+        return next((spec.argument for spec in self.specs if spec.kind == "draft"), None)
+
+
+def draft_model_of(spec: "str | DrafterChoice") -> str | None:
     """The draft model a spec runs ('draft:MODEL', alone or in a '+' chain), else None."""
-    for part in spec.split("+"):
-        parsed = parse_spec(part) if part != "none" else None
-        if parsed is not None and parsed.kind == "draft":
-            return parsed.argument
-    return None
+    return DrafterChoice.parse(spec).draft_model
 
 
 def split_drafter_specs(text: str) -> list[str]:
@@ -152,16 +159,15 @@ def split_drafter_specs(text: str) -> list[str]:
     return specs
 
 
-def make_drafter(spec: str, target, device: str, dtype: str) -> Drafter | None:
-    """Build the drafter named by `spec` for `target` (a LoadedModel); None means plain decoding."""
-    if "+" in spec:
+def make_drafter(choice: "str | DrafterChoice", target, device: str, dtype: str) -> Drafter | None:
+    """Build the drafter `choice` names for `target` (a LoadedModel); None means plain decoding. "default" is
+    the generator's to resolve (api/generator.py: default_drafter), not the registry's."""
+    choice = DrafterChoice.parse(choice)
+    if choice.default:
+        raise InvalidParameterError("drafter 'default' is resolved by the generator for its target")
+    drafters = [REGISTRY[spec.kind].build(spec, target, device, dtype) for spec in choice.specs]
+    if len(drafters) > 1:
         from specdec.drafters.combined import CombinedDrafter
 
-        sources = [make_drafter(part, target, device, dtype) for part in spec.split("+")]
-        if any(source is None for source in sources):
-            raise InvalidParameterError(f"drafter {spec!r}: 'none' cannot be combined")
-        return CombinedDrafter(sources)
-    if spec == "none":
-        return None
-    parsed = parse_spec(spec)
-    return REGISTRY[parsed.kind].build(parsed, target, device, dtype)
+        return CombinedDrafter(drafters)
+    return drafters[0] if drafters else None

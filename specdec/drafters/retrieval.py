@@ -57,7 +57,7 @@ class RetrievalDrafter(Drafter):
 
 
 def build(spec, target, device: str, dtype: str) -> RetrievalDrafter:
-    """`retrieval:DATASTORE_DIR[@budget=N,depth=D]` (a registry.DrafterSpec)."""
+    """`retrieval:DATASTORE_DIR[@budget=N,depth=D]` (a spec.DrafterSpec)."""
     from specdec.drafters.eagle import TreeShape, tree_shape
 
     location = spec.argument

@@ -148,10 +148,10 @@ def check_quant_spec(spec) -> None:
 
 
 def build_quantized(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
-    """`quant:FORMAT[@options]` (a registry.DrafterSpec)."""
+    """`quant:FORMAT[@options]` (a spec.DrafterSpec)."""
     return quantized_self_draft(target, spec.argument, draft_options(spec.options, "quant"), spec.text)
 
 
 def build_layer_skip(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
-    """`layerskip[:SUBSET]` (a registry.DrafterSpec)."""
+    """`layerskip[:SUBSET]` (a spec.DrafterSpec)."""
     return layer_skip_draft(target, spec.argument)
