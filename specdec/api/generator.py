@@ -30,20 +30,13 @@ from specdec.models.sources.gguf_source import gguf_source
 from specdec.models.sources.loading import LoadedModel, load_model
 from specdec.models.sources.zoo import DEFAULT_MODEL
 
-# The best drafter measured for each model in the weight format it runs in; others get n-gram drafting.
-# float32 on the CPU kernel: its own quantized copy. The zoo's 1.5B is a GGUF file dequantized, so the file's
-# own blocks (quant:gguf) draft for it: nearly every token accepted, more than a 4-bit re-quantization gets,
-# at the same cost a step (~1.1 GB more memory, ~25 s to repack the blocks at the first use, then a cache).
-# On its GGUF blocks the 1.5B is served best by lookup where the text repeats the prompt or itself (edits,
-# quoted files) and elsewhere by its 0.5B sibling (combined.py chooses per round). The sibling is
-# re-quantized to 4 bits (pulled on first use, as the target is: the default does the fastest exact thing
-# without flags), reads only the prompt's last 64 tokens (lookup covers what repeats the prompt; a long
-# prompt's prefill cost the model more than it drafted), with an LM head over the
-# first 32768 ids only: Qwen's 151,936-row head holds over a quarter of the 0.5B's weights, and byte-pair ids
-# come roughly in merge (frequency) order, so the rows cut rarely hold the target's next token. Its 4-bit
-# groups are 128 inputs wide, not 32: a draft step is memory-bound, and a float16 scale per 32 codes is an
-# eighth more bytes, for no acceptance lost. On smollm2 a self-draft only ties n-gram. The 1.5B in bf16 (its
-# float32 weights rounded) is still drafted best by the blocks: they agree with it nearly as often.
+# The best drafter measured for each model in the weight format it runs in (docs/drafters.md, `--drafter default`);
+# others get n-gram drafting. A float32 target on the CPU kernel drafts with a quantized copy of itself (the
+# GGUF file's own blocks where the weights came from one). On its GGUF blocks the 1.5B combines lookup (the
+# answer repeats the prompt) with its 0.5B sibling elsewhere: re-quantized to 4 bits in 128-input groups (a
+# draft step is memory-bound), reading only the prompt's tail (lookup covers what repeats the prompt), its LM
+# head cut to the first 32768 ids (byte-pair ids come roughly in frequency order, and Qwen's 151,936-row head
+# is over a quarter of the 0.5B's weights). The sibling is pulled on first use, as the target is.
 DEFAULT_DRAFTERS: dict[tuple[str, str], str] = {
     ("qwen2.5-coder-1.5b-instruct", "float32"): "quant:gguf",
     ("qwen2.5-coder-1.5b-instruct", "bf16"): "quant:gguf",
