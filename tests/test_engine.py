@@ -323,7 +323,7 @@ def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
 
 def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     from specdec.drafters.base import Drafter
-    from specdec.drafters.combined import RETRY_EVERY, CombinedDrafter
+    from specdec.drafters.combined import RETRY_EVERY, CombinedDrafter, LookupSource
     from specdec.core.rounds import Draft
 
     class Fixed(Drafter):
@@ -352,13 +352,18 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]
 
     # a free lookup is always asked, and a verbatim copy is taken whatever the rates say
-    lookup = Fixed("lookup", [70, 50])
-    lookup.free_to_propose, lookup.proposal_is_verbatim = True, lambda: True
+    class Lookup(Fixed, LookupSource):
+        verbatim = True
+
+        def proposal_is_verbatim(self):
+            return self.verbatim
+
+    lookup = Lookup("lookup", [70, 50])
     drafter = CombinedDrafter([lookup, Fixed("model", [1, 2])])
     drafter.begin([50, 60], SamplingParams(), 64)
     drafter.rates = [10.0, 40.0]
     assert all(drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50] for _ in range(RETRY_EVERY))
-    lookup.proposal_is_verbatim = lambda: False  # a weak guess waits until the model has been measured
+    lookup.verbatim = False  # a weak guess waits until the model has been measured
     drafter.rates = [None, None]
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [1, 2]
     drafter.rates = [30.0, 20.0]
@@ -382,11 +387,21 @@ def test_a_draft_models_catch_up_is_not_counted_against_its_round():
     import time
 
     from specdec.core.rounds import Draft, VerifyResult
+    from specdec.drafters.base import Drafter
     from specdec.drafters.combined import CombinedDrafter
     from specdec.drafters.ngram import NgramDrafter
 
-    class CatchingUp(NgramDrafter):
-        free_to_propose = False  # a draft model, tried after the lookup finds nothing
+    class CatchingUp(Drafter):  # a draft model, tried after the lookup finds nothing
+        name = "catching-up"
+
+        def begin(self, prompt_ids, params, max_length):
+            pass
+
+        def on_verified(self, context, draft, result):
+            pass
+
+        def fresh(self):
+            return self
 
         def propose(self, context, max_tokens, params, noise):
             time.sleep(0.2)  # a prefill of the tokens it skipped

@@ -39,7 +39,6 @@ class Drafter(ABC):
       tree_node_budget: for tree drafters, the number of nodes a round drafts; `k="auto"` uses it instead of
         the chain model of AdaptiveK. None for chain drafters.
       side_capacity: extra slots a verify forward needs for side inputs (`Draft.side`, lookahead).
-      free_to_propose: proposing costs next to nothing (lookup), so a combined drafter may always ask it.
       catch_up_seconds: of the last `propose`, the seconds spent catching up with the context rather than
         drafting (a draft model prefilling the prompt at its first proposal); the engine leaves them out of
         the per-token draft cost that `k="auto"` weighs.
@@ -51,7 +50,6 @@ class Drafter(ABC):
     feature_layers: tuple[int, ...] = ()
     tree_node_budget: int | None = None
     side_capacity: int = 0
-    free_to_propose: bool = False
     catch_up_seconds: float = 0.0
     drafts_per_source: bool = False
 
@@ -83,11 +81,6 @@ class Drafter(ABC):
         """Bytes this drafter holds beyond the target: its own weights (not those it shares with the
         target), caches and indexes, at their current size. Reported as stats.drafter_memory_bytes."""
         return 0
-
-    def proposal_is_verbatim(self) -> bool:
-        """Whether the last proposal copies a long run of the context (a lookup match of several tokens),
-        which a combined drafter takes over any rate it measured. Default: False."""
-        return False
 
     def use_source_lengths(self, lengths: SourceLengths) -> None:
         """For a drafter that declares drafts_per_source: from now on ask `lengths.next_k_for(source)` how many

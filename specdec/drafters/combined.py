@@ -43,6 +43,16 @@ RATE_DECAY = 0.8  # weight of the past in each source's rate
 RETRY_EVERY = 8  # a source passed over is tried again after this many of its proposals were passed over
 
 
+
+class LookupSource:
+    """What a combined drafter asks of a source beyond the Drafter interface, declared by the sources that
+    are lookups (n-gram): proposing costs next to nothing, so it is asked every round, and its proposal says
+    whether it copies a long run of the context verbatim, which the combined drafter takes over any rate it
+    measured. Other sources (a draft model) are asked only while they pay."""
+
+    def proposal_is_verbatim(self) -> bool:
+        return False
+
 class CombinedDrafter(Drafter):
     drafts_per_source = True
 
@@ -91,9 +101,10 @@ class CombinedDrafter(Drafter):
         self.started = time.perf_counter()
         for index, source in enumerate(self.sources):
             outpaced = self._outpaced(index)
-            if outpaced and not source.free_to_propose:
+            lookup = isinstance(source, LookupSource)
+            if outpaced and not lookup:
                 continue
-            if source.free_to_propose:
+            if lookup:
                 # A lookup costs nothing to ask: its proposal says which kind it is (a verbatim copy or a
                 # weaker guess), and that kind's own K how much of it to keep.
                 draft = source.propose(context, max_tokens, params, noise)
@@ -111,7 +122,7 @@ class CombinedDrafter(Drafter):
                 if k == 0:
                     continue
                 draft = source.propose(context, k, params, noise)
-                verbatim = source.proposal_is_verbatim()
+                verbatim = False
                 if not len(draft):
                     continue
             self.proposer, self.verbatim = index, verbatim
@@ -133,7 +144,7 @@ class CombinedDrafter(Drafter):
             # the model always proposes, so a round without a draft is measured by skipping it now and then
             self.passed[index] += 1
             return self.passed[index] % RETRY_EVERY == 0
-        if self.sources[index].free_to_propose and None in self.rates[index + 1:]:
+        if isinstance(self.sources[index], LookupSource) and None in self.rates[index + 1:]:
             return True  # a lookup's weak guess waits until the model after it has been measured
         later = [rate for rate in [*self.rates[index + 1:], self.undrafted_rate if last else None]
                  if rate is not None]

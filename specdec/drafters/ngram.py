@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from specdec.drafters.base import Drafter, container_bytes
+from specdec.drafters.combined import LookupSource
 from specdec.drafters.continuation_memory import ContinuationMemory
 from specdec.core.randomness import NoiseStream
 from specdec.core.rounds import Draft, VerifyResult
@@ -36,9 +37,7 @@ from specdec.core.sampling import SamplingParams
 VERBATIM_MATCH = 3
 
 
-class NgramDrafter(Drafter):
-    free_to_propose = True
-
+class NgramDrafter(Drafter, LookupSource):
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, never_propose: frozenset[int] = frozenset(),
                  memory: ContinuationMemory | None = None, name: str = "ngram"):
         """memory: continuations of earlier generations, shared by this drafter's `fresh` copies, asked
