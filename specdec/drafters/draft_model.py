@@ -172,10 +172,10 @@ def build(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDraft
     if not same_tokenizer(target, draft):  # drafts as text, re-tokenized for the target
         from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
 
-        if draft_options.head_vocab or draft_options.context or draft_options.min_confidence:
+        if draft_options.vocab or draft_options.context or draft_options.confidence:
             raise InvalidParameterError(f"draft:{model}: its tokenizer differs from the target's; only weights=FORMAT "
                                         "applies to such a draft")
         return CrossTokenizerDrafter(draft, target.tokenizer, target.model.vocab_size, name=spec.text)
-    draft = with_head_vocab(draft, draft_options.head_vocab)
-    return DraftModelDrafter(draft, target.model.vocab_size, draft_options.min_confidence, name=spec.text,
+    draft = with_head_vocab(draft, draft_options.vocab)
+    return DraftModelDrafter(draft, target.model.vocab_size, draft_options.confidence, name=spec.text,
                              prompt_window=draft_options.context)

@@ -14,13 +14,10 @@ from specdec.models.sources.loading import LoadedModel
 class DraftOptions:
     """A draft model's options after '@' (draft:MODEL@..., quant:FORMAT@...)."""
 
-    min_confidence: float = 0.0  # confidence=C: stop drafting when the top probability falls below C
-    head_vocab: int | None = None  # vocab=N: the draft's LM head computes only ids < N
+    confidence: float = 0.0  # confidence=C: stop drafting when the top probability falls below C
+    vocab: int | None = None  # vocab=N: the draft's LM head computes only ids < N
     context: int | None = None  # context=N: the draft prefills only the prompt's last N tokens
     weights: str | None = None  # weights=FORMAT (draft models): the draft's weight format, not the target's
-
-
-FIELDS = {"confidence": "min_confidence", "vocab": "head_vocab", "context": "context", "weights": "weights"}
 
 
 def draft_options(options: Mapping[str, float | int | str], kind: str = "draft") -> DraftOptions:
@@ -33,9 +30,8 @@ def draft_options(options: Mapping[str, float | int | str], kind: str = "draft")
             parse_weight_format(str(options["weights"]))
         except ValueError as error:
             raise InvalidParameterError(f"{kind} drafter: {error}") from None
-    values = {FIELDS[key]: value for key, value in options.items()}
-    options = DraftOptions(**values)
-    if not 0 <= options.min_confidence < 1:
+    options = DraftOptions(**options)  # the registry checked the keys: they are the fields' names
+    if not 0 <= options.confidence < 1:
         raise InvalidParameterError(f"{kind} drafter: the early-exit confidence must be in [0, 1)")
     if options.context is not None and options.context < 1:
         raise InvalidParameterError(f"{kind} drafter: context=N needs N >= 1 prompt tokens")

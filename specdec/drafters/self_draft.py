@@ -65,9 +65,9 @@ def quantized_self_draft(target: LoadedModel, weights: str, options: DraftOption
 def quantized_copy_drafter(target: LoadedModel, copy: nn.Module, weights: str, options: DraftOptions,
                            spec: str) -> DraftModelDrafter:
     """The drafter over a quantized copy of the target's model (quant:SPEC)."""
-    draft = with_head_vocab(dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy), options.head_vocab,
+    draft = with_head_vocab(dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy), options.vocab,
                             "quant")
-    return DraftModelDrafter(draft, target.model.vocab_size, options.min_confidence, name=spec,
+    return DraftModelDrafter(draft, target.model.vocab_size, options.confidence, name=spec,
                              shares_with=target.model, prompt_window=options.context,
                              shares_prompt_cache=options.context is None)  # an explicit window is a request
 
