@@ -127,8 +127,7 @@ def grammar_from_args(args) -> GrammarSpec | None:
 
 
 def sampling_from_args(args) -> SamplingParams:
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          repetition_penalty=args.repetition_penalty)
+    return SamplingParams.of(args)
 
 
 def generator_options_from_args(args) -> GeneratorOptions:

@@ -67,3 +67,22 @@ def test_run_start_and_the_keyword_methods_agree(tiny_dirs):
     assert generator.run(GenerationRequest(ids, 20)).token_ids == expected  # token ids as the prompt
     with pytest.raises(InvalidParameterError, match="token ids"):
         generator.prompt_ids(GenerationRequest([target.model.vocab_size], 4))
+
+
+def test_every_front_end_builds_sampling_one_way_from_its_fields():
+    """SamplingParams.of reads the fields named as SamplingParams's: a command line's namespace, an OpenAI
+    body, llama-server's /infill body (its `repeat_penalty` is the field's alias); checks stay the dataclass's."""
+    import argparse
+
+    from specdec.errors import InvalidParameterError
+    from specdec.server.infill import InfillRequest
+    from specdec.server.protocol import CompletionRequest
+
+    args = argparse.Namespace(temperature=0.7, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.1, seed=4)
+    assert SamplingParams.of(args) == SamplingParams(0.7, 3, 0.9, 0.05, 1.1)
+    body = CompletionRequest.model_validate({"prompt": "a", "temperature": 0.5, "top_k": 2, "min_p": 0.1})
+    assert SamplingParams.of(body) == SamplingParams(0.5, 2, 1.0, 0.1, 1.0)
+    infill = InfillRequest.model_validate({"input_prefix": "a", "repeat_penalty": 1.3, "temperature": 0.2})
+    assert infill.sampling() == SamplingParams(0.2, 0, 1.0, 0.0, 1.3)
+    with pytest.raises(InvalidParameterError):
+        SamplingParams.of(argparse.Namespace(temperature=-1.0))

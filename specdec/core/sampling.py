@@ -9,6 +9,7 @@ Order, as in transformers: repetition penalty, temperature, top-k, top-p, min-p.
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -40,6 +41,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @classmethod
+    def of(cls, source) -> "SamplingParams":
+        """The sampling a request or a command line sets: `source`'s attributes named as these fields (a
+        parsed HTTP body, argparse's namespace), each front end's one way to build it; a knob added here is
+        read wherever its front end declares a field of the same name."""
+        return cls(**{field.name: getattr(source, field.name) for field in dataclasses.fields(cls)
+                      if getattr(source, field.name, None) is not None})
 
 
 SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed takes

@@ -86,14 +86,13 @@ class InfillRequest(BaseModel):
     top_k: int = Field(default=0, ge=0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     min_p: float = Field(default=0.0, ge=0.0, lt=1.0)
-    repeat_penalty: float = Field(default=1.0, gt=0.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, alias="repeat_penalty")  # llama-server's name
     seed: int | None = Field(default=None, ge=-1)
     stop: list[str] = Field(default_factory=list, max_length=4)
     stream: bool = False
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                              repetition_penalty=self.repeat_penalty)
+        return SamplingParams.of(self)
 
     def checked_stop(self) -> tuple[str, ...]:
         if any(not s or len(s) > MAX_STOP_CHARS for s in self.stop):

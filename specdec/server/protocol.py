@@ -235,8 +235,7 @@ class _Common(BaseModel):
         `tokenizer`: the served model's (a tool call grammar writes its markers as its tokens); `tool_grammar`:
         whether tool_choice "auto" constrains the answer to text or well-formed calls (chat only)."""
         prompt, chat = self.prompt_and_chat()
-        sampling = SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                                  min_p=self.min_p, repetition_penalty=self.repetition_penalty)
+        sampling = SamplingParams.of(self)
         spec = self.speculative
         return GenerationRequest(prompt, self.token_limit or default_max_tokens,
                                  sampling, tuple(self.stop or ()), self.seed, chat,
