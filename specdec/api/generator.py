@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 import sys
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, Unpack
 
 from jinja2 import TemplateError
 
 from specdec.api.options import GeneratorOptions
-from specdec.api.request import GenerationRequest, Prompt
-from specdec.api.structured import GrammarConstraint, GrammarSpec, first_line
+from specdec.api.request import GenerationRequest, Prompt, RequestKeywords
+from specdec.api.structured import GrammarConstraint, first_line
 from specdec.core.commit import StopCriteria
 from specdec.core.rounds import GenerationResult, StreamChunk
 from specdec.core.speculation_length import FixedK, KSetting, SourceLengths, SpeculationLength
@@ -233,35 +233,23 @@ class SpeculativeGenerator:
         return ids
 
     # -- keyword methods ---------------------------------------------------------------------
-    def generate(self, prompt: Prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
-                 stop: Sequence[str] | str | None = None, seed: int | None = None, chat: bool | None = None,
-                 grammar: GrammarSpec | None = None, on_chunk=None) -> GenerationResult:
+    # Their settings (temperature, top_k, top_p, min_p, repetition_penalty, stop, seed, chat, grammar) are
+    # GenerationRequest.of's keywords, declared once in RequestKeywords.
+    def generate(self, prompt: Prompt, max_new_tokens: int = 128, *, on_chunk=None,
+                 **settings: Unpack[RequestKeywords]) -> GenerationResult:
         """The prompt's generation (greedy unless a temperature is given); `grammar`: what it must match."""
-        request = GenerationRequest.of(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                       min_p=min_p, repetition_penalty=repetition_penalty, stop=stop, seed=seed,
-                                       chat=chat, grammar=grammar)
-        return self.run(request, on_chunk)
+        return self.run(GenerationRequest.of(prompt, max_new_tokens, **settings), on_chunk)
 
-    def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 128, *, temperature: float = 0.0,
-                       top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
-                       stop: Sequence[str] | str | None = None, seed: int | None = None, chat: bool | None = None,
-                       grammar: GrammarSpec | None = None, max_batch: int = 16, row_budget: int | None | str = "auto",
-                       prefix_cache_bytes: int = 256 << 20, on_result=None) -> list[GenerationResult]:
+    def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 128, *, max_batch: int = 16,
+                       row_budget: int | None | str = "auto", prefix_cache_bytes: int = 256 << 20, on_result=None,
+                       **settings: Unpack[RequestKeywords]) -> list[GenerationResult]:
         """`run_batch` of one request per prompt, all with these settings (see run_batch)."""
-        requests = [GenerationRequest.of(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                         min_p=min_p, repetition_penalty=repetition_penalty, stop=stop, seed=seed,
-                                         chat=chat, grammar=grammar) for prompt in prompts]
+        requests = [GenerationRequest.of(prompt, max_new_tokens, **settings) for prompt in prompts]
         return self.run_batch(requests, max_batch, row_budget, prefix_cache_bytes, on_result)
 
-    def stream(self, prompt: Prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0,
-               stop: Sequence[str] | str | None = None, seed: int | None = None,
-               chat: bool | None = None, grammar: GrammarSpec | None = None) -> Iterator[StreamChunk]:
-        request = GenerationRequest.of(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                       min_p=min_p, repetition_penalty=repetition_penalty, stop=stop, seed=seed,
-                                       chat=chat, grammar=grammar)
-        return self.start(request).chunks()
+    def stream(self, prompt: Prompt, max_new_tokens: int = 128, **settings: Unpack[RequestKeywords]
+               ) -> Iterator[StreamChunk]:
+        return self.start(GenerationRequest.of(prompt, max_new_tokens, **settings)).chunks()
 
 
 def _check_text(prompt: Prompt) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence, TypedDict
 
 from specdec.api.structured import GrammarSpec
 from specdec.core.sampling import SamplingParams, check_seed
@@ -20,6 +20,21 @@ from specdec.errors import InvalidParameterError
 
 Prompt = str | Sequence[dict]  # plain text, or chat messages [{"role": ..., "content": ...}]
 MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs
+
+
+class RequestKeywords(TypedDict, total=False):
+    """The keyword methods' settings (`generate`, `stream`, `generate_batch`), as `GenerationRequest.of` reads
+    them: a knob added there is added here once, not to each method."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    stop: Sequence[str] | str | None
+    seed: int | None
+    chat: bool | None
+    grammar: GrammarSpec | None
 
 
 @dataclass(frozen=True)
