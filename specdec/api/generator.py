@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-import sys
+import logging
 from typing import Iterator, Sequence, Unpack
 
 from jinja2 import TemplateError
@@ -45,6 +45,9 @@ DEFAULT_DRAFTERS: dict[tuple[str, str], str] = {
 }
 
 
+# Notices a library user may silence (logging's last resort prints them to stderr when nothing is configured).
+logger = logging.getLogger("specdec")
+
 # Prompt tokens per prefill step when the caller follows the prefill's progress (`run(on_prefill=)`).
 PREFILL_CHUNK = 512
 
@@ -72,12 +75,12 @@ def default_drafter(target: LoadedModel) -> str:
         return "quant:int4"  # its float32 weights did not come from a GGUF file at hand: a 4-bit copy
     draft = draft_model_of(spec)
     if draft is not None and not zoo.is_pulled(draft):
-        print(f"specdec: {target.name}'s default draft is {draft} ({zoo.REGISTRY[draft].size_bytes / 1e6:.0f} MB; "
-              "--drafter ngram needs none)", file=sys.stderr)
+        logger.warning(f"specdec: {target.name}'s default draft is {draft} "
+                       f"({zoo.REGISTRY[draft].size_bytes / 1e6:.0f} MB; --drafter ngram needs none)")
         try:
             zoo.ensure_pulled(draft)
         except SpecdecError as error:  # offline, say: still exact, only slower
-            print(f"specdec: could not pull {draft} ({error}); drafting with n-gram instead", file=sys.stderr)
+            logger.warning(f"specdec: could not pull {draft} ({error}); drafting with n-gram instead")
             return "ngram"
     return spec
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -248,8 +248,8 @@ def ensure_float32_weights(model_dir: Path) -> Path:
 
     source = gguf_only_source(model_dir)
     if source is not None:
-        print(f"specdec: writing {source.name} as float32 safetensors (once, for float32 or transformers loads)",
-              file=sys.stderr)
+        logging.getLogger("specdec").warning(
+            f"specdec: writing {source.name} as float32 safetensors (once, for float32 or transformers loads)")
         write_float32_weights(source, model_dir)
     return model_dir
 

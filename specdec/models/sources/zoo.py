@@ -11,6 +11,7 @@ pull leaves nothing that looks pulled, and the next pull starts clean.
 from __future__ import annotations
 
 import hashlib
+import logging
 import json
 import os
 import shutil
@@ -105,7 +106,7 @@ def is_pulled(name: str) -> bool:
 def ensure_pulled(name: str) -> Path:
     """The converted Hugging Face directory of a zoo model, pulling it first if needed."""
     if not is_pulled(name):
-        print(f"specdec: {name} is not pulled yet; pulling it now (once)", file=sys.stderr)
+        logging.getLogger("specdec").warning(f"specdec: {name} is not pulled yet; pulling it now (once)")
         pull(name)
     return model_dir(name) / "hf"
 
