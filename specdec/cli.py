@@ -512,7 +512,7 @@ def cmd_train(args) -> int:
                          feature_layers=layers, seed=args.seed)
     target = load_model(args.target, device=args.device, backend="native", weights=args.weights)
     info = run_training(args.kind, target, out, corpus, config)
-    validation = info["training"]["validation"]
+    validation = info.validation
     print(f"specdec: wrote {out} ({args.kind} head for {target.name}); validation: "
           + ", ".join(f"{k} {v}" for k, v in validation.items() if isinstance(v, float))
           + f"; end to end: tau {validation['end_to_end']['tau']}, greedy exact "
@@ -530,11 +530,11 @@ def cmd_export(args) -> int:
     head = Path(args.head).expanduser()
     info = check_exportable(head, Path(args.out))
     try:
-        target = load_model(args.target or info["target"]["name"], device=args.device, backend="native")
+        target = load_model(args.target or info.target_name, device=args.device, backend="native")
     except UnknownModelError:
         if args.target:
             raise
-        raise InvalidParameterError(f"{head}: its target {info['target']['name']!r} is not a zoo name; "
+        raise InvalidParameterError(f"{head}: its target {info.target_name!r} is not a zoo name; "
                                     "pass --target with its directory or GGUF file") from None
     out = export_speculators(head, target, Path(args.out), args.verifier)
     print(f"specdec: wrote {out} (speculators eagle3 checkpoint for {target.name})")

@@ -7,7 +7,7 @@ import torch
 
 from specdec.drafters.eagle import EagleDrafter, TreeShape
 from specdec.drafters.medusa import MedusaDrafter
-from specdec.heads.checkpoint import LoadedHead
+from specdec.heads.checkpoint import HeadInfo, LoadedHead
 from specdec.heads.eagle import EagleHead, EagleShape
 from specdec.heads.medusa import MedusaHeads, MedusaShape
 
@@ -16,7 +16,7 @@ def random_eagle(model, seed: int = 0, vocab: torch.Tensor | None = None) -> Loa
     torch.manual_seed(seed)
     head = EagleHead(model.config, EagleShape(model.config.intermediate_size)).eval()
     vocab = torch.arange(model.vocab_size) if vocab is None else vocab
-    return LoadedHead("eagle", head.to(model.device), vocab, {})
+    return LoadedHead(HeadInfo("eagle"), head.to(model.device), vocab)
 
 
 def random_medusa(model, num_heads: int = 3, seed: int = 0) -> LoadedHead:
@@ -25,7 +25,7 @@ def random_medusa(model, num_heads: int = 3, seed: int = 0) -> LoadedHead:
     with torch.no_grad():
         for block in heads.blocks:
             block.linear.weight.normal_(0, 0.5)
-    return LoadedHead("medusa", heads.eval().to(model.device), torch.arange(model.vocab_size), {})
+    return LoadedHead(HeadInfo("medusa"), heads.eval().to(model.device), torch.arange(model.vocab_size))
 
 
 def eagle_drafter(model, shape: TreeShape = TreeShape(depth=4, top_k=3, budget=10), seed: int = 0,

@@ -15,7 +15,7 @@ import torch
 from specdec.drafters.eagle import EagleDrafter, TreeShape
 from specdec.errors import InvalidParameterError
 from specdec.api.generator import SpeculativeGenerator
-from specdec.heads.checkpoint import LoadedHead, TargetIdentity, load_head, save_head
+from specdec.heads.checkpoint import HeadInfo, LoadedHead, TargetIdentity, load_head, save_head
 from specdec.heads.eagle3 import Eagle3Head, Eagle3Shape
 from specdec.heads.target_parts import embed, lm_head_rows
 from specdec.interop.speculators import export_speculators, load_speculators_head
@@ -55,7 +55,7 @@ def random_eagle3(model, seed=0, layers=(1, 2, 3), vocab=None) -> LoadedHead:
             if name.endswith("norm.weight"):
                 param.uniform_(0.5, 1.5)
     vocab = torch.randperm(model.vocab_size)[:180] if vocab is None else vocab
-    return LoadedHead("eagle3", head.eval(), vocab, {})
+    return LoadedHead(HeadInfo("eagle3"), head.eval(), vocab)
 
 
 def drafts_of(drafter, target, prompt, max_new=30):

@@ -57,7 +57,7 @@ class MedusaDrafter(Drafter):
         self.feature_layers = (target_model.num_layers,)
         self.tree_node_budget = budget
         num_heads = head.module.shape.num_heads
-        measured = head.info.get("training", {}).get("validation", {}).get("rank_accuracy")
+        measured = head.info.validation.get("rank_accuracy")
         accuracy = measured if measured else default_accuracy(num_heads)
         # Ranks that never hit would still be a (useless) node; keep each rate above zero for the ordering.
         self.accuracy = tuple(tuple(max(a, 1e-6) for a in row[:MAX_RANK]) for row in accuracy[:num_heads])

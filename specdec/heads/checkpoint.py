@@ -9,7 +9,7 @@ training figures. Loading checks the target: a head trained on other weights wou
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -42,16 +42,53 @@ class TargetIdentity:
                    target.model.hidden_size, target.model.vocab_size)
 
 
+@dataclass(frozen=True)
+class HeadInfo:
+    """What a head says of itself: head.json read and checked once, or an imported head's config."""
+
+    kind: str  # one of HEAD_KINDS
+    target: TargetIdentity | None = None  # the weights it was trained for; None when a head records none
+    target_name: str | None = None  # how it names its target (for an imported head: maybe a hub id)
+    training: dict = field(default_factory=dict)  # the figures `specdec train` recorded (a free-form record)
+    shape: dict = field(default_factory=dict)  # the module's shape (its Shape's fields)
+
+    @classmethod
+    def parse(cls, data: dict, where: str) -> "HeadInfo":
+        if data.get("kind") not in HEAD_KINDS or data.get("format_version") != FORMAT_VERSION:
+            raise CorruptModelError(f"{where}: not a specdec head (kind {data.get('kind')!r}, "
+                                    f"format {data.get('format_version')!r})")
+        return cls(data["kind"], target_identity(data.get("target"), where), (data.get("target") or {}).get("name"),
+                   data.get("training") or {}, data.get("shape") or {})
+
+    @property
+    def validation(self) -> dict:
+        """The held-out figures of training ({} for a head trained elsewhere)."""
+        return self.training.get("validation") or {}
+
+
+def target_identity(recorded: dict | None, where: str) -> TargetIdentity | None:
+    """A recorded target's identity: all of TargetIdentity's fields, or None when none is recorded."""
+    if not recorded or set(recorded) == {"name"}:
+        return None
+    try:
+        return TargetIdentity(**{f.name: recorded[f.name] for f in fields(TargetIdentity)})
+    except KeyError as missing:
+        raise CorruptModelError(f"{where}: the recorded target lacks {missing}") from None
+
+
 @dataclass
 class LoadedHead:
-    kind: str
+    info: HeadInfo
     module: nn.Module  # EagleHead, Eagle3Head or MedusaHeads, float32, eval mode, on the target's device
     draft_vocab: torch.Tensor  # (N,) int64 target token ids the head scores
-    info: dict  # head.json
     # A head trained elsewhere may bring its own LM-head rows and token embeddings (specdec's heads use
     # the target's): (N, C) and (V, C), or None.
     lm_rows: torch.Tensor | None = None
     embeddings: torch.Tensor | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.info.kind
 
     def feature_layers(self, target_model) -> tuple[int, ...]:
         """The target's hidden layers the head reads, as the engine indexes them."""
@@ -80,7 +117,7 @@ def save_head(out_dir: Path, kind: str, module: nn.Module, draft_vocab: torch.Te
         "format_version": FORMAT_VERSION,
         "kind": kind,
         "shape": module.shape.to_dict(),
-        "target": target.__dict__,
+        "target": asdict(target),
         "feature_layer": list(module.shape.feature_layers) if kind == "eagle3" else "final_norm",
         "draft_vocab_size": int(draft_vocab.shape[0]),
         "training": training,
@@ -92,34 +129,34 @@ def save_head(out_dir: Path, kind: str, module: nn.Module, draft_vocab: torch.Te
         (partial / "head.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
-def read_head_info(path: Path) -> dict:
+def read_head_info(path: Path) -> HeadInfo:
     path = Path(path)
     if not (path / "head.json").is_file() or not (path / "head.safetensors").is_file():
         raise InvalidParameterError(f"{path}: not a head directory (expected head.json and head.safetensors)")
     try:
-        info = json.loads((path / "head.json").read_text())
+        data = json.loads((path / "head.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CorruptModelError(f"{path}/head.json: unreadable ({exc})") from None
-    if info.get("kind") not in HEAD_KINDS or info.get("format_version") != FORMAT_VERSION:
-        raise CorruptModelError(f"{path}/head.json: not a specdec head (kind {info.get('kind')!r}, "
-                                f"format {info.get('format_version')!r})")
+    info = HeadInfo.parse(data, f"{path}/head.json")
+    if info.target is None:
+        raise CorruptModelError(f"{path}/head.json: no target recorded")
     return info
 
 
-def check_target(info: dict, target, path: Path) -> None:
+def check_target(info: HeadInfo, target, path: Path) -> None:
     """Refuse a head trained for other weights or another tokenizer."""
-    trained = info["target"]
+    trained = info.target
     model = target.model
-    if trained["hidden_size"] != model.hidden_size or trained["vocab_size"] != model.vocab_size:
+    if trained.hidden_size != model.hidden_size or trained.vocab_size != model.vocab_size:
         raise InvalidParameterError(
-            f"{path}: this {info['kind']} head was trained for {trained['name']!r} (hidden size "
-            f"{trained['hidden_size']}, vocabulary {trained['vocab_size']}), not for {target.name!r}")
-    if trained["tokenizer_sha256"] != tokenizer_sha256(target.tokenizer):
-        raise InvalidParameterError(f"{path}: this head was trained for {trained['name']!r}, whose tokenizer "
+            f"{path}: this {info.kind} head was trained for {trained.name!r} (hidden size "
+            f"{trained.hidden_size}, vocabulary {trained.vocab_size}), not for {target.name!r}")
+    if trained.tokenizer_sha256 != tokenizer_sha256(target.tokenizer):
+        raise InvalidParameterError(f"{path}: this head was trained for {trained.name!r}, whose tokenizer "
                                     f"differs from {target.name!r}'s")
-    if trained["weights_sha256"] not in weights_identities(target.path):
-        raise InvalidParameterError(f"{path}: this head was trained for {trained['name']!r} (weights sha256 "
-                                    f"{trained['weights_sha256'][:12]}...), not for {target.name!r}'s weights")
+    if trained.weights_sha256 not in weights_identities(target.path):
+        raise InvalidParameterError(f"{path}: this head was trained for {trained.name!r} (weights sha256 "
+                                    f"{trained.weights_sha256[:12]}...), not for {target.name!r}'s weights")
 
 
 def load_head(path: Path, target, kinds: tuple[str, ...] = HEAD_KINDS) -> LoadedHead:
@@ -130,8 +167,8 @@ def load_head(path: Path, target, kinds: tuple[str, ...] = HEAD_KINDS) -> Loaded
 
     path = Path(path).expanduser()
     info = read_head_info(path)
-    if info["kind"] not in kinds:
-        raise InvalidParameterError(f"{path}: this is a {info['kind']} head, not a {' or '.join(kinds)} head")
+    if info.kind not in kinds:
+        raise InvalidParameterError(f"{path}: this is a {info.kind} head, not a {' or '.join(kinds)} head")
     model = native_model(target.model)
     check_target(info, target, path)
     try:
@@ -141,9 +178,9 @@ def load_head(path: Path, target, kinds: tuple[str, ...] = HEAD_KINDS) -> Loaded
     draft_vocab = tensors.pop("draft_vocab", None)
     if draft_vocab is None:
         raise CorruptModelError(f"{path}/head.safetensors: no draft_vocab tensor")
-    module = build_head(info["kind"], model, info["shape"])
+    module = build_head(info.kind, model, info.shape)
     try:
         module.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
     except RuntimeError as exc:
         raise CorruptModelError(f"{path}: weights do not match the head's shape ({str(exc).splitlines()[0]})") from None
-    return LoadedHead(info["kind"], module.to(model.device).eval(), draft_vocab.to(torch.int64), info)
+    return LoadedHead(info, module.to(model.device).eval(), draft_vocab.to(torch.int64))

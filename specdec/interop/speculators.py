@@ -24,14 +24,13 @@ from pathlib import Path
 import torch
 
 from specdec.errors import CorruptModelError, InvalidParameterError
-from specdec.heads.checkpoint import LoadedHead, load_head, read_head_info
+from specdec.heads.checkpoint import HeadInfo, LoadedHead, load_head, read_head_info, target_identity
 from specdec.heads.eagle3 import Eagle3Head, Eagle3Shape, default_feature_layers
 from specdec.heads.target_parts import embed, lm_head_rows, native_model
 from specdec.models.config import RopeConfig
 from specdec.models.fingerprint import tokenizer_sha256
 from specdec.paths import building_directory
 
-FORMAT = "speculators"
 CHECKED_VERSION = "0.9.0"
 # Options of speculators' eagle3 type our head does not compute (each changes the head's function).
 UNSUPPORTED_OPTIONS = {
@@ -102,14 +101,14 @@ def layer_config(head: Eagle3Head, vocab_size: int, max_positions: int) -> dict:
             "rope_parameters": rope_parameters(c.rope)}
 
 
-def check_exportable(head_dir: Path, out_dir: Path) -> dict:
+def check_exportable(head_dir: Path, out_dir: Path) -> HeadInfo:
     """head.json of a head that can be exported to out_dir, or a clear error (before any model loads)."""
     out_dir = Path(out_dir).expanduser()
     if out_dir.exists() and not is_speculators_checkpoint(out_dir) and any(out_dir.iterdir()):
         raise InvalidParameterError(f"{out_dir}: exists and is not a speculators checkpoint; choose a new --out")
     info = read_head_info(Path(head_dir).expanduser())
-    if info["kind"] != "eagle3":
-        raise InvalidParameterError(f"{head_dir}: no speculators counterpart for {NO_COUNTERPART[info['kind']]}")
+    if info.kind != "eagle3":
+        raise InvalidParameterError(f"{head_dir}: no speculators counterpart for {NO_COUNTERPART[info.kind]}")
     return info
 
 
@@ -156,7 +155,7 @@ def export_speculators(head_dir: Path, target, out_dir: Path, verifier: str | No
                          "architectures": target_config.get("architectures") or []},
         },
         # Not read by speculators; lets specdec check the target on import.
-        "specdec": {"target": loaded.info["target"], "training": loaded.info.get("training", {})},
+        "specdec": {"target": dataclasses.asdict(loaded.info.target), "training": loaded.info.training},
     }
     with building_directory(out_dir) as partial:
         save_file(tensors, str(partial / "model.safetensors"))
@@ -263,7 +262,8 @@ def load_speculators_head(path: Path, target) -> LoadedHead:
             embeddings = None
         else:
             embeddings = embeddings.to(torch.bfloat16).to(model.device)  # as stored: half float32's memory
-    info = {"kind": "eagle3", "format": FORMAT, "target": recorded or {"name": config.get("speculators_config", {})
-                                                                       .get("verifier", {}).get("name_or_path")}}
-    return LoadedHead("eagle3", module.to(model.device).eval(), draft_vocab, info,
+    verifier = (config.get("speculators_config") or {}).get("verifier") or {}
+    info = HeadInfo("eagle3", target_identity(recorded, str(path)), recorded.get("name") or verifier.get("name_or_path"),
+                    (config.get("specdec") or {}).get("training") or {})
+    return LoadedHead(info, module.to(model.device).eval(), draft_vocab,
                       lm_rows=None if lm_rows is None else lm_rows.float(), embeddings=embeddings)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from specdec.errors import InvalidParameterError
-from specdec.heads.checkpoint import LoadedHead, TargetIdentity, save_head
+from specdec.heads.checkpoint import HeadInfo, LoadedHead, TargetIdentity, read_head_info, save_head
 from specdec.paths import specdec_home
 from specdec.training.corpus import CorpusConfig, build_corpus, generation_prompts
 from specdec.training.features import cache_features, concatenate, draft_vocabulary, pack_sequences
@@ -72,8 +72,8 @@ def measure_end_to_end(target, head: LoadedHead, max_new_tokens: int = 64) -> di
 
 
 def run_training(kind: str, target, out_dir: Path, corpus: CorpusConfig, config: TrainConfig,
-                 progress: bool = True) -> dict:
-    """Train a head for `target` (a LoadedModel, native backend) and save it to out_dir; head.json's dict."""
+                 progress: bool = True) -> HeadInfo:
+    """Train a head for `target` (a LoadedModel, native backend) and save it to out_dir."""
     from specdec.heads.target_parts import native_model
 
     model = native_model(target.model)
@@ -105,8 +105,8 @@ def run_training(kind: str, target, out_dir: Path, corpus: CorpusConfig, config:
     figures["corpus"] = asdict(corpus)
     figures["config"] = config.to_dict()
     print(f"specdec: measuring the {kind} head end to end on {len(VALIDATION_PROMPTS)} prompts", file=sys.stderr)
-    head = LoadedHead(kind, module, vocab, {"training": figures})
+    head = LoadedHead(HeadInfo(kind, identity, target.name, figures), module, vocab)
     figures["validation"]["end_to_end"] = measure_end_to_end(target, head)
     save_head(out_dir, kind, module, vocab, identity, figures)
     checkpoint.unlink(missing_ok=True)
-    return json.loads((out_dir / "head.json").read_text())
+    return read_head_info(out_dir)
