@@ -156,12 +156,11 @@ class DraftModelDrafter(Drafter):
 
 
 def build(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
-    """`draft:MODEL[@options]` (a spec.DrafterSpec): options as drafters.draft_options reads them."""
-    from specdec.drafters.draft_options import draft_options as typed_options, with_head_vocab
+    """`draft:MODEL[@options]` (a spec.DrafterSpec; its options: a DraftModelOptions)."""
+    from specdec.drafters.draft_options import with_head_vocab
     from specdec.models.sources.loading import load_model
 
-    model = spec.argument
-    draft_options = typed_options(spec.options)
+    model, draft_options = spec.argument, spec.options
     # a draft model runs in the target's weight format unless weights=FORMAT says otherwise: who quantized
     # the target for speed wants a draft that is as fast (an int4 target gets an int4 draft)
     weights = draft_options.weights or target.model.weight_format

@@ -1,10 +1,9 @@
 """Options of a draft model after '@' (draft:MODEL@..., quant:FORMAT@...): confidence=C, vocab=N, context=N,
-and for draft models weights=FORMAT. The registry parses the spec; here its values become typed options."""
+and for draft models weights=FORMAT. The registry reads the keys and their types from these dataclasses."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
 
 from specdec.errors import InvalidParameterError
 from specdec.models.sources.loading import LoadedModel
@@ -12,35 +11,34 @@ from specdec.models.sources.loading import LoadedModel
 
 @dataclasses.dataclass(frozen=True)
 class DraftOptions:
-    """A draft model's options after '@' (draft:MODEL@..., quant:FORMAT@...)."""
+    """A draft's options after '@' (quant:FORMAT@...; draft:MODEL@... adds weights=)."""
 
     confidence: float = 0.0  # confidence=C: stop drafting when the top probability falls below C
     vocab: int | None = None  # vocab=N: the draft's LM head computes only ids < N
     context: int | None = None  # context=N: the draft prefills only the prompt's last N tokens
-    weights: str | None = None  # weights=FORMAT (draft models): the draft's weight format, not the target's
+
+    def __post_init__(self):
+        if not 0 <= self.confidence < 1:
+            raise InvalidParameterError("the early-exit confidence must be in [0, 1)")
+        if self.context is not None and self.context < 1:
+            raise InvalidParameterError("context=N needs N >= 1 prompt tokens")
 
 
-def draft_options(options: Mapping[str, float | int | str], kind: str = "draft") -> DraftOptions:
-    """A spec's {"confidence": C, "vocab": N, "context": N, "weights": FORMAT} (any of them, parsed and typed
-    by the registry) as DraftOptions; `kind` names the drafter in errors."""
-    from specdec.models.quantized.packed_linear import parse_weight_format
+@dataclasses.dataclass(frozen=True)
+class DraftModelOptions(DraftOptions):
+    """draft:MODEL@...: a draft model's options."""
 
-    if "weights" in options:
-        try:
-            parse_weight_format(str(options["weights"]))
-        except ValueError as error:
-            raise InvalidParameterError(f"{kind} drafter: {error}") from None
-    options = DraftOptions(**options)  # the registry checked the keys: they are the fields' names
-    if not 0 <= options.confidence < 1:
-        raise InvalidParameterError(f"{kind} drafter: the early-exit confidence must be in [0, 1)")
-    if options.context is not None and options.context < 1:
-        raise InvalidParameterError(f"{kind} drafter: context=N needs N >= 1 prompt tokens")
-    return options
+    weights: str | None = None  # weights=FORMAT: the draft's weight format, not the target's
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.weights is not None:
+            from specdec.models.quantized.packed_linear import parse_weight_format
 
-def check_draft_spec(spec) -> None:
-    """InvalidParameterError for a spec.DrafterSpec's draft options out of range."""
-    draft_options(spec.options, spec.kind)
+            try:
+                parse_weight_format(self.weights)
+            except ValueError as error:
+                raise InvalidParameterError(str(error)) from None
 
 
 def with_head_vocab(draft: LoadedModel, head_vocab: int | None, kind: str = "draft") -> LoadedModel:

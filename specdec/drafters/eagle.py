@@ -15,8 +15,9 @@ deterministically: exact under greedy and sampling alike (tree verification, one
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import torch
 
@@ -40,15 +41,26 @@ class TreeShape:
             raise InvalidParameterError("tree shape: need 1 <= depth <= 16, 1 <= topk <= 32, 1 <= budget <= 256")
 
 
-def check_tree_options(spec) -> None:
-    """InvalidParameterError for a spec.DrafterSpec's tree shape out of range (TreeShape's limits)."""
-    tree_shape(spec.options, TreeShape())
+def tree_with(defaults: TreeShape, depth: int | None = None, top_k: int | None = None,
+              budget: int | None = None) -> TreeShape:
+    """`defaults` with the values a spec gave (None: not given), range-checked."""
+    given = {"depth": depth, "top_k": top_k, "budget": budget}
+    return dataclasses.replace(defaults, **{key: value for key, value in given.items() if value is not None})
 
 
-def tree_shape(options: Mapping[str, int], defaults: TreeShape) -> TreeShape:
-    """A spec's {"depth": N, "topk": N, "budget": N} (any subset, parsed by the registry) -> TreeShape."""
-    values = {"depth": defaults.depth, "topk": defaults.top_k, "budget": defaults.budget, **options}
-    return TreeShape(values["depth"], values["topk"], values["budget"])
+@dataclass(frozen=True)
+class TreeOptions:
+    """eagle[:HEAD_DIR]@depth=D,topk=W,budget=N (any of them; the target's device picks the rest)."""
+
+    depth: int | None = None
+    topk: int | None = None
+    budget: int | None = None
+
+    def __post_init__(self):
+        self.shape(TreeShape())  # the ranges, checked before anything loads
+
+    def shape(self, defaults: TreeShape) -> TreeShape:
+        return tree_with(defaults, self.depth, self.topk, self.budget)
 
 
 class EagleDrafter(Drafter):

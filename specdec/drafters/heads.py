@@ -4,9 +4,10 @@ eagle HEAD_DIR holds a specdec EAGLE or EAGLE-3 head, or a speculators-format EA
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.drafters.eagle import EagleDrafter, TreeShape, tree_shape
+from specdec.drafters.eagle import EagleDrafter, TreeShape, tree_with
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import load_head
@@ -39,10 +40,20 @@ def head_drafter(kind: str, spec, target):
         head = load_head(path, target, (kind,))
     if kind == "eagle":
         defaults = CPU_TREE if target.model.device.type == "cpu" else TreeShape()
-        shape = tree_shape(options, defaults)
+        shape = options.shape(defaults)
         return EagleDrafter(head, target.model, shape, name=f"eagle:{path.name}")
-    budget = tree_shape(options, TreeShape(budget=16))  # only budget=N: the tree follows the heads' accuracy
-    return MedusaDrafter(head, target.model, budget.budget, name=f"medusa:{path.name}")
+    # only budget=N: the tree follows the heads' accuracy
+    return MedusaDrafter(head, target.model, options.budget, name=f"medusa:{path.name}")
+
+
+@dataclass(frozen=True)
+class MedusaOptions:
+    """medusa[:HEAD_DIR]@budget=N: the tree's nodes a round."""
+
+    budget: int = 16
+
+    def __post_init__(self):
+        tree_with(TreeShape(), budget=self.budget)  # the range
 
 
 def build_eagle(spec, target, device: str, dtype: str) -> EagleDrafter:

@@ -22,6 +22,7 @@ generations produced (continuation_memory.py), shared by the requests a server r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from specdec.drafters.base import Drafter, container_bytes
@@ -119,17 +120,26 @@ class NgramDrafter(Drafter, LookupSource):
             self.refuted.add(self.proposed_start)
 
 
+@dataclass(frozen=True)
+class NgramOptions:
+    """ngram@memory=TOKENS: remember earlier generations' outputs, up to TOKENS tokens (None: none)."""
+
+    memory: int | None = None
+
+    def __post_init__(self):
+        if self.memory is not None and self.memory < 1:
+            raise InvalidParameterError("memory=TOKENS takes a positive number of tokens")
+
+
 def check(spec) -> None:
     """`ngram[:MAX_N][@memory=TOKENS]`'s values, before anything loads."""
     if spec.argument and not (spec.argument.isdigit() and int(spec.argument) >= 1):
         raise InvalidParameterError(f"ngram drafter: {spec.argument!r} is not a maximum n-gram size")
-    if spec.options.get("memory", 1) < 1:
-        raise InvalidParameterError("ngram drafter: memory=TOKENS takes a positive number of tokens")
 
 
 def build(spec, target, device: str, dtype: str) -> NgramDrafter:
     """`ngram[:MAX_N][@memory=TOKENS]` (a spec.DrafterSpec)."""
     check(spec)
-    memory = ContinuationMemory(spec.options["memory"]) if "memory" in spec.options else None
+    memory = ContinuationMemory(spec.options.memory) if spec.options.memory is not None else None
     return NgramDrafter(max_ngram=int(spec.argument) if spec.argument else 4,
                         never_propose=target.control_token_ids(), memory=memory, name=spec.text or "ngram")

@@ -10,18 +10,17 @@ options. `A+B` combines chain drafters (drafters/combined.py); `none` is plain d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from dataclasses import dataclass
+from typing import Callable
 
-from specdec.drafters import draft_model, eagle, heads, lookahead, ngram, retrieval, self_draft
+from specdec.drafters import draft_model, heads, lookahead, ngram, retrieval, self_draft
 from specdec.drafters.base import Drafter
-from specdec.drafters.draft_options import check_draft_spec
-from specdec.drafters.spec import DrafterSpec
+from specdec.drafters.draft_options import DraftModelOptions, DraftOptions
+from specdec.drafters.eagle import TreeOptions
+from specdec.drafters.spec import DrafterSpec, NoOptions, option_types
 from specdec.errors import InvalidParameterError
 
 Builder = Callable[[DrafterSpec, object, str, str], Drafter]  # (spec, target LoadedModel, device, dtype)
-DRAFT_MODEL_OPTIONS = {"confidence": float, "vocab": int, "context": int}
-TREE_OPTIONS = {"depth": int, "topk": int, "budget": int}
 
 
 @dataclass(frozen=True)
@@ -31,10 +30,12 @@ class DrafterKind:
     summary: str  # what drafts, in a few words
     build: Builder
     needs_argument: bool = False
-    options: Mapping[str, type] = field(default_factory=dict)  # the keys it takes after '@', and their types
+    # the options it takes after '@': a frozen dataclass (its fields are the keys, their types what the text
+    # converts to, its __post_init__ the range checks), built once by parse_spec
+    options: type = NoOptions
     bare_option: str | None = None  # a value given without a key is this option's (draft:M@0.4: a confidence)
-    # InvalidParameterError for a DrafterSpec's values out of range, so that a command refuses them before it
-    # loads anything (the builder checks them again)
+    # InvalidParameterError for a spec's argument that cannot be right, so that a command refuses it before
+    # it loads anything
     check: Callable[[DrafterSpec], None] = lambda spec: None
     # A spec the test suite runs on a tiny random target ({target}: that target's directory), or None where
     # the kind needs files a test cannot make in passing (then its own tests cover it).
@@ -44,27 +45,23 @@ class DrafterKind:
 KINDS = [
     DrafterKind("ngram", "ngram[:MAX_N][@memory=TOKENS]", "lookup of the context's last tokens in prompt + "
                 "output (memory: and in earlier generations' outputs)", ngram.build,
-                options={"memory": int}, check=ngram.check, test_spec="ngram"),
+                options=ngram.NgramOptions, check=ngram.check, test_spec="ngram"),
     DrafterKind("draft", "draft:MODEL[@confidence=C,vocab=N,context=N,weights=FORMAT]",
                 "a smaller model (another tokenizer's drafts go through text)",
                 draft_model.build, needs_argument=True, test_spec="draft:{target}",
-                options={**DRAFT_MODEL_OPTIONS, "weights": str}, bare_option="confidence",
-                check=check_draft_spec),
+                options=DraftModelOptions, bare_option="confidence"),
     DrafterKind("quant", "quant:int8|int4[:GROUP]|int7[:GROUP]|gguf[@confidence=C,vocab=N,context=N]",
                 "the target itself, quantized", self_draft.build_quantized,
-                needs_argument=True, test_spec="quant:int8", options=DRAFT_MODEL_OPTIONS, bare_option="confidence",
+                needs_argument=True, test_spec="quant:int8", options=DraftOptions, bare_option="confidence",
                 check=self_draft.check_quant_spec),
     DrafterKind("layerskip", "layerskip[:SUBSET]", "the target running a subset of its layers",
                 self_draft.build_layer_skip, test_spec="layerskip:first:1"),
     DrafterKind("eagle", "eagle[:HEAD_DIR][@depth=D,topk=W,budget=N]", "an EAGLE head, dynamic trees",
-                heads.build_eagle, options=TREE_OPTIONS,
-                check=eagle.check_tree_options),
+                heads.build_eagle, options=TreeOptions),
     DrafterKind("medusa", "medusa[:HEAD_DIR][@budget=N]", "Medusa heads, a static tree",
-                heads.build_medusa, options={"budget": int},
-                check=eagle.check_tree_options),
+                heads.build_medusa, options=heads.MedusaOptions),
     DrafterKind("retrieval", "retrieval:DATASTORE_DIR[@budget=N,depth=D]", "continuations found in a datastore",
-                retrieval.build, needs_argument=True, options={"budget": int, "depth": int},
-                check=eagle.check_tree_options),
+                retrieval.build, needs_argument=True, options=retrieval.RetrievalOptions),
     DrafterKind("lookahead", "lookahead[:W,N,G]", "Jacobi iterations riding along in the verify forward",
                 lookahead.build, test_spec="lookahead:4,3,4"),
 ]
@@ -86,22 +83,26 @@ def parse_spec(text: str) -> DrafterSpec:
     kind = REGISTRY.get(kind_name)
     if kind is None or (kind.needs_argument and not argument):
         raise InvalidParameterError(f"unknown drafter {text!r} (choose from: {specs_help()})")
+    types = option_types(kind.options)
     options: dict[str, int | float | str] = {}
     for item in filter(None, option_text.split(",")):
         key, equals, value = item.partition("=")
         if not equals and kind.bare_option is not None:
             key, value = kind.bare_option, item
-        if key not in kind.options or not value:
-            known = ", ".join(f"{option}=..." for option in kind.options) or "none"
+        if key not in types or not value:
+            known = ", ".join(f"{option}=..." for option in types) or "none"
             raise InvalidParameterError(f"{kind_name} drafter: unknown option {item!r} (options: {known})")
         try:
-            options[key] = kind.options[key](value)
+            options[key] = types[key](value)
         except ValueError:
             raise InvalidParameterError(f"{kind_name} drafter: {key}={value!r} is not "
-                                        f"{'a whole number' if kind.options[key] is int else 'a number'}") from None
+                                        f"{'a whole number' if types[key] is int else 'a number'}") from None
     if at and not option_text:
         raise InvalidParameterError(f"drafter {text!r}: nothing after '@'")
-    spec = DrafterSpec(kind_name, argument, options, text)
+    try:
+        spec = DrafterSpec(kind_name, argument, kind.options(**options), text)
+    except InvalidParameterError as error:
+        raise InvalidParameterError(f"{kind_name} drafter: {error}") from None
     kind.check(spec)
     return spec
 

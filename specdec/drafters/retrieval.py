@@ -10,6 +10,7 @@ sampling. No model runs: the cost is a few binary searches; memory is the memory
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from specdec.heads.datastore import Datastore
@@ -56,11 +57,22 @@ class RetrievalDrafter(Drafter):
         pass
 
 
+@dataclass(frozen=True)
+class RetrievalOptions:
+    """retrieval:DATASTORE_DIR@budget=N,depth=D: the tree's nodes a round, and how deep it reaches."""
+
+    budget: int = 16
+    depth: int = 8
+
+    def __post_init__(self):
+        from specdec.drafters.eagle import TreeShape, tree_with
+
+        tree_with(TreeShape(), depth=self.depth, budget=self.budget)  # the ranges
+
+
 def build(spec, target, device: str, dtype: str) -> RetrievalDrafter:
     """`retrieval:DATASTORE_DIR[@budget=N,depth=D]` (a spec.DrafterSpec)."""
-    from specdec.drafters.eagle import TreeShape, tree_shape
-
-    location = spec.argument
-    shape = tree_shape(spec.options, TreeShape(depth=8, budget=16))
+    location, options = spec.argument, spec.options
     store = Datastore.open(location, target.tokenizer)
-    return RetrievalDrafter(store, f"retrieval:{location.rstrip('/').rsplit('/', 1)[-1]}", shape.budget, shape.depth)
+    return RetrievalDrafter(store, f"retrieval:{location.rstrip('/').rsplit('/', 1)[-1]}", options.budget,
+                            options.depth)

@@ -16,7 +16,7 @@ import dataclasses
 from torch import nn
 
 from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.drafters.draft_options import DraftOptions, draft_options, with_head_vocab
+from specdec.drafters.draft_options import DraftOptions, with_head_vocab
 from specdec.errors import InvalidParameterError
 from specdec.kernels import FLOAT_PANEL_DTYPES
 from specdec.models.sources.loading import LoadedModel
@@ -144,12 +144,11 @@ def check_quant_spec(spec) -> None:
         raise InvalidParameterError(f"quant drafter: {error}") from None
     if kind == "float32":
         raise InvalidParameterError(QUANT_FLOAT32)
-    draft_options(spec.options, "quant")
 
 
 def build_quantized(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
     """`quant:FORMAT[@options]` (a spec.DrafterSpec)."""
-    return quantized_self_draft(target, spec.argument, draft_options(spec.options, "quant"), spec.text)
+    return quantized_self_draft(target, spec.argument, spec.options, spec.text)
 
 
 def build_layer_skip(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
