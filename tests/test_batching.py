@@ -9,6 +9,7 @@ from specdec.api.generator import SpeculativeGenerator
 from specdec.kernels import packed_kernel
 from specdec.models.base import ForwardRequest, positions_after, tree_attention_mask
 from specdec.models.sources.loading import load_model
+from specdec.engine import run_alone
 from tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="batched passes run on the CPU kernels")
@@ -237,7 +238,7 @@ def test_the_server_and_the_batch_runner_stream_what_each_request_streams_alone(
         return ("".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids],
                 [(e.token, e.logprob, e.top) for e in entries])
 
-    alone = [joined(list(generator.start(request).chunks())) for request in requests]
+    alone = [joined(list(run_alone(generator.start(request)))) for request in requests]
 
     runner, streamed, done = BatchRunner(generator), {i: [] for i in range(4)}, set()
     for index, request in enumerate(requests):

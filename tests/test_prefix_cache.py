@@ -7,7 +7,7 @@ import torch
 import specdec.models.llama as llama
 from specdec.core.commit import StopCriteria
 from specdec.drafters.ngram import NgramDrafter
-from specdec.engine import SpeculativeEngine
+from specdec.engine import SpeculativeEngine, run_alone
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model
@@ -120,8 +120,7 @@ def generate(model, prompt: list[int], max_new: int = 24, chunk: int | None = No
     first = generation.prepare_round()
     out = model.forward(first.request.tokens, first.request.positions, first.request.cache, first.request.attn_mask)
     generation.finish_round(first, out, 0.0)
-    while not generation.finished:
-        generation.round()
+    list(run_alone(generation))
     return generation.committer.token_ids, out.logits, steps, generation
 
 

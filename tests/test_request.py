@@ -10,6 +10,7 @@ from specdec.core.sampling import SamplingParams
 from specdec.core.speculation_length import KSetting
 from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import InvalidParameterError
+from specdec.engine import run_alone
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -61,7 +62,7 @@ def test_run_start_and_the_keyword_methods_agree(tiny_dirs):
     assert generator.run(request).token_ids == expected
     assert generator.run(request.replace(speculative=False)).token_ids == expected  # plain decoding, same text
     assert generator.run(request.replace(k=2)).stats.drafter == generator.engine.drafter_name
-    streamed = [token for chunk in generator.start(request).chunks() for token in chunk.token_ids]
+    streamed = [token for chunk in run_alone(generator.start(request)) for token in chunk.token_ids]
     assert streamed == expected
     ids = generator.prompt_ids(request)
     assert generator.run(GenerationRequest(ids, 20)).token_ids == expected  # token ids as the prompt

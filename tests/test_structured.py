@@ -20,7 +20,7 @@ from specdec.core.sampling import SamplingParams, processed_probs
 from specdec.core.speculation_length import FixedK
 from specdec.drafters import REGISTRY, make_drafter
 from specdec.drafters.draft_model import DraftModelDrafter
-from specdec.engine import SpeculativeEngine
+from specdec.engine import SpeculativeEngine, run_alone
 from specdec.errors import InvalidParameterError
 from stats_checks import assert_distribution
 
@@ -92,7 +92,7 @@ def toy_counts(acceptance: str, params: SamplingParams, draws: int, mask_rows: b
     for seed in range(draws):
         generation = engine.start(PROMPT, params, StopCriteria(NEW_TOKENS), MockTokenizer(), seed,
                                   ToyConstraint(mask_rows))
-        for _ in generation.chunks():
+        for _ in run_alone(generation):
             pass
         ids = generation.result().token_ids
         counts[ids[0] * 16 + ids[1] * 4 + ids[2]] += 1
@@ -121,7 +121,7 @@ def test_forced_tokens_are_drafted_and_every_greedy_token_is_allowed():
     for seed in range(20):
         generation = SpeculativeEngine(target, drafter, FixedK(3)).start(
             PROMPT, SamplingParams(temperature=1.0), StopCriteria(12), MockTokenizer(), seed, ToyConstraint())
-        list(generation.chunks())
+        list(run_alone(generation))
         ids = generation.result().token_ids
         assert all(token in allowed_after(tuple(ids[:i])) for i, token in enumerate(ids))
 

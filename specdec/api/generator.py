@@ -23,7 +23,7 @@ from specdec.core.rounds import GenerationResult, StreamChunk
 from specdec.core.speculation_length import FixedK, KSetting, SourceLengths, SpeculationLength
 from specdec.core.verify import Acceptance
 from specdec.drafters import Drafter, draft_model_of, make_drafter
-from specdec.engine import Generation, SpeculativeEngine
+from specdec.engine import Generation, SpeculativeEngine, run_alone
 from specdec.errors import InvalidParameterError, SpecdecError
 from specdec.models.sources import zoo
 from specdec.models.sources.gguf_source import gguf_source
@@ -139,13 +139,13 @@ class SpeculativeGenerator:
             while not generation.prefilled:
                 generation.prefill_step(PREFILL_CHUNK)
                 on_prefill(generation.cache.length, total)
-        for chunk in generation.chunks():
+        for chunk in run_alone(generation):
             if on_chunk is not None:
                 on_chunk(chunk)
         return generation.result()
 
     def start(self, request: GenerationRequest, interleaved: bool = False) -> Generation:
-        """The request's generation, to drive (`chunks()`, or `prefill_step` and rounds by a batch runner):
+        """The request's generation, to drive (`run_alone`, or `prefill_step` and rounds by a batch runner):
         its cache allocated, nothing computed. It runs on the generator's own engine (one generation at a
         time: its drafter state and K's measurements carry over between calls) unless the request sets K or
         turns speculation off, or it runs `interleaved` with others: then its drafter state is its own."""
@@ -252,7 +252,7 @@ class SpeculativeGenerator:
 
     def stream(self, prompt: Prompt, max_new_tokens: int = 128, **settings: Unpack[RequestKeywords]
                ) -> Iterator[StreamChunk]:
-        return self.start(GenerationRequest.of(prompt, max_new_tokens, **settings)).chunks()
+        return run_alone(self.start(GenerationRequest.of(prompt, max_new_tokens, **settings)))
 
 
 def _check_text(prompt: Prompt) -> None:

@@ -12,15 +12,16 @@ so plain decoding and speculative decoding share this one loop.
     round_steps.py  what a request or drafter adds to every phase (grammar, logprobs, target features)
     prefill.py      the prompt into the target's cache, in chunks
     generation.py   one generation driven round by round
-    batched.py      one round of several generations, their verify forwards one pass
+    batched.py      one round of one or several generations (their verify forwards one pass), and the
+                    driver of a generation alone (run_alone)
     speculative_engine.py  a target and a drafter: generations started from it
 """
 
-from specdec.engine.batched import BatchedRound, run_round_together
+from specdec.engine.batched import BatchedRound, run_alone, run_round_together
 from specdec.engine.generation import Generation
 from specdec.engine.round import Round, with_side_inputs
 from specdec.engine.round_steps import MAX_FORCED
 from specdec.engine.speculative_engine import SpeculativeEngine
 
-__all__ = ["BatchedRound", "Generation", "MAX_FORCED", "Round", "SpeculativeEngine", "run_round_together",
+__all__ = ["BatchedRound", "Generation", "MAX_FORCED", "Round", "SpeculativeEngine", "run_alone", "run_round_together",
            "with_side_inputs"]

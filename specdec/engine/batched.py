@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
 from specdec.core.batch_drafts import PassCost, acceptance_rate, draft_caps
 from specdec.core.commit import CommitOutcome
+from specdec.core.rounds import StreamChunk
 from specdec.engine.generation import Generation
 
 
@@ -43,7 +44,7 @@ def run_round_together(generations: Sequence[Generation], row_budget: int | None
     for hidden_layers, members in groups.items():
         target = generations[members[0]].target
         started = time.perf_counter()
-        outs = target.forward_batch([rounds[i].request for i in members], hidden_layers)
+        outs = verify_forwards(target, [rounds[i].request for i in members], hidden_layers)
         if outs and outs[0].logits.device.type == "cuda":
             torch.cuda.synchronize(outs[0].logits.device)
         ended = time.perf_counter()
@@ -52,3 +53,24 @@ def run_round_together(generations: Sequence[Generation], row_budget: int | None
         for index, out in zip(members, outs):
             outcomes[index] = generations[index].finish_round(rounds[index], out, started, ended)
     return BatchedRound(outcomes, sum(r.request.tokens.shape[1] for r in rounds), [len(r.draft) for r in rounds])
+
+
+def verify_forwards(target, requests: Sequence, hidden_layers: tuple) -> list:
+    """The verify forwards' outputs: one request runs the target's own forward (its fastest path for one
+    sequence: CUDA graphs, the one-request kernels), several one batched pass."""
+    if len(requests) > 1:
+        return target.forward_batch(requests, hidden_layers)
+    request = requests[0]
+    return [target.forward(request.tokens, request.positions, request.cache, request.attn_mask,
+                           hidden_layers=hidden_layers)]
+
+
+def run_alone(generation: Generation) -> Iterator[StreamChunk]:
+    """Drive one generation to its end: prefill, then its rounds (the batch's round, a batch of one), each
+    round's new text as it is committed."""
+    generation.begin()
+    while not generation.finished:
+        chunk = run_round_together([generation]).outcomes[0].stream_chunk()
+        if chunk is not None:
+            yield chunk
+    generation.seconds = time.perf_counter() - generation.started

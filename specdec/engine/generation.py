@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Iterator
-
 import torch
 
 from specdec.core.commit import Committer, CommitOutcome, StopCriteria
 from specdec.core.constraint import Constraint
 from specdec.core.randomness import PositionalNoise, Purpose, random_seed
-from specdec.core.rounds import Draft, GenerationResult, StreamChunk, TokenLogprob
+from specdec.core.rounds import Draft, GenerationResult, TokenLogprob
 from specdec.core.sampling import SamplingParams
 from specdec.core.stats import GenerationStats, RoundStats
 from specdec.core.tree import TokenTree
@@ -21,9 +19,9 @@ from specdec.engine.round_steps import round_steps
 
 
 class Generation:
-    """Driven alone by `chunks()` (prefill, then rounds until finished), or by a batch runner that calls
-    `prefill_step` and runs rounds of several generations together (`run_round_together`: `plan_k`,
-    `prepare_round`, their verify forwards batched, `finish_round`), then `result()`."""
+    """Prefilled (`begin`, or `prefill_step` in chunks), then driven round by round by
+    `run_round_together` (engine/batched.py: `plan_k`, `prepare_round`, the verify forwards, `finish_round`),
+    alone (`run_alone`) or with others (a batch runner), then `result()`."""
 
     def __init__(self, engine, prompt_ids: list[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
                  seed: int | None, prompt_cache=None, constraint: Constraint | None = None,
@@ -54,15 +52,7 @@ class Generation:
         self.prefill_seconds = 0.0
         self.seconds: float | None = None  # wall time, set when the generation ends
 
-    # -- driving it -----------------------------------------------------------------------------
-    def chunks(self) -> Iterator[StreamChunk]:
-        self.begin()
-        while not self.finished:
-            chunk = self.round().stream_chunk()
-            if chunk is not None:
-                yield chunk
-        self.seconds = time.perf_counter() - self.started
-
+    # -- driving it (engine/batched.py: run_alone, or a batch runner) ------------------------------
     @property
     def finished(self) -> bool:
         return self.committer.finish_reason is not None
@@ -78,7 +68,7 @@ class Generation:
 
     # -- prefill ---------------------------------------------------------------------------------
     def begin(self) -> None:
-        """Prefill, for a driver that runs the rounds itself (run_round_together) instead of chunks()."""
+        """Prefill the whole prompt (what is left of it)."""
         while not self.prefilled:
             self.prefill_step()
 
@@ -104,14 +94,6 @@ class Generation:
             step.prefill_output(out)
 
     # -- a round: draft -> verify -> accept -> commit ---------------------------------------------
-    def round(self) -> CommitOutcome:
-        round = self.prepare_round()
-        started = time.perf_counter()
-        request = round.request
-        out = self.target.forward(request.tokens, request.positions, request.cache, request.attn_mask,
-                                  hidden_layers=self.hidden_layers)
-        return self.finish_round(round, out, started)
-
     def plan_k(self) -> int:
         """The K this round asks of the drafter (its speculation length's choice, once per round); 0 without
         a drafter."""

@@ -13,6 +13,7 @@ from specdec.core.sampling import SamplingParams
 from specdec.core.speculation_length import FixedK, SourceLengths, SpeculationLength
 from specdec.core.verify import Acceptance
 from specdec.drafters.base import Drafter
+from specdec.engine.batched import run_alone
 from specdec.engine.generation import Generation
 from specdec.models.base import CausalLM, positions_after
 
@@ -39,14 +40,14 @@ class SpeculativeEngine:
         """`prompt_cache`: a target cache holding exactly prompt_ids[:-1] (`prompt_cache()`), copied instead of
         a prefill when many generations share one prompt (the same keys and values, so the same output)."""
         run = Generation(self, list(prompt_ids), params, criteria, tokenizer, seed, prompt_cache)
-        for chunk in run.chunks():
+        for chunk in run_alone(run):
             if on_chunk is not None:
                 on_chunk(chunk)
         return run.result()
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
                seed: int | None = None) -> Iterator[StreamChunk]:
-        return self.start(prompt_ids, params, criteria, tokenizer, seed).chunks()
+        return run_alone(self.start(prompt_ids, params, criteria, tokenizer, seed))
 
     def prompt_cache(self, prompt_ids: Sequence[int]):
         """The target's cache after a prefill of prompt_ids[:-1], for `generate(..., prompt_cache=)`."""
@@ -60,7 +61,7 @@ class SpeculativeEngine:
     def start(self, prompt_ids: Sequence[int], params: SamplingParams, criteria: StopCriteria, tokenizer,
               seed: int | None = None, constraint: Constraint | None = None,
               logprobs: int | None = None) -> Generation:
-        """A generation to drive round by round (`chunks()`), then `result()`: what a scheduler interleaves.
+        """A generation to drive round by round (`run_alone`, or a batch runner), then `result()`.
         `constraint`: the grammar its output must match (core/constraint.py), in its initial state;
         `logprobs`: record each token's log-probability and this many alternatives' (None: none)."""
         return Generation(self, list(prompt_ids), params, criteria, tokenizer, seed, constraint=constraint,
