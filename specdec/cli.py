@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from specdec.cli_options import (OneLineParser, add_k_option, add_model_options, add_output_options,
+from specdec.cli_options import (OneLineParser, add_k_option, add_model_options, add_output_options, use_threads,
                                  add_sampling_options, add_speculation_options, add_target_option,
                                  generator_options_from_args, read_prompt_argument, request_from_args)
 from specdec.errors import InvalidParameterError, SpecdecError
@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:2] == ["bench", "serve"]:  # `bench` itself takes options only: `bench serve` is its own command
         argv = ["bench-serve", *argv[2:]]
     args = build_parser().parse_args(argv)
+    use_threads(getattr(args, "threads", None) if args.command != "bench-serve" else None)
     try:
         commands = {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models, "bench": cmd_bench,
                     "bench-serve": cmd_bench_serve,

@@ -45,6 +45,22 @@ def k_argument(text: str) -> KSetting:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def threads_argument(text: str) -> int:
+    """--threads' type: a whole number of threads >= 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of threads (a whole number >= 1)")
+    return int(text)
+
+
+def use_threads(threads: int | None) -> None:
+    """Run torch and specdec's kernels (which take torch's thread count) on `threads` threads (None: torch's
+    default, the cores this process may use)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def add_target_option(parser: argparse.ArgumentParser, default: str | None = "default",
                       help_text: str = "zoo name, Hugging Face directory or .gguf file") -> None:
     """--target: the model a command runs ("default": the zoo's default model; None: no default)."""
@@ -63,6 +79,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--weights", default="auto", help=WEIGHTS_HELP)
     group.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help=NO_CUDA_GRAPHS_HELP)
     group.add_argument("--kv-dtype", default="auto", help=KV_DTYPE_HELP)
+    group.add_argument("--threads", type=threads_argument, default=None,
+                       help="CPU threads for the model's kernels (default: the cores this process may use; "
+                            "llama.cpp's -t; bench's llama.cpp peers run with as many)")
 
 
 def add_k_option(parser) -> None:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from specdec.cli import main
 
@@ -25,8 +26,14 @@ def test_generate_json(tiny_dirs, capsys):
 
 
 def test_generate_streams_to_stdout(tiny_dirs, capsys):
-    assert main(["generate", "hello", "--target", str(tiny_dirs["qwen2"]), "--drafter", "ngram", "--k", "3",
-                 "--max-new-tokens", "12", "--no-chat", "--seed", "1", "--temperature", "0.8"]) == 0
+    threads = torch.get_num_threads()
+    try:
+        assert main(["generate", "hello", "--target", str(tiny_dirs["qwen2"]), "--drafter", "ngram", "--k", "3",
+                     "--max-new-tokens", "12", "--no-chat", "--seed", "1", "--temperature", "0.8",
+                     "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1  # what the kernels are given
+    finally:
+        torch.set_num_threads(threads)
     captured = capsys.readouterr()
     assert "tok/s" in captured.err and "drafter ngram" in captured.err
 
@@ -73,6 +80,7 @@ def test_generate_compare_runs_plain_decoding_too(tiny_dirs, capsys):
         (["generate", "hi", "--device", "tpu9"], "device"),
         (["generate", "hi", "--weights", "int3"], "unknown weight format"),
         (["generate", "hi", "--kv-dtype", "int8"], "unknown KV cache dtype"),
+        (["generate", "hi", "--threads", "0"], "not a number of threads"),
         (["generate", "hi", "--weights", "int8", "--backend", "transformers"], "CPU kernel only"),
         (["generate", "hi", "--drafter", "quant:int5"], "unknown weight format"),
         (["generate", "hi", "--weights", "int4:48"], "int4 group size must be a positive multiple of 32"),
