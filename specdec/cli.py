@@ -15,6 +15,7 @@ from specdec.cli_options import (OneLineParser, add_k_option, add_model_options,
                                  add_sampling_options, add_speculation_options, add_target_option,
                                  generator_options_from_args, read_prompt_argument, request_from_args)
 from specdec.errors import InvalidParameterError, SpecdecError
+from specdec.server.reasoning import REASONING_FORMATS
 
 EXIT_USAGE = 2
 
@@ -91,6 +92,9 @@ def add_serve_parser(commands) -> None:
     serve.add_argument("--no-tool-grammar", action="store_true",
                        help="leave tool_choice \"auto\" unconstrained (default: the answer is text or calls in the "
                             "chat template's format whose arguments match their schema)")
+    serve.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
+                       help="a thinking model's <think> block: returned as reasoning_content (auto: where the chat "
+                            "template writes such blocks; deepseek: always) or left in content (none)")
     serve.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger request bodies get HTTP 413")
     serve.add_argument("--max-prompt-tokens", type=int, default=None,
                        help="longer prompts get HTTP 400 (default: up to the model's context)")
@@ -370,7 +374,8 @@ def cmd_serve(args) -> int:
                               max_prompt_tokens=args.max_prompt_tokens,
                               kv_memory_bytes=None if args.kv_memory is None else int(args.kv_memory * 2**20),
                               prefix_cache_bytes=int(args.prefix_cache * 2**20),
-                              prefill_tokens_per_step=args.prefill_chunk, tool_grammar=not args.no_tool_grammar)
+                              prefill_tokens_per_step=args.prefill_chunk, tool_grammar=not args.no_tool_grammar,
+                              reasoning_format=args.reasoning_format)
     if args.replicas:  # Ray's proxy listens instead: the socket only checked that the port is free
         from specdec.server.ray_app import ReplicaSpec, parse_autoscaling, run_replicas
 

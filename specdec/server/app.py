@@ -17,6 +17,7 @@ from specdec.server import routes_completions, routes_infill, routes_info
 from specdec.server.guard import GuardSettings, RequestGuard
 from specdec.server.http_errors import error
 from specdec.server.metrics import ResponseCounter, ServerMetrics
+from specdec.server.reasoning import reasoning_for
 from specdec.server.scheduler import Scheduler
 from specdec.server.state import ServerSettings, ServerState
 
@@ -70,7 +71,8 @@ def server_state_for(generator: SpeculativeGenerator, settings: ServerSettings) 
                           prefill_tokens_per_step=settings.prefill_tokens_per_step)
     metrics = ServerMetrics(lambda: scheduler.queue_length, lambda: scheduler.active_count,
                             lambda: scheduler.kv_bytes_in_use, settings.kv_memory_bytes, kept)
-    return ServerState(generator, settings, scheduler, metrics)
+    reasoning = reasoning_for(generator.target.tokenizer, settings.reasoning_format)
+    return ServerState(generator, settings, scheduler, metrics, reasoning)
 
 
 def add_middleware(app: FastAPI, state: ServerState) -> None:

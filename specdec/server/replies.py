@@ -8,6 +8,7 @@ from typing import Callable
 
 from specdec.core.rounds import GenerationResult, TokenLogprob
 from specdec.server.protocol import new_id, now, usage
+from specdec.server.reasoning import Reasoning, ReasoningStream, split_reasoning
 from specdec.server.tools import CallStream, ToolCall, parse_calls
 
 
@@ -26,15 +27,18 @@ def speculative_stats(result: GenerationResult) -> dict:
 class Reply:
     """Builds the response objects of one request (chat.completion or text_completion), its `n` choices
     included. token_text(id) spells a token for `logprobs`; with `tools` a chat answer's tool calls are
-    read back into `tool_calls` (finish_reason "tool_calls")."""
+    read back into `tool_calls` (finish_reason "tool_calls"); with `reasoning` a chat answer's <think> block
+    goes to `reasoning_content` (server/reasoning.py)."""
 
     def __init__(self, chat: bool, model: str, include_usage: bool, token_text: Callable[[int], str],
-                 tools: bool = False, choices: int = 1):
+                 tools: bool = False, choices: int = 1, reasoning: Reasoning | None = None):
         self.chat, self.model, self.include_usage, self.tools = chat, model, include_usage, tools
         self.token_text = token_text
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = now()
+        self.reasoning = reasoning if chat else None
         self.streams = [CallStream() for _ in range(choices)] if tools else []
+        self.thoughts = [ReasoningStream(reasoning) for _ in range(choices)] if self.reasoning else []
         self.text_offsets = [0] * choices  # completions' logprobs: where each token's text starts
 
     def _envelope(self, obj: str, choices: list) -> dict:
@@ -57,8 +61,11 @@ class Reply:
         logprobs = None if result.logprobs is None else self.logprobs(result.logprobs, index)
         if not self.chat:
             return {"index": index, "text": result.text, "finish_reason": result.finish_reason, "logprobs": logprobs}
-        content, calls = parse_calls(result.text) if self.tools else (result.text, [])
+        thought, text = split_reasoning(result.text, self.reasoning) if self.reasoning else (None, result.text)
+        content, calls = parse_calls(text) if self.tools else (text, [])
         message = {"role": "assistant", "content": content}
+        if thought is not None:
+            message["reasoning_content"] = thought
         if calls:
             message["tool_calls"] = [call.to_openai() for call in calls]
         return {"index": index, "message": message, "logprobs": logprobs,
@@ -72,14 +79,27 @@ class Reply:
         return self._chunk(index, text="")
 
     def delta(self, index: int, text: str, logprobs: list[TokenLogprob] | None) -> list[dict]:
-        """The chunks for new text of choice `index` (none where it is held: a tool call being written)."""
-        chunks = []
+        """The chunks for new text of choice `index` (none where it is held: a tool call being written, a
+        tag cut in two)."""
         entries = None if logprobs is None else self.logprobs(logprobs, index)
         if not self.chat:
             return [self._chunk(index, text=text, logprobs=entries)] if text or entries else []
+        thought = ""
+        if self.thoughts:
+            thought, text = self.thoughts[index].feed(text)
+        return self._chat_chunks(index, thought, text, entries)
+
+    def _chat_chunks(self, index: int, thought: str, text: str, entries: dict | None, last: bool = False
+                     ) -> list[dict]:
+        """Reasoning, then content, then the tool calls completed (`last`: the held text too)."""
+        chunks: list[dict] = []
+        if thought:
+            chunks.append(self._chunk(index, {"reasoning_content": thought}, logprobs=entries))
+            entries = None
         calls: list[ToolCall] = []
         if self.streams:
             text, calls = self.streams[index].feed(text)
+            text += self.streams[index].finish() if last else ""
         if text or entries:
             chunks.append(self._chunk(index, {"content": text}, logprobs=entries))
         chunks += [self._chunk(index, {"tool_calls": [call.to_openai(self.streams[index].calls - len(calls) + n)]})
@@ -88,12 +108,11 @@ class Reply:
 
     def closing(self, index: int, result: GenerationResult) -> list[dict]:
         """A choice's last chunks: held text, then its finish_reason (with the speculation figures)."""
-        chunks, reason = [], result.finish_reason
-        if self.streams:
-            rest = self.streams[index].finish()
-            if rest:
-                chunks.append(self._chunk(index, {"content": rest}))
-            reason = "tool_calls" if self.streams[index].calls else reason
+        chunks = []
+        if self.chat:
+            thought, rest = self.thoughts[index].finish() if self.thoughts else ("", "")
+            chunks = self._chat_chunks(index, thought, rest, None, last=True)
+        reason = "tool_calls" if self.streams and self.streams[index].calls else result.finish_reason
         last = self._chunk(index, {} if self.chat else None, text="" if not self.chat else None,
                            finish_reason=reason)
         last["specdec"] = speculative_stats(result)

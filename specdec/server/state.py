@@ -8,6 +8,7 @@ from fastapi import Request
 
 from specdec.api.generator import SpeculativeGenerator
 from specdec.server.metrics import ServerMetrics
+from specdec.server.reasoning import Reasoning
 from specdec.server.scheduler import PREFILL_TOKENS_PER_STEP, Scheduler
 
 
@@ -26,6 +27,9 @@ class ServerSettings:
     prefix_cache_bytes: int = 512 << 20  # prompts' keys and values kept for later prompts; 0: off
     prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP  # prompt tokens prefilled per step
     tool_grammar: bool = True  # tool_choice "auto" constrained to text or well-formed calls (--no-tool-grammar: off)
+    # a thinking model's <think> block as reasoning_content: "auto" (where its chat template writes one),
+    # "deepseek" (always), "none" (left in content)
+    reasoning_format: str = "auto"
 
 
 @dataclass
@@ -34,6 +38,7 @@ class ServerState:
     settings: ServerSettings
     scheduler: Scheduler
     metrics: ServerMetrics
+    reasoning: Reasoning | None = None  # how chat answers are split (reasoning_for)
 
     def token_text(self, token: int) -> str:
         """How a token is spelled in `logprobs`."""

@@ -1,0 +1,73 @@
+"""A thinking model's <think> block returned as `reasoning_content`: the split itself (whole and streamed in
+any cut), and the server's chat replies read by the openai client, whole and streamed."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.server.reasoning import Reasoning, ReasoningStream, reasoning_for, split_reasoning
+from test_server import MESSAGES, RunningServer
+
+CLOSED, OPEN_IN_PROMPT = Reasoning(), Reasoning(starts_open=True)
+
+
+@pytest.mark.parametrize("text,reasoning,expected", [
+    ("<think>\nLet me see.\n</think>\n\nThe answer.", CLOSED, ("Let me see.", "The answer.")),
+    ("  <think> a  b </think>  c d ", CLOSED, ("a  b", "c d ")),
+    ("no block here", CLOSED, (None, "no block here")),
+    ("x <think>y</think>", CLOSED, (None, "x <think>y</think>")),  # a block only opens the answer
+    ("<think>never closed", CLOSED, ("never closed", "")),
+    ("<thin", CLOSED, (None, "<thin")),
+    ("still thinking</think>answer", OPEN_IN_PROMPT, ("still thinking", "answer")),
+    ("", OPEN_IN_PROMPT, ("", "")),
+])
+def test_split_whole_and_streamed_in_every_cut(text, reasoning, expected):
+    assert split_reasoning(text, reasoning) == expected
+    for first in range(len(text) + 1):
+        for second in range(first, len(text) + 1):
+            stream = ReasoningStream(reasoning)
+            parts = [stream.feed(text[:first]), stream.feed(text[first:second]), stream.feed(text[second:]),
+                     stream.finish()]
+            assert ("".join(p[0] for p in parts), "".join(p[1] for p in parts)) == (expected[0] or "", expected[1])
+
+
+class Template:
+    def __init__(self, template: str, rendered: str):
+        self.chat_template, self.rendered = template, rendered
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        return self.rendered
+
+
+def test_the_format_follows_the_chat_template():
+    qwen3 = Template("...{{ '<think>' }}...", "<|im_start|>assistant\n")
+    r1 = Template("...<think>...", "<｜Assistant｜><think>\n")
+    plain = Template("{{ messages }}", "assistant:")
+    assert reasoning_for(qwen3, "auto") == Reasoning(starts_open=False)
+    assert reasoning_for(r1, "auto") == Reasoning(starts_open=True)
+    assert reasoning_for(plain, "auto") is None and reasoning_for(qwen3, "none") is None
+    assert reasoning_for(plain, "deepseek") == Reasoning(starts_open=False)
+
+
+THINKING = 'root ::= "<think>" [a-z]{1,12} "</think>" [a-z]{1,12}'  # the tiny model writes what a thinker would
+
+
+def test_served_reasoning_content_whole_and_streamed(tiny_generator):
+    server = RunningServer(tiny_generator, reasoning_format="deepseek")
+    try:
+        settings = dict(model="tiny", messages=MESSAGES, max_tokens=60, temperature=0.9, seed=5,
+                        extra_body={"grammar": THINKING})
+        whole = server.client.chat.completions.create(**settings).choices[0].message
+        assert whole.reasoning_content and whole.content and "<think>" not in whole.content + whole.reasoning_content
+        thought, answer = [], []
+        for chunk in server.client.chat.completions.create(**settings, stream=True):
+            if chunk.choices:
+                delta = chunk.choices[0].delta
+                thought.append(getattr(delta, "reasoning_content", None) or "")
+                answer.append(delta.content or "")
+        assert ("".join(thought), "".join(answer)) == (whole.reasoning_content, whole.content)
+        # an answer without a block has no reasoning_content
+        plain = server.client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8).choices[0]
+        assert getattr(plain.message, "reasoning_content", None) is None and plain.message.content
+    finally:
+        server.stop()
