@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from specdec.api.generator import SpeculativeGenerator
@@ -87,3 +89,12 @@ def test_every_front_end_builds_sampling_one_way_from_its_fields():
     assert infill.sampling() == SamplingParams(0.2, 0, 1.0, 0.0, 1.3)
     with pytest.raises(InvalidParameterError):
         SamplingParams.of(argparse.Namespace(temperature=-1.0))
+    # the keyword methods: every sampling knob is a request keyword, read the same way
+    from specdec.api.request import RequestKeywords
+
+    assert {f.name for f in dataclasses.fields(SamplingParams)} <= set(RequestKeywords.__annotations__)
+    request = GenerationRequest.of("a", 8, temperature=0.7, top_k=3, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
+                                   stop="x", seed=4)
+    assert request.sampling == SamplingParams(0.7, 3, 0.9, 0.05, 1.1) and request.stop == ("x",)
+    with pytest.raises(TypeError, match="temprature"):
+        GenerationRequest.of("a", 8, temprature=0.7)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Sequence, TypedDict
+from types import SimpleNamespace
+from typing import Sequence, TypedDict, Unpack
 
 from specdec.api.structured import GrammarSpec
 from specdec.core.sampling import SamplingParams, check_seed
@@ -96,11 +97,13 @@ class GenerationRequest:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def of(cls, prompt, max_new_tokens: int = 128, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-           min_p: float = 0.0, repetition_penalty: float = 1.0, stop: Sequence[str] | str | None = None,
-           seed: int | None = None, chat: bool | None = None, grammar: GrammarSpec | None = None
-           ) -> "GenerationRequest":
-        """The request the generator's keyword methods (generate, stream, generate_batch) describe."""
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                  repetition_penalty=repetition_penalty)
-        return cls(prompt, max_new_tokens, sampling, () if stop is None else stop, seed, chat, grammar=grammar)
+    def of(cls, prompt, max_new_tokens: int = 128, **settings: Unpack[RequestKeywords]) -> "GenerationRequest":
+        """The request the generator's keyword methods (generate, stream, generate_batch) describe: the
+        sampling knobs (SamplingParams' fields) become its SamplingParams."""
+        unknown = sorted(set(settings) - set(RequestKeywords.__annotations__))
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r} (request settings: "
+                            f"{', '.join(RequestKeywords.__annotations__)})")
+        stop = settings.get("stop")
+        return cls(prompt, max_new_tokens, SamplingParams.of(SimpleNamespace(**settings)), () if stop is None else stop,
+                   settings.get("seed"), settings.get("chat"), grammar=settings.get("grammar"))
