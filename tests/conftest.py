@@ -36,10 +36,21 @@ def device(request) -> str:
 REAL_SPECDEC_HOME = Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec")
 
 
+@pytest.fixture(scope="session")
+def built_kernels(tmp_path_factory) -> Path:
+    """One directory of compiled kernel libraries for the whole run: a library is named by its sources and
+    flags, so sharing it changes nothing but the time a command run as a subprocess would spend compiling."""
+    return tmp_path_factory.mktemp("kernels")
+
+
 @pytest.fixture(autouse=True)
-def isolated_specdec_home(tmp_path, monkeypatch):
-    """Every test gets its own empty model cache, so nothing a test pulls or converts leaks out."""
-    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "specdec_home"))
+def isolated_specdec_home(tmp_path, monkeypatch, built_kernels):
+    """Every test gets its own empty model cache, so nothing a test pulls or converts leaks out (the
+    compiled kernels excepted: see built_kernels)."""
+    home = tmp_path / "specdec_home"
+    home.mkdir()
+    (home / "kernels").symlink_to(built_kernels, target_is_directory=True)
+    monkeypatch.setenv("SPECDEC_HOME", str(home))
 
 
 @pytest.fixture(scope="session")

@@ -504,7 +504,7 @@ def test_graceful_shutdown_finishes_in_flight_requests(tiny_generator):
 
 def test_specdec_serve_answers_and_exits_cleanly_on_sigterm(tiny_dirs, tmp_path):  # on a two-byte KV cache
     port = bind_socket("127.0.0.1", 0).getsockname()[1]  # a free port (closed again when collected)
-    env = {**os.environ, "SPECDEC_HOME": str(tmp_path / "home")}
+    env = dict(os.environ)  # its own SPECDEC_HOME (conftest), the compiled kernels shared
     process = subprocess.Popen(
         [sys.executable, "-m", "specdec.cli", "serve", "--target", str(tiny_dirs["llama"]), "--port", str(port),
          "--drafter", "ngram", "--model-name", "tiny", "--kv-dtype", "float16"], stderr=subprocess.PIPE, text=True,
