@@ -91,14 +91,24 @@ def test_generate_compare_runs_plain_decoding_too(tiny_dirs, capsys):
         (["pull", "no-such-model"], "unknown zoo model"),
     ],
 )
-def test_bad_input_one_line_error(tiny_dirs, args, message):
+def test_bad_input_one_line_error(tiny_dirs, args, message, capsys):
+    """In this process (what a subprocess adds is checked once below): exit code 2, one line on stderr."""
     if "--target" not in args and args[0] in ("generate", "serve"):
         args = [*args, "--target", str(tiny_dirs["llama"])]
-    result = run_cli(*args)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("specdec: error:") and message in lines[0], result.stderr
-    assert "Traceback" not in result.stderr
+    try:
+        code = main(args)
+    except SystemExit as exit:  # argparse's refusals
+        code = exit.code
+    stderr = capsys.readouterr().err
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specdec: error:") and message in lines[0], stderr
+
+
+def test_bad_input_from_a_shell_is_one_line_and_no_traceback(tiny_dirs):
+    result = run_cli("generate", "bad \udcff bytes", "--no-chat", "--target", str(tiny_dirs["llama"]))
+    assert result.returncode == 2 and "not valid Unicode" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_grammar_files_valid_and_hostile(tiny_dirs, tmp_path, capsys):
