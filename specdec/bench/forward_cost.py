@@ -93,10 +93,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--interleave", action="store_true",
                         help="load a model's runtimes together and time them in turns (ratios between runtimes "
                         "then hold on a machine whose speed drifts; needs the memory of all of them at once)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, the cores)")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     sizes = tuple(int(n) for n in args.sizes.split(","))
-    print(f"forward over T new tokens at a {args.context}-token context, {args.device}, {args.dtype}: "
-          "median ms (ratio to T=1)\n")
+    print(f"forward over T new tokens at a {args.context}-token context, {args.device}, {args.dtype}, "
+          f"{torch.get_num_threads()} threads: median ms (ratio to T=1)\n")
     print("| model | runtime | " + " | ".join(f"T={n}" for n in sizes) + " |")
     print("|---|---|" + "---|" * len(sizes))
     runtimes = args.runtimes.split(",")
