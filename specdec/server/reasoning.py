@@ -40,7 +40,7 @@ def _generation_prompt_opens(tokenizer) -> bool:
     try:
         text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
                                              tokenize=False)
-    except Exception:  # a template that cannot render a bare user turn: assume the model opens the block
+    except Exception:  # a template that cannot render a bare user turn: the answer opens its own block
         return False
     return isinstance(text, str) and text.rstrip().endswith(OPEN)
 
