@@ -154,7 +154,7 @@ def add_bench_serve_parser(commands) -> None:
                                   "question.jsonl: --tasks code works without it)")
     bench_serve.add_argument("--peers", default="", help="llamacpp: llama.cpp's llama-server on the target's GGUF "
                              "file (from $SPECDEC_LLAMA_CPP or PATH)")
-    bench_serve.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's threads")
+    bench_serve.add_argument("--threads", dest="server_threads", type=int, default=os.cpu_count() or 1, help="llama-server's threads")
     bench_serve.add_argument("--slot-context", type=int, default=2048, help="llama-server's context per slot")
     bench_serve.add_argument("--json", dest="json_out", default=None, help="write the reports to this JSON file")
 
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:2] == ["bench", "serve"]:  # `bench` itself takes options only: `bench serve` is its own command
         argv = ["bench-serve", *argv[2:]]
     args = build_parser().parse_args(argv)
-    use_threads(getattr(args, "threads", None) if args.command != "bench-serve" else None)
+    use_threads(getattr(args, "threads", None))
     try:
         commands = {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models, "bench": cmd_bench,
                     "bench-serve": cmd_bench_serve,

@@ -507,7 +507,8 @@ def test_specdec_serve_answers_and_exits_cleanly_on_sigterm(tiny_dirs, tmp_path)
     env = dict(os.environ)  # its own SPECDEC_HOME (conftest), the compiled kernels shared
     process = subprocess.Popen(
         [sys.executable, "-m", "specdec.cli", "serve", "--target", str(tiny_dirs["llama"]), "--port", str(port),
-         "--drafter", "ngram", "--model-name", "tiny", "--kv-dtype", "float16"], stderr=subprocess.PIPE, text=True,
+         "--drafter", "ngram", "--model-name", "tiny", "--kv-dtype", "float16", "--threads", "1",
+         "--reasoning-format", "deepseek"], stderr=subprocess.PIPE, text=True,
         env=env)
     try:
         line = process.stderr.readline()

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     """python -m specdec.bench.forward_cost MODEL...: markdown table, packed kernel vs stock torch vs transformers."""
     import argparse
 
+    from specdec.cli_options import threads_argument, use_threads
     from specdec.models.sources.loading import load_model
 
     parser = argparse.ArgumentParser(description=__doc__)
@@ -93,10 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--interleave", action="store_true",
                         help="load a model's runtimes together and time them in turns (ratios between runtimes "
                         "then hold on a machine whose speed drifts; needs the memory of all of them at once)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's, the cores)")
+    parser.add_argument("--threads", type=threads_argument, default=None,
+                        help="CPU threads (default: torch's, the cores)")
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     sizes = tuple(int(n) for n in args.sizes.split(","))
     print(f"forward over T new tokens at a {args.context}-token context, {args.device}, {args.dtype}, "
           f"{torch.get_num_threads()} threads: median ms (ratio to T=1)\n")

@@ -133,7 +133,7 @@ def run_serve_bench(args) -> int:
         clients = [int(c) for c in args.clients.split(",") if c.strip()]
     except ValueError:
         clients = []
-    if not clients or min(clients) < 1 or args.max_tokens < 1 or args.threads < 1 or args.slot_context < 1:
+    if not clients or min(clients) < 1 or args.max_tokens < 1 or args.server_threads < 1 or args.slot_context < 1:
         raise InvalidParameterError("--clients takes positive counts, e.g. 1,64; --max-tokens, --threads and "
                                     "--slot-context must be >= 1")
     tasks = tuple(t for t in args.tasks.split(",") if t)
@@ -143,7 +143,7 @@ def run_serve_bench(args) -> int:
         raise InvalidParameterError(f"unknown serve peers {peers}: the one known is llamacpp")
     servers = [ours(args.target, args.server_args, free_port())] if args.ours and not args.url else []
     if "llamacpp" in peers:  # checked before anything starts: the program and the GGUF file exist
-        servers.append(llama_server(args.target, max(clients), args.threads, args.slot_context, free_port()))
+        servers.append(llama_server(args.target, max(clients), args.server_threads, args.slot_context, free_port()))
     progress = (lambda text: print(f"specdec: {text}", file=sys.stderr))
     rows: list[ServeBenchRow] = []
     if args.url:

@@ -8,8 +8,8 @@ Order, as in transformers: repetition penalty, temperature, top-k, top-p, min-p.
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Sequence
 

@@ -8,5 +8,5 @@ from specdec.drafters.registry import (REGISTRY, DrafterChoice, DrafterSpec, dra
                                        specs_help)
 from specdec.core.rounds import Draft, VerifyResult
 
-__all__ = ["Draft", "DraftModelOptions", "DraftOptions", "Drafter", "DrafterChoice", "DrafterSpec", "REGISTRY", "VerifyResult", "make_drafter",
-           "draft_model_of", "parse_spec", "specs_help"]
+__all__ = ["Draft", "DraftModelOptions", "DraftOptions", "Drafter", "DrafterChoice", "DrafterSpec", "REGISTRY",
+           "VerifyResult", "make_drafter", "draft_model_of", "parse_spec", "specs_help"]

@@ -43,7 +43,6 @@ RATE_DECAY = 0.8  # weight of the past in each source's rate
 RETRY_EVERY = 8  # a source passed over is tried again after this many of its proposals were passed over
 
 
-
 class LookupSource:
     """What a combined drafter asks of a source beyond the Drafter interface, declared by the sources that
     are lookups (n-gram): proposing costs next to nothing, so it is asked every round, and its proposal says
@@ -52,6 +51,7 @@ class LookupSource:
 
     def proposal_is_verbatim(self) -> bool:
         return False
+
 
 class CombinedDrafter(Drafter):
     drafts_per_source = True
