@@ -11,7 +11,7 @@ form first, which changes no value.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -138,6 +138,8 @@ def unpack_sixbits(packed: torch.Tensor, rows: torch.Tensor, in_features: int) -
 
 
 # -- a model's layers from a GGUF file ------------------------------------------------------------------
+# Rows of a vocabulary-sized matrix decoded and packed at once (GgufMatrices._large_matrix); a multiple of 8.
+ROWS_AT_ONCE = 8192
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",), "gate_up_proj": ("gate_proj", "up_proj"),
           "down_proj": ("down_proj",)}
 
@@ -177,11 +179,16 @@ class GgufMatrices:
         """Whether the LM head is the token embeddings (no output matrix of its own)."""
         return "lm_head.weight" not in self.tensors
 
-    def _blocks(self, name: str) -> BlockWeights:
+    def _blocks(self, name: str, first: int = 0, stop: int | None = None) -> BlockWeights:
+        """Rows first..stop of a block matrix (all of them by default), decoded."""
         from specdec.models.sources.gguf_convert import unpermute_llama_qk
 
         tensor, permute = self.tensors[name]
         cols, rows = int(tensor.shape[0]), int(tensor.shape[1])
+        if (first, stop) != (0, None):
+            assert not permute, "llama's q/k rows are reordered over the whole matrix"
+            stop = min(rows, stop)
+            return decode(tensor.data[first:stop], tensor.tensor_type.name, stop - first, cols)
         weights = decode(tensor.data, tensor.tensor_type.name, rows, cols)
         if permute:  # rows are independent, so moving whole rows is exact
             weights = weights.rows(torch.from_numpy(np.ascontiguousarray(unpermute_llama_qk(np.arange(rows), permute))))
@@ -210,6 +217,9 @@ class GgufMatrices:
     def layer(self, names: Sequence[str], biases: Sequence[str] = ()) -> PackedLinear:
         """One layer of the matrices `names` stacked (fused projections), in their own format."""
         kinds = {self.tensors[name][0].tensor_type.name for name in names}
+        if (len(names) == 1 and not biases and not kinds & set(FLOAT_FORMATS) and not self.tensors[names[0]][1]
+                and self.tensors[names[0]][0].shape[1] > ROWS_AT_ONCE):
+            return self._large_matrix(names[0])
         part_biases = [self._bias(name) for name in biases] if biases else [None] * len(names)
         where = names[0].rsplit(".", 2)[0]
         if kinds & set(FLOAT_FORMATS) and len(kinds) > 1:
@@ -219,34 +229,58 @@ class GgufMatrices:
         joined = None if all(b is None for b in part_biases) else torch.cat(
             [b if b is not None else torch.zeros(m.shape[0]) for b, m in zip(part_biases, members)])
         sizes = [m.shape[0] for m in members]
+        for name in (*names, *biases):  # decoded: the file's pages are not needed again (see drop_pages)
+            if name in self.tensors:
+                self.tensors[name][0].drop_pages()
         if float_kind:
             return PackedLinear(torch.cat(members), joined, sizes).quantize_(float_kind)
         return GgufLinear(concatenate(members), joined, sizes)
+
+    def _large_matrix(self, name: str) -> GgufLinear:
+        """One big block matrix (a vocabulary-sized LM head or embedding table) decoded and packed a run of rows
+        at a time into buffers allocated once: decoding a whole one holds several bytes per weight at once,
+        more than the rest of a small model's load. The column blocks of 8 rows are independent, so the
+        pieces are exactly the whole's."""
+        tensor, _ = self.tensors[name]
+        rows = int(tensor.shape[1])
+        buffers, form = {}, None
+        for first in range(0, rows, ROWS_AT_ONCE):
+            piece = GgufLinear(self._blocks(name, first, first + ROWS_AT_ONCE), None, [])
+            start = first // INTEGER_COLUMNS
+            for key in ("packed", "scales", "super_scales"):
+                part = getattr(piece, key)
+                if key not in buffers:
+                    blocks = (rows + INTEGER_COLUMNS - 1) // INTEGER_COLUMNS
+                    buffers[key] = torch.empty((blocks, *part.shape[1:]), dtype=part.dtype)
+                buffers[key][start:start + part.shape[0]] = part
+            form = piece.block_form
+            tensor.drop_pages(first, first + ROWS_AT_ONCE)
+        return GgufLinear.from_buffers(buffers["packed"], buffers["scales"], None, rows, int(tensor.shape[0]), [rows],
+                                       form, buffers["super_scales"])
 
     def embedding_table(self) -> PackedLinear:
         """The token embeddings as a layer whose rows are looked up (PackedEmbedding): the file's values."""
         return self.layer(["model.embed_tokens.weight"])
 
-    def layers(self) -> dict[str, PackedLinear]:
-        """Packed layer name (as LlamaForCausalLM.pack_weights names them) -> layer: every layer's
-        projections, the LM head (the token embeddings where they are tied), and `model.embed_tokens.table`
-        where the embeddings are untied."""
-        layers: dict[str, PackedLinear] = {}
+    def layers(self) -> Iterator[tuple[str, PackedLinear]]:
+        """(packed layer name as LlamaForCausalLM.pack_weights names them, layer), one layer at a time: every
+        layer's projections, the LM head (the token embeddings where they are tied), and
+        `model.embed_tokens.table` where the embeddings are untied. Each layer's file pages are released once
+        it is built, so a caller that keeps no layer holds one layer's worth of the file at a time."""
         count = 1 + max(int(name.split(".")[2]) for name in self.tensors if name.startswith("model.layers."))
         for index in range(count):
             for fused_name, parts in _FUSED.items():
                 block = "self_attn" if fused_name in ("qkv_proj", "o_proj") else "mlp"
                 prefix = f"model.layers.{index}.{block}"
-                layers[f"{prefix}.{fused_name}"] = self.layer([f"{prefix}.{part}.weight" for part in parts],
-                                                              [f"{prefix}.{part}.bias" for part in parts])
+                yield f"{prefix}.{fused_name}", self.layer([f"{prefix}.{part}.weight" for part in parts],
+                                                           [f"{prefix}.{part}.bias" for part in parts])
         if self.tied:
-            layers["lm_head"] = self.embedding_table()
+            yield "lm_head", self.embedding_table()
         else:
-            layers["lm_head"] = self.layer(["lm_head.weight"])
-            layers["model.embed_tokens.table"] = self.embedding_table()
-        return layers
+            yield "lm_head", self.layer(["lm_head.weight"])
+            yield "model.embed_tokens.table", self.embedding_table()
 
 
 def gguf_layers(gguf_path: Path) -> dict[str, PackedLinear]:
-    """Every layer of a GGUF file's model on its own values (GgufMatrices.layers)."""
-    return GgufMatrices(gguf_path).layers()
+    """Every layer of a GGUF file's model on its own values (GgufMatrices.layers), all in memory."""
+    return dict(GgufMatrices(gguf_path).layers())

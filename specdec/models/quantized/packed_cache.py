@@ -17,8 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import struct
 import warnings
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
@@ -52,24 +55,100 @@ def packed_cache_path(model_dir: Path, weights: str) -> Path:
 
 
 def save_packed(model: torch.nn.Module, path: Path) -> None:
-    """Write a packed model's packed layers (buffers and layouts; the rest stays in the checkpoint).
+    """Write a packed model's packed layers (buffers and layouts; the rest stays in the checkpoint)."""
+    write_packed(((name, module) for name, module in model.named_modules() if isinstance(module, PackedLinear)),
+                 path)
 
-    Written under a temporary name and renamed, so a crash leaves no file that looks complete. A cache
-    that cannot be written (read-only home, full disk) only costs the next load its quantization time."""
-    from safetensors.torch import save_file
 
-    layers = {name: module for name, module in model.named_modules() if isinstance(module, PackedLinear)}
-    layouts = {name: layer.layout() for name, layer in layers.items()}
-    state = {f"{name}.{buffer}": tensor.contiguous() for name, layer in layers.items()
-             for buffer, tensor in layer._buffers.items() if tensor is not None}
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")  # two processes may write at once
+def write_packed(layers: Iterable[tuple[str, PackedLinear]], path: Path) -> bool:
+    """Write packed layers (name, layer) to the cache file `path` as they come (PackedCacheWriter); False
+    where the cache cannot be written (read-only home, full disk), which only costs the next load its
+    packing time: a warning, and no file."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(state, str(partial), metadata={_META_KEY: json.dumps(layouts)})
-        replace_flushed(partial, path)
+        with PackedCacheWriter(path) as writer:
+            for name, layer in layers:
+                writer.add(name, layer)
     except OSError as error:
-        partial.unlink(missing_ok=True)
-        warnings.warn(f"could not cache packed weights at {path}: {error}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"could not cache packed weights at {path}: {error}", RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+# torch dtype -> safetensors' name for it
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+                       torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.int32: "I32",
+                       torch.int64: "I64", torch.bool: "BOOL"}
+
+
+class PackedCacheWriter:
+    """Writes packed layers into a packed-cache file one layer at a time, so a caller can pack a model layer
+    by layer and free each: a first load then never holds the whole packing (safetensors' save_file needs
+    every tensor at once).
+
+    The file is safetensors (8-byte header length, JSON header, the tensors' bytes back to back), which
+    safe_open maps. The header comes first but is known last, so the bytes are written after HEADER_ROOM
+    bytes left for it, and the header is padded with spaces to fill them (the format allows that); a header
+    that outgrows the room is written to a new file followed by a copy of the bytes. Written under a
+    temporary name and renamed, so a crash leaves no file that looks complete; on an error nothing is left."""
+
+    HEADER_ROOM = 1 << 20  # ~4,000 layers' entries
+    # Written in pieces this size: a file written in large pieces is cached in large folios, which the kernel
+    # maps whole on a fault, so every later load that maps the file would show far more resident memory.
+    WRITE_PIECE = 1 << 16
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.partial")  # two processes may write at once
+        self.entries: dict[str, dict] = {}
+        self.layouts: dict[str, dict] = {}
+        self.size = 0
+        self.handle = None
+
+    def __enter__(self) -> "PackedCacheWriter":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = open(self.partial, "wb")
+        self.handle.seek(self.HEADER_ROOM)
+        return self
+
+    def add(self, name: str, layer: PackedLinear) -> None:
+        self.layouts[name] = layer.layout()
+        for buffer, tensor in layer._buffers.items():
+            if tensor is None:
+                continue
+            data = memoryview(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())  # its bytes, not a copy
+            for start in range(0, len(data), self.WRITE_PIECE):
+                self.handle.write(data[start:start + self.WRITE_PIECE])
+            self.entries[f"{name}.{buffer}"] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                                                "data_offsets": [self.size, self.size + len(data)]}
+            self.size += len(data)
+
+    def __exit__(self, kind, error, trace) -> None:
+        try:
+            if kind is None:
+                self._write_header()
+            self.handle.close()
+            if kind is None:
+                replace_flushed(self.partial, self.path)
+        finally:
+            self.handle.close()
+            self.partial.unlink(missing_ok=True)
+            self.partial.with_name(self.partial.name + ".moved").unlink(missing_ok=True)
+
+    def _write_header(self) -> None:
+        header = json.dumps({**self.entries, "__metadata__": {_META_KEY: json.dumps(self.layouts)}}).encode()
+        if 8 + len(header) <= self.HEADER_ROOM:
+            self.handle.seek(0)
+            self.handle.write(struct.pack("<Q", self.HEADER_ROOM - 8) + header.ljust(self.HEADER_ROOM - 8))
+            return
+        header += b" " * (-len(header) % 8)  # the format pads its header to 8 bytes
+        self.handle.close()
+        moved = self.partial.with_name(self.partial.name + ".moved")
+        os.replace(self.partial, moved)
+        with open(self.partial, "wb") as out, open(moved, "rb") as body:
+            out.write(struct.pack("<Q", len(header)) + header)
+            body.seek(self.HEADER_ROOM)
+            shutil.copyfileobj(body, out, self.WRITE_PIECE)
+        moved.unlink()
 
 
 def load_packed(path: Path) -> dict[str, PackedLinear] | None:

@@ -68,6 +68,19 @@ class GgufTensor:
         return np.frombuffer(self._buffer, dtype=np.uint8, count=self.n_bytes,
                              offset=self.data_offset).reshape(quant_shape_to_byte_shape(dims, self.tensor_type))
 
+    def drop_pages(self, first_row: int = 0, stop_row: int | None = None) -> None:
+        """Unmap the tensor's pages (of rows first_row..stop_row only, if given) from this process once they are
+        decoded; they stay in the page cache. A load that reads a file tensor by tensor then holds one
+        tensor's pages at a time, not the file's."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return  # not offered on this platform: the pages stay mapped, as any mapped file's
+        rows = self.shape[-1] if len(self.shape) > 1 else 1
+        row_bytes = self.n_bytes // rows
+        begin = self.data_offset + first_row * row_bytes
+        end = self.data_offset + (self.n_bytes if stop_row is None else min(rows, stop_row) * row_bytes)
+        start = begin - begin % mmap.PAGESIZE
+        self._buffer.madvise(mmap.MADV_DONTNEED, start, min(end, len(self._buffer)) - start)
+
 
 class GgufFile:
     """The metadata (`field`) and tensors (`tensors`, `tensor`) of one GGUF file."""

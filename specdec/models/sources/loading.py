@@ -15,7 +15,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -23,8 +23,8 @@ from specdec.errors import CorruptModelError, InvalidParameterError, UnknownMode
 from specdec.models.base import CausalLM
 from specdec.models.config import NATIVE_MODEL_TYPES, ModelConfig
 from specdec.models.quantized.packed_cache import (discard_packed, is_cached_format, load_packed, packed_cache_path,
-                                                   save_packed)
-from specdec.models.quantized.packed_linear import parse_weight_format
+                                                   save_packed, write_packed)
+from specdec.models.quantized.packed_linear import PackedLinear, parse_weight_format
 from specdec.models.sources.gguf_source import gguf_only_source, gguf_source
 from specdec.paths import converted_dir
 
@@ -352,21 +352,34 @@ def native_from_packed_layers(model_dir: Path, hf_config: dict, weights: str, la
 
 def load_native_gguf(name: str, model_dir: Path, hf_config: dict):
     """A CPU model on the quantized blocks of the GGUF file `model_dir` was converted from
-    (models/quantized/gguf_linear.py), saved to the packed-weight cache for later loads."""
-    from specdec.models.quantized.gguf_linear import gguf_layers
+    (models/quantized/gguf_linear.py). The layers are packed one at a time straight into the packed-weight
+    cache and the model is then read from it as every later load reads it: a first load holds one layer's
+    packing beside the file's mapped pages, never a whole second copy of the model. Where the cache cannot
+    be written, the layers are kept in memory instead."""
+    from specdec.models.quantized.gguf_linear import GgufMatrices
 
     source = gguf_source(model_dir)
     if source is None:
         raise InvalidParameterError(f"gguf weights: {name} was not loaded from a GGUF file "
                                     "(use a zoo model or a .gguf path, or int4)")
+    path = packed_cache_path(model_dir, "gguf")
     try:
-        layers = gguf_layers(source)
-        model = native_from_packed_layers(model_dir, hf_config, "gguf", layers)
+        matrices = GgufMatrices(source)
+        layers = packed_through_cache(matrices.layers(), path) or dict(matrices.layers())
+        try:
+            return native_from_packed_layers(model_dir, hf_config, "gguf", layers)
+        except ValueError:
+            path.unlink(missing_ok=True)  # a packing that does not make this model is no cache
+            raise
     except ValueError as error:
         raise UnsupportedModelError(f"gguf weights: {source.name}: {error}; use int4 or float32 weights "
                                     "for this file") from None
-    save_packed(model, packed_cache_path(model_dir, "gguf"))
-    return model
+
+
+def packed_through_cache(layers: Iterator[tuple[str, PackedLinear]], path: Path) -> dict | None:
+    """Write `layers` (name, layer), as they come, to the packed cache at `path` and read them back from it
+    (mapped from the file, as a warm load reads them); None where the cache cannot be written."""
+    return load_packed(path) if write_packed(layers, path) else None
 
 
 def gguf_embedding_table(model_dir: Path, hf_config: dict, weights: str):
