@@ -172,6 +172,7 @@ def logits(model) -> torch.Tensor:
     ("qwen2", {"default": "IQ4_NL", "ffn_down.weight": "Q5_1", "attn_v.weight": "Q8_0"}),  # as IQ4_NL: i-quant + legacy
     ("qwen3", "Q8_0"),  # query/key norms, heads wider than hidden / heads
     ("gemma3", {"default": "Q5_0", "attn_v.weight": "Q8_0"}),  # as the 270M file: sliding window, (1 + w) norms
+    ("phi3", {"default": "Q8_0", "ffn_up.weight": "Q4_1"}),  # fused q/k/v and gate/up as stored, partial rotary
 ])
 def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
     if kind == "llama-untied":  # K-quants need 256 inputs
@@ -203,6 +204,7 @@ def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
         # as far as random weights let it (random 2- and 3-bit blocks carry a large mean that cancels)
         for name, layer in blocks.model.named_modules():
             if isinstance(layer, GgufLinear):
+                assert sum(layer.split_sizes) == layer.out_features, name
                 x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(0))
                 exact = x @ layer.embedding_rows(torch.arange(layer.out_features)).T
                 assert (layer.unsplit(x) - exact).norm() / exact.norm() < 0.01, name

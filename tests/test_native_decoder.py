@@ -6,6 +6,7 @@ import torch
 from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after, tree_attention_mask
 from specdec.models.config import ModelConfig
+from specdec.models.fused_checkpoints import split_fused_projections
 from specdec.models.llama import ROW_BY_ROW_MAX, LlamaForCausalLM
 from specdec.core.tree import TokenTree
 from tiny_models import VOCAB, make_hf_model
@@ -25,12 +26,15 @@ VARIANTS = [
     ("llama3", {"tie_word_embeddings": True}),  # Llama 3.2: llama3 rope scaling, tied embeddings
     ("gemma3", {}),  # Gemma 3: sliding window (8, crossed by the contexts below), norms around attention and MLP
     ("gemma3", {"query_pre_attn_scalar": 24, "final_logit_softcapping": 30.0}),
+    ("phi3", {}),  # Phi-4-mini's shape: fused projections, partial rotary, longrope's factors and scale
+    # Phi-3-mini-4k's: every dimension rotated, no rope scaling, a window (8, crossed below), untied
+    ("phi3", {"partial_rotary_factor": 1.0, "rope_scaling": None, "sliding_window": 8, "tie_word_embeddings": False}),
 ]
 
 
 def native_from_hf(hf_model, packed: bool = False) -> LlamaForCausalLM:
     native = LlamaForCausalLM(ModelConfig.from_hf_dict(hf_model.config.to_dict()))
-    native.load_state_dict(hf_model.state_dict(), strict=False)
+    native.load_state_dict(split_fused_projections(hf_model.state_dict(), native.config), strict=False)
     if native.config.tie_word_embeddings:
         native.lm_head.weight = native.model.embed_tokens.weight
     if packed:

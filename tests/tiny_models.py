@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import zlib
 from pathlib import Path
 
@@ -97,6 +98,13 @@ def tiny_config(kind: str = "llama", vocab_size: int = VOCAB, **overrides):
             "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
             **common})
+    if kind == "phi3":  # as Phi-4-mini: fused q/k/v and gate/up, 3/4 of each head rotated, longrope, tied
+        return transformers.Phi3Config(**{
+            "tie_word_embeddings": True, "partial_rotary_factor": 0.75, "sliding_window": None, "pad_token_id": 0,
+            "original_max_position_embeddings": 256,  # the tests stay within it: short factors
+            "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.7, 2.0, 3.0],
+                             "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]},
+            **common})
     raise ValueError(kind)
 
 
@@ -147,7 +155,7 @@ def random_k_blocks(format_name: str, rows: int, cols: int, seed: int):
 
 
 def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "F32") -> Path:
-    """Write `hf_model` (llama, qwen2, qwen3 or gemma3) and the tiny tokenizer as a GGUF file, as llama.cpp would.
+    """Write `hf_model` (llama, qwen2, qwen3, gemma3 or phi3) and the tiny tokenizer as a GGUF file, as llama.cpp would.
     `quantization`: one format for every matrix, or GGUF tensor name suffix -> format with a "default"
     (as llama.cpp's mixes: e.g. {"default": "Q4_K", "attn_v.weight": "Q6_K"}); K-quant matrices get random
     blocks (random_k_blocks), not the model's weights."""
@@ -155,7 +163,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
     import numpy as np
 
     config = hf_model.config
-    arch = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}.get(config.model_type, "llama")
+    arch = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "phi3": "phi3"}.get(config.model_type, "llama")
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -167,7 +175,17 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
     writer.add_rope_freq_base((rope["full_attention"] if arch == "gemma3" else rope)["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    writer.add_rope_dimension_count(head_dim)
+    rope_params = config.rope_parameters if arch == "phi3" else {}
+    writer.add_rope_dimension_count(int(head_dim * rope_params.get("partial_rotary_factor", 1.0)))
+    if arch == "phi3":  # as llama.cpp's converter: window 0, longrope's factors as tensors
+        writer.add_sliding_window(0)
+        if rope_params.get("rope_type") == "longrope":
+            original = rope_params["original_max_position_embeddings"]
+            scale = config.max_position_embeddings / original
+            writer.add_rope_scaling_orig_ctx_len(original)
+            writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+            writer.add_tensor("rope_factors_long.weight", np.array(rope_params["long_factor"], dtype=np.float32))
+            writer.add_tensor("rope_factors_short.weight", np.array(rope_params["short_factor"], dtype=np.float32))
     if arch in ("qwen3", "gemma3"):  # as llama.cpp writes it: the head width, not derived from hidden / heads
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
@@ -194,6 +212,9 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
                    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
                    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
                    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+    if arch == "phi3":
+        layer_names = {**layer_names, "self_attn.qkv_proj.weight": "attn_qkv.weight",
+                       "mlp.gate_up_proj.weight": "ffn_up.weight"}
     if arch == "gemma3":
         layer_names = {**layer_names, "pre_feedforward_layernorm.weight": "ffn_norm.weight",
                        "post_attention_layernorm.weight": "post_attention_norm.weight",

@@ -1,19 +1,21 @@
 """ModelConfig: the few numbers the native Llama-family decoder needs.
 
 Built from a Hugging Face config.json dictionary. One decoder covers Llama 2/3/3.2,
-SmolLM/SmolLM2, Qwen2/Qwen2.5, Qwen3 (dense) and Mistral: they differ only in the flags below.
+SmolLM/SmolLM2, Qwen2/Qwen2.5, Qwen3 (dense), Mistral, Gemma 3 and Phi-3/3.5/4-mini: they differ only in the
+flags below (Phi-3's fused q/k/v and gate/up checkpoints are split at load: models/fused_checkpoints.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.errors import UnsupportedModelError
 
-NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}  # HF name -> ours
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,14 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # longrope (Phi-3.5, Phi-4-mini): per-frequency divisors for contexts up to the original length, and the
+    # scale of cos and sin. Only the short factors are used: as llama.cpp at a context of at most
+    # original_max_position_embeddings (transformers switches to long_factor beyond it).
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
+    # Rotate only the first rotary_dim dimensions of each head (Phi-4-mini: 3/4 of them); None: all
+    rotary_dim: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,9 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         num_layers = cfg["num_hidden_layers"]
-        window = cfg.get("sliding_window") if gemma or model_type == "mistral" else None
+        window = cfg.get("sliding_window") if gemma or model_type in ("mistral", "phi3") else None
+        if model_type == "phi3" and window and window >= cfg.get("max_position_embeddings", 4096):
+            window = None  # Phi-3.5 / Phi-4-mini's 262144: no window within the context
         sliding_layers: tuple[int, ...] = ()
         if window:
             # Gemma 3 names each layer's kind; Mistral's window (when set) applies to every layer
@@ -126,7 +138,7 @@ class ModelConfig:
             qkv_bias=model_type == "qwen2" or attention_bias,
             o_bias=model_type != "qwen2" and attention_bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
-            rope=_rope_from_hf(cfg, "full_attention"),
+            rope=_rope_from_hf(cfg, "full_attention", head_dim),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
             qk_norm=model_type in ("qwen3", "gemma3_text"),
@@ -142,7 +154,7 @@ class ModelConfig:
         )
 
 
-def _rope_from_hf(cfg: dict[str, Any], layer_kind: str) -> RopeConfig:
+def _rope_from_hf(cfg: dict[str, Any], layer_kind: str, head_dim: int | None = None) -> RopeConfig:
     # transformers 5.x keeps theta and scaling in `rope_parameters` (Gemma 3: one entry per layer kind,
     # "full_attention" and "sliding_attention"); 4.x in `rope_theta` + `rope_scaling` (Gemma 3:
     # `rope_local_base_freq` for the sliding layers). Accept both.
@@ -159,11 +171,26 @@ def _rope_from_hf(cfg: dict[str, Any], layer_kind: str) -> RopeConfig:
         raise UnsupportedModelError(
             f"rope type {rope_type!r} is not supported natively (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
+    partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    rotary_dim = int(head_dim * partial) if head_dim and partial != 1.0 else None
+    if rotary_dim is not None and (rotary_dim % 2 or (head_dim - rotary_dim) % 2):
+        raise UnsupportedModelError(f"partial rotary factor {partial} of {head_dim}-wide heads is not supported natively")
+    original = int(params.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings") or 8192))
+    attention_factor = 1.0
+    if rope_type == "longrope":
+        attention_factor = params.get("attention_factor")
+        if attention_factor is None:  # as transformers derives it from the context's extension
+            factor = params.get("factor") or cfg.get("max_position_embeddings", original) / original
+            attention_factor = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
     return RopeConfig(
         theta=float(theta),
         rope_type=rope_type,
-        factor=float(params.get("factor", 1.0)),
+        factor=float(params.get("factor") or 1.0),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
+        original_max_position_embeddings=original,
+        short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
+        long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
+        attention_factor=float(attention_factor),
+        rotary_dim=rotary_dim,
     )

@@ -470,7 +470,8 @@ class LlamaForCausalLM(nn.Module, CausalLM):
         plan, parts = batch
         c = self.config
         x = self.model.embed_tokens(torch.cat([r.tokens for r in requests], dim=1))  # (1, R, C)
-        cos, sin = rope_cos_sin(self.inv_freq, torch.cat([r.positions for r in requests], dim=1), self.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, torch.cat([r.positions for r in requests], dim=1), self.dtype,
+                                c.rope.attention_factor)
         wanted, hidden, start = set(hidden_layers), {}, 0
         for stop in sorted({index + 1 for index in wanted if 0 <= index < c.num_layers} | {c.num_layers}):
             x = plan.run_batch(x, cos, sin, parts, start, stop, c.num_heads, c.num_kv_heads, c.head_dim)
@@ -531,7 +532,7 @@ class LlamaForCausalLM(nn.Module, CausalLM):
         """The layers themselves: embeddings -> decoder layers (writing the cache) -> norm -> LM head.
         Leaves the cache's length to the caller."""
         c = self.config
-        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, self.dtype, c.rope.attention_factor)
         local = (cos, sin, attn_mask, rows)  # what the sliding-window layers attend with
         if c.local_rope is not None:
             local = (*rope_cos_sin(self.local_inv_freq, positions, self.dtype), attn_mask, rows)

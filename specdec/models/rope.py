@@ -12,11 +12,21 @@ from specdec.models.config import RopeConfig
 def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     """(D/2,) float32 inverse frequencies on the CPU (callers move them), scaled as the checkpoint's rope_type
     says. Computed on the CPU even inside a meta-device context: on the meta device the division imported
-    torch's compiler, seconds of every model load."""
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
+    torch's compiler, seconds of every model load.
+
+    With partial rotary (rope.rotary_dim < D) the frequencies of the rotary_dim / 2 rotated pairs come first
+    and the rest are 0: angle 0, so cos 1 and sin 0 leave those dimensions as they are. The loader orders each
+    head's query and key dimensions to match (models/fused_checkpoints.py: rotary_row_order)."""
+    dim = rope.rotary_dim or head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    if rope.rope_type == "longrope":
+        # as transformers: the divisor applied before the reciprocal
+        inv_freq = 1.0 / (torch.tensor(rope.short_factor, dtype=torch.float32, device="cpu") * rope.theta ** exponents)
+    else:
+        inv_freq = 1.0 / (rope.theta ** exponents)
     if rope.rope_type == "linear":
-        return inv_freq / rope.factor
-    if rope.rope_type == "llama3":
+        inv_freq = inv_freq / rope.factor
+    elif rope.rope_type == "llama3":
         # Llama 3.1: long wavelengths are divided by `factor`, short ones kept,
         # and the band in between interpolated smoothly.
         old_context = rope.original_max_position_embeddings
@@ -27,15 +37,22 @@ def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
         smooth = (old_context / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
         smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
         is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-        return torch.where(is_medium, smoothed, scaled)
-    return inv_freq
+        inv_freq = torch.where(is_medium, smoothed, scaled)
+    return torch.nn.functional.pad(inv_freq, (0, head_dim // 2 - inv_freq.shape[0]))
 
 
-def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (B, 1, T, D) for positions (B, T); computed in float32 like transformers."""
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype,
+                 attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (B, 1, T, D) for positions (B, T); computed in float32 like transformers.
+    `attention_factor` (longrope) scales both on the rotated dimensions only."""
     freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # (B, T, D/2)
     angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # (B, 1, T, D)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = angles.cos(), angles.sin()
+    if attention_factor != 1.0:
+        rotated = torch.cat([inv_freq, inv_freq]) != 0
+        scale = torch.where(rotated, torch.tensor(attention_factor, dtype=torch.float32), torch.tensor(1.0))
+        cos, sin = cos * scale.to(cos.device), sin * scale.to(cos.device)
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

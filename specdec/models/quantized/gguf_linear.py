@@ -11,7 +11,7 @@ form first, which changes no value.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -20,6 +20,9 @@ from specdec.kernels import GGUF_LAYOUTS, INTEGER_COLUMNS, gguf_matmul, pack_cod
 from specdec.models.quantized.gguf_blocks import (FLOAT_FORMATS, SUPPORTED_FORMATS, BlockWeights, code_values,
                                                  concatenate, decode, dequantize_parts)
 from specdec.models.quantized.packed_linear import PackedLinear
+
+if TYPE_CHECKING:
+    from specdec.models.config import ModelConfig
 
 
 class GgufLinear(PackedLinear):
@@ -150,8 +153,11 @@ class GgufMatrices:
     checks every matrix's type and raises ValueError naming one the kernels do not multiply, before any
     matrix is read; each layer is decoded when asked for (one layer's codes in memory at a time)."""
 
-    def __init__(self, gguf_path: Path):
+    def __init__(self, gguf_path: Path, config: "ModelConfig | None" = None):
+        """`config`: the model's, needed where the file stores projections fused (Phi-3) to split them."""
         from specdec.models.sources.gguf_convert import gguf_field, hf_tensor_name, read_gguf
+
+        self.config = config
 
         reader = read_gguf(gguf_path)
         self.arch = gguf_field(reader, "general.architecture")
@@ -258,6 +264,26 @@ class GgufMatrices:
         return GgufLinear.from_buffers(buffers["packed"], buffers["scales"], None, rows, int(tensor.shape[0]), [rows],
                                        form, buffers["super_scales"])
 
+    def _stored_fused(self, fused: str, prefix: str) -> PackedLinear:
+        """A projection the file stores fused (FUSED_PROJECTIONS' `fused`) as one layer: its parts' sizes, and
+        under partial rotary its query/key rows in the order the rope tables expect."""
+        from specdec.models.fused_checkpoints import fused_split_sizes, qkv_row_order
+
+        if self.config is None:
+            raise ValueError(f"{prefix} is stored fused: splitting it needs the model's config")
+        name = f"{prefix}.{fused.split('.')[1]}.weight"
+        order = qkv_row_order(self.config) if fused == "self_attn.qkv_proj" else None
+        sizes = fused_split_sizes(self.config, fused)
+        float_kind = FLOAT_FORMATS.get(self.tensors[name][0].tensor_type.name)
+        if float_kind:
+            values = self._floats(name)
+            layer = PackedLinear(values if order is None else values[order], None, sizes).quantize_(float_kind)
+        else:
+            weights = self._blocks(name)
+            layer = GgufLinear(weights if order is None else weights.rows(order), None, sizes)
+        self.tensors[name][0].drop_pages()
+        return layer
+
     def embedding_table(self) -> PackedLinear:
         """The token embeddings as a layer whose rows are looked up (PackedEmbedding): the file's values."""
         return self.layer(["model.embed_tokens.weight"])
@@ -272,6 +298,9 @@ class GgufMatrices:
             for fused_name, parts in _FUSED.items():
                 block = "self_attn" if fused_name in ("qkv_proj", "o_proj") else "mlp"
                 prefix = f"model.layers.{index}.{block}"
+                if len(parts) > 1 and f"{prefix}.{fused_name}.weight" in self.tensors:  # stored fused (Phi-3)
+                    yield f"{prefix}.{fused_name}", self._stored_fused(f"{block}.{fused_name}", prefix)
+                    continue
                 yield f"{prefix}.{fused_name}", self.layer([f"{prefix}.{part}.weight" for part in parts],
                                                            [f"{prefix}.{part}.bias" for part in parts])
         if self.tied:

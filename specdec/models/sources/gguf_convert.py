@@ -24,7 +24,7 @@ from specdec.errors import UnsupportedModelError
 from specdec.models.sources.gguf_file import GgufFile
 from specdec.paths import building_directory, replace_flushed
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "phi3")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -49,6 +49,12 @@ _GEMMA3_LAYER_NAMES = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
+# Phi-3 keeps its projections fused as its checkpoints do (models/fused_checkpoints.py splits them)
+_PHI3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",
+}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -61,12 +67,12 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor, or None for tensors we derive instead (rope_freqs)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    layer_names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+    layer_names = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}.get(arch, _LAYER_NAMES)
     match = _BLOCK.match(gguf_name)
     if match and match.group(2) in layer_names:
         return f"model.layers.{match.group(1)}.{layer_names[match.group(2)]}"
-    if gguf_name == "rope_freqs.weight":
-        return None
+    if gguf_name in ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"):
+        return None  # read into the config (phi3_rope_parameters) or derived from it
     raise UnsupportedModelError(f"GGUF tensor {gguf_name!r} has no mapping to the {arch} layout")
 
 
@@ -152,12 +158,34 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
                 config.query_pre_attn_scalar = int(gguf_field(reader, f"{arch}.embedding_length")) // int(heads)
             else:
                 config.query_pre_attn_scalar = int(head_dim or config.hidden_size // heads)
+        if arch == "phi3":
+            config.rope_parameters = {**(config.rope_parameters or {}), **phi3_rope_parameters(reader)}
+            config.sliding_window = None  # llama.cpp disables Phi-3's window; a run on its file matches that
         config.dtype = "float32"
         config.save_pretrained(tmp)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         tokenizer.save_pretrained(tmp)
         (tmp / "specdec_source.json").write_text(json.dumps({"gguf": str(gguf_path.resolve())}))
     return out_dir
+
+
+def phi3_rope_parameters(reader: GgufFile) -> dict:
+    """Phi-3's rope as transformers' config holds it, from what llama.cpp's converter writes (which
+    transformers' GGUF mapping drops): the rotated share of each head and, for the long-context models,
+    longrope's factor tensors, original context length and cos/sin scale."""
+    hidden, heads = gguf_field(reader, "phi3.embedding_length"), gguf_field(reader, "phi3.attention.head_count")
+    rotary = gguf_field(reader, "phi3.rope.dimension_count", hidden // heads)
+    params = {"rope_theta": float(gguf_field(reader, "phi3.rope.freq_base", 10000.0)),
+              "partial_rotary_factor": rotary / (hidden // heads), "rope_type": "default"}
+    factors = {tensor.name: tensor for tensor in reader.tensors if tensor.name.startswith("rope_factors_")}
+    if "rope_factors_short.weight" in factors:
+        params.update(
+            rope_type="longrope",
+            short_factor=[float(f) for f in np.asarray(factors["rope_factors_short.weight"].data, dtype=np.float32)],
+            long_factor=[float(f) for f in np.asarray(factors["rope_factors_long.weight"].data, dtype=np.float32)],
+            original_max_position_embeddings=int(gguf_field(reader, "phi3.rope.scaling.original_context_length")),
+            attention_factor=float(gguf_field(reader, "phi3.rope.scaling.attn_factor", 1.0)))
+    return params
 
 
 def write_float32_weights(gguf_path: Path, out_dir: Path) -> Path:

@@ -22,6 +22,7 @@ import torch
 from specdec.errors import CorruptModelError, InvalidParameterError, UnknownModelError, UnsupportedModelError
 from specdec.models.base import CausalLM
 from specdec.models.config import NATIVE_MODEL_TYPES, ModelConfig
+from specdec.models.fused_checkpoints import split_fused_projections
 from specdec.models.quantized.packed_cache import (discard_packed, is_cached_format, load_packed, packed_cache_path,
                                                    save_packed, write_packed)
 from specdec.models.quantized.packed_linear import PackedLinear, parse_weight_format
@@ -282,7 +283,8 @@ def load_native(model_dir: Path, hf_config: dict, device: str, dtype: torch.dtyp
     config = ModelConfig.from_hf_dict(hf_config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    state = read_checkpoint(ensure_float32_weights(model_dir) if keep_float32 else model_dir)
+    state = split_fused_projections(read_checkpoint(ensure_float32_weights(model_dir) if keep_float32 else model_dir),
+                                    config)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
@@ -299,7 +301,8 @@ def load_native(model_dir: Path, hf_config: dict, device: str, dtype: torch.dtyp
     return model.eval()
 
 
-LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj",
+                 "gate_up_proj")  # the last two: fused, as Phi-3 stores them
 
 
 def is_linear_weight(name: str) -> bool:
@@ -364,7 +367,7 @@ def load_native_gguf(name: str, model_dir: Path, hf_config: dict):
                                     "(use a zoo model or a .gguf path, or int4)")
     path = packed_cache_path(model_dir, "gguf")
     try:
-        matrices = GgufMatrices(source)
+        matrices = GgufMatrices(source, ModelConfig.from_hf_dict(hf_config))
         layers = packed_through_cache(matrices.layers(), path) or dict(matrices.layers())
         try:
             return native_from_packed_layers(model_dir, hf_config, "gguf", layers)

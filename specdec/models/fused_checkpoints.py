@@ -1,0 +1,73 @@
+"""Checkpoints whose projections are stored fused (Phi-3: q/k/v as one `qkv_proj`, gate/up as one
+`gate_up_proj`), split into the separate projections the native decoder names; and the order of query and
+key rows that partial rotary needs.
+
+Partial rotary (Phi-4-mini rotates 96 of each head's 128 dimensions, pairing i with i + 48) is computed
+with the half-split rope over the whole head (rope.py pairs i with i + D/2): each head's query and key rows
+are reordered so that the rotated pairs land D/2 apart and the dimensions left alone fill the rest, where
+the rope tables hold angle 0. Queries and keys are reordered alike, so every attention score is the same
+sum in another order; values and o_proj are untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.models.config import ModelConfig
+
+# fused projection -> the projections it stacks, in row order
+FUSED_PROJECTIONS = {"self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"), "mlp.gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def fused_split_sizes(config: ModelConfig, fused: str) -> list[int]:
+    """Rows of each projection a fused matrix stacks (FUSED_PROJECTIONS order)."""
+    if fused == "self_attn.qkv_proj":
+        keys = config.num_kv_heads * config.head_dim
+        return [config.num_heads * config.head_dim, keys, keys]
+    return [config.intermediate_size, config.intermediate_size]
+
+
+def rotary_row_order(num_heads: int, head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """(num_heads * head_dim,) int64: the checkpoint row that each row of a query or key projection takes
+    (module docstring): per head, the first halves of the rotated pairs, half the unrotated dimensions, the
+    second halves of the pairs, the other half of the unrotated ones."""
+    half, rest = rotary_dim // 2, (head_dim - rotary_dim) // 2
+    one_head = torch.cat([torch.arange(half), rotary_dim + torch.arange(rest),
+                          half + torch.arange(half), rotary_dim + rest + torch.arange(rest)])
+    return (torch.arange(num_heads).unsqueeze(1) * head_dim + one_head).reshape(-1)
+
+
+def qkv_row_order(config: ModelConfig) -> torch.Tensor | None:
+    """The row order of a fused q/k/v matrix under partial rotary (queries, keys reordered; values kept), or
+    None where every dimension rotates."""
+    rotary = config.rope.rotary_dim
+    if rotary is None or rotary == config.head_dim:
+        return None
+    queries, keys, values = fused_split_sizes(config, "self_attn.qkv_proj")
+    return torch.cat([rotary_row_order(config.num_heads, config.head_dim, rotary),
+                      queries + rotary_row_order(config.num_kv_heads, config.head_dim, rotary),
+                      queries + keys + torch.arange(values)])
+
+
+def split_fused_projections(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors with fused projections split into the projections they stack and, under
+    partial rotary, query/key rows in rotary_row_order. Other tensors pass through as they are."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        prefix, _, kind = name.rpartition(".")  # kind: weight or bias
+        fused = next((f for f in FUSED_PROJECTIONS if prefix.endswith(f)), None)
+        if fused is None:
+            rotary = config.rope.rotary_dim
+            heads = {"self_attn.q_proj": config.num_heads, "self_attn.k_proj": config.num_kv_heads}
+            separate = next((heads[p] for p in heads if prefix.endswith(p)), None)
+            if rotary is not None and separate is not None:  # a checkpoint with separate q/k under partial rotary
+                tensor = tensor[rotary_row_order(separate, config.head_dim, rotary)]
+            out[name] = tensor
+            continue
+        if fused == "self_attn.qkv_proj" and (order := qkv_row_order(config)) is not None:
+            tensor = tensor[order]
+        base = prefix[: -len(fused)]
+        block = fused.split(".")[0]
+        for part, piece in zip(FUSED_PROJECTIONS[fused], tensor.split(fused_split_sizes(config, fused))):
+            out[f"{base}{block}.{part}.{kind}"] = piece.contiguous()
+    return out
