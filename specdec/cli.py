@@ -11,11 +11,13 @@ import json
 import os
 import sys
 
-from specdec.cli_options import (OneLineParser, add_k_option, add_model_options, add_output_options, use_threads,
+from specdec.cli_options import (OneLineParser, add_k_option, add_model_options, add_output_options,
+                                 add_reasoning_format_option, use_threads,
                                  add_sampling_options, add_speculation_options, add_target_option,
                                  generator_options_from_args, read_prompt_argument, request_from_args)
 from specdec.errors import InvalidParameterError, SpecdecError
-from specdec.server.reasoning import REASONING_FORMATS
+from specdec.api.reasoning import reasoning_for, split_reasoning
+from specdec.cli_reasoning import AnswerPrinter
 
 EXIT_USAGE = 2
 
@@ -52,6 +54,10 @@ def add_generate_parser(commands) -> None:
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
                       help="apply the chat template (default when the model has one)")
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="use the prompt as raw text")
+    add_reasoning_format_option(gen, "split from the answer", "left in it")
+    gen.add_argument("--show-reasoning", action="store_true",
+                     help="print a thinking model's reasoning before its answer (dimmed on a terminal); by default "
+                          "only the answer is printed")
     gen.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, stats)")
     gen.add_argument("--compare", action="store_true",
                      help="then decode the same prompt without speculation and print both speeds, the speedup "
@@ -92,9 +98,7 @@ def add_serve_parser(commands) -> None:
     serve.add_argument("--no-tool-grammar", action="store_true",
                        help="leave tool_choice \"auto\" unconstrained (default: the answer is text or calls in the "
                             "chat template's format whose arguments match their schema)")
-    serve.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
-                       help="a thinking model's <think> block: returned as reasoning_content (auto: where the chat "
-                            "template writes such blocks; deepseek: always) or left in content (none)")
+    add_reasoning_format_option(serve, "returned as reasoning_content", "left in content")
     serve.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger request bodies get HTTP 413")
     serve.add_argument("--max-prompt-tokens", type=int, default=None,
                        help="longer prompts get HTTP 400 (default: up to the model's context)")
@@ -267,19 +271,25 @@ def cmd_generate(args) -> int:
     request = request_from_args(args, read_prompt_argument(args.prompt))  # all checked before anything loads
     options = generator_options_from_args(args)
     generator = SpeculativeGenerator.from_options(options)
-    stream = None if args.json else (lambda chunk: print(chunk.text, end="", flush=True))
+    reasoning = answer_reasoning(generator, request, args.reasoning_format)
+    printer = None if args.json else AnswerPrinter(reasoning, args.show_reasoning)
     with PrefillProgress() as progress:
-        result = generator.run(request, on_chunk=stream, on_prefill=progress.update if sys.stderr.isatty() else None)
+        result = generator.run(request, on_chunk=printer, on_prefill=progress.update if sys.stderr.isatty() else None)
     comparison = compare_with_plain(generator, request, result) if args.compare else None
     if args.json:
         out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
                "stats": result.stats.to_dict()}
+        if reasoning is not None:  # as the server's chat replies: the block apart from the answer
+            out["reasoning_content"], out["content"] = split_reasoning(result.text, reasoning)
         if comparison is not None:
             out["compare"] = comparison.to_dict()
         print(json.dumps(out))
     else:
+        printer.finish()
         s = result.stats
         print()
+        if printer.omitted:
+            print("specdec: the model's reasoning was left out (--show-reasoning prints it)", file=sys.stderr)
         print(f"[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, drafter {s.drafter}, "
               f"tau {s.tau:.2f}, acceptance {s.acceptance_rate:.0%}, {s.draft_ms_per_round:.1f} + "
               f"{s.verify_ms_per_round:.1f} ms per round (draft + verify), drafter memory "
@@ -292,6 +302,14 @@ def cmd_generate(args) -> int:
         if hint is not None and take_unshown(hint[0]):
             print(f"specdec: hint: {hint[1]}", file=sys.stderr)
     return 0
+
+
+def answer_reasoning(generator, request, setting: str):
+    """How a chat answer's <think> block is split (api/reasoning.py), or None: raw prompts and models whose
+    template writes no such block (setting "auto") print the text as it comes."""
+    chat = request.chat if request.chat is not None else (not isinstance(request.prompt, str)
+                                                          or generator.target.has_chat_template)
+    return reasoning_for(generator.target.tokenizer, setting) if chat else None
 
 
 class PrefillProgress:

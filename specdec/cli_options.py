@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from specdec.api.options import GeneratorOptions
+from specdec.api.reasoning import REASONING_FORMATS
 from specdec.api.request import GenerationRequest
 from specdec.api.structured import GrammarSpec
 from specdec.core.sampling import SamplingParams
@@ -125,6 +126,14 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
     chosen.add_argument("--regex", default=None, help="a regular expression the whole output must match")
     chosen.add_argument("--grammar", metavar="FILE", default=None,
                         help="a grammar file: llama.cpp's GBNF (.gbnf) or llguidance's Lark (.lark)")
+
+
+def add_reasoning_format_option(parser: argparse.ArgumentParser, split: str, kept: str) -> None:
+    """--reasoning-format: whether a thinking model's <think> block is split from its chat answer
+    (api/reasoning.py), as llama-server's option of that name; `split`/`kept` say what becomes of it."""
+    parser.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
+                        help=f"a thinking model's <think> block: {split} (auto: where the chat template writes such "
+                             f"blocks; deepseek: always) or {kept} (none)")
 
 
 def grammar_from_args(args) -> GrammarSpec | None:

@@ -1,11 +1,18 @@
 """A thinking model's <think> block returned as `reasoning_content`: the split itself (whole and streamed in
-any cut), and the server's chat replies read by the openai client, whole and streamed."""
+any cut), the server's chat replies read by the openai client, whole and streamed, and `specdec generate`'s
+printing of it."""
 
 from __future__ import annotations
 
+import io
+import json
+from types import SimpleNamespace
+
 import pytest
 
-from specdec.server.reasoning import Reasoning, ReasoningStream, reasoning_for, split_reasoning
+from specdec.api.reasoning import Reasoning, ReasoningStream, reasoning_for, split_reasoning
+from specdec.cli import main
+from specdec.cli_reasoning import DIM, RESET, AnswerPrinter
 from test_server import MESSAGES, RunningServer
 
 CLOSED, OPEN_IN_PROMPT = Reasoning(), Reasoning(starts_open=True)
@@ -71,3 +78,36 @@ def test_served_reasoning_content_whole_and_streamed(tiny_generator):
         assert getattr(plain.message, "reasoning_content", None) is None and plain.message.content
     finally:
         server.stop()
+
+
+def test_generate_prints_the_answer_and_the_reasoning_on_request(tiny_dirs, tmp_path, capsys):
+    """`specdec generate` on a thinking answer: the answer alone by default (and a note), the block in its tags
+    before it with --show-reasoning when piped; --json splits it as the server does."""
+    grammar = tmp_path / "think.gbnf"
+    grammar.write_text(THINKING)
+    args = ["generate", "hello", "--target", str(tiny_dirs["llama"]), "--drafter", "ngram", "--grammar", str(grammar),
+            "--reasoning-format", "deepseek", "--temperature", "0.9", "--seed", "5", "--max-new-tokens", "60"]
+    assert main([*args, "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert whole["reasoning_content"] and whole["content"] and "<think>" not in whole["content"]
+    assert main(args) == 0
+    printed = capsys.readouterr()
+    assert printed.out.strip() == whole["content"].strip() and "--show-reasoning" in printed.err
+    assert main([*args, "--show-reasoning"]) == 0
+    assert capsys.readouterr().out.strip() == f"<think>\n{whole['reasoning_content']}\n</think>\n\n{whole['content']}"
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("show", [True, False])
+def test_a_terminal_sees_the_reasoning_dimmed_or_nothing_of_it(show):
+    out = Terminal()
+    printer = AnswerPrinter(CLOSED, show_reasoning=show, out=out)
+    for text in ["<thi", "nk>mull", "ing</th", "ink>\n\nYes", "."]:
+        printer(SimpleNamespace(text=text))
+    printer.finish()
+    assert out.getvalue() == (f"{DIM}mulling{RESET}\n\nYes." if show else "Yes.")
+    assert printer.omitted == (not show)

@@ -17,7 +17,7 @@ from specdec.server import routes_completions, routes_infill, routes_info
 from specdec.server.guard import GuardSettings, RequestGuard
 from specdec.server.http_errors import error
 from specdec.server.metrics import ResponseCounter, ServerMetrics
-from specdec.server.reasoning import reasoning_for
+from specdec.api.reasoning import reasoning_for
 from specdec.server.scheduler import Scheduler
 from specdec.server.state import ServerSettings, ServerState
 

@@ -8,7 +8,7 @@ from typing import Callable
 
 from specdec.core.rounds import GenerationResult, TokenLogprob
 from specdec.server.protocol import new_id, now, usage
-from specdec.server.reasoning import Reasoning, ReasoningStream, split_reasoning
+from specdec.api.reasoning import Reasoning, ReasoningStream, split_reasoning
 from specdec.server.tools import CallStream, ToolCall, parse_calls
 
 
@@ -28,7 +28,7 @@ class Reply:
     """Builds the response objects of one request (chat.completion or text_completion), its `n` choices
     included. token_text(id) spells a token for `logprobs`; with `tools` a chat answer's tool calls are
     read back into `tool_calls` (finish_reason "tool_calls"); with `reasoning` a chat answer's <think> block
-    goes to `reasoning_content` (server/reasoning.py)."""
+    goes to `reasoning_content` (api/reasoning.py)."""
 
     def __init__(self, chat: bool, model: str, include_usage: bool, token_text: Callable[[int], str],
                  tools: bool = False, choices: int = 1, reasoning: Reasoning | None = None):

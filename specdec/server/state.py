@@ -8,7 +8,7 @@ from fastapi import Request
 
 from specdec.api.generator import SpeculativeGenerator
 from specdec.server.metrics import ServerMetrics
-from specdec.server.reasoning import Reasoning
+from specdec.api.reasoning import Reasoning
 from specdec.server.scheduler import PREFILL_TOKENS_PER_STEP, Scheduler
 
 
