@@ -19,7 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from startup_bench import timed
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script's timer
+from startup_bench import timed  # noqa: E402
 
 IMPORTS = "import torch, transformers, specdec.models.sources.loading"
 

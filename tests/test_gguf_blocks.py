@@ -173,10 +173,13 @@ def logits(model) -> torch.Tensor:
     ("qwen3", "Q8_0"),  # query/key norms, heads wider than hidden / heads
     ("gemma3", {"default": "Q5_0", "attn_v.weight": "Q8_0"}),  # as the 270M file: sliding window, (1 + w) norms
     ("phi3", {"default": "Q8_0", "ffn_up.weight": "Q4_1"}),  # fused q/k/v and gate/up as stored, partial rotary
+    ("qwen3_moe", {"default": "Q8_0", "ffn_down_exps.weight": "Q5_0", "ffn_gate_inp.weight": "F32"}),  # experts
 ])
 def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
     if kind == "llama-untied":  # K-quants need 256 inputs
         hf = make_hf_model("llama", seed=5, hidden_size=256, intermediate_size=512, tie_word_embeddings=False)
+    elif kind == "qwen3_moe":  # every layer a mixture, as llama.cpp's files
+        hf = make_hf_model(kind, seed=5, mlp_only_layers=[])
     else:
         hf = make_hf_model(kind, seed=5)
     path = write_tiny_gguf(tmp_path / "tiny.gguf", hf, quantization)

@@ -64,16 +64,18 @@ def test_a_half_precision_checkpoint_runs_on_its_own_values_from_half_the_bytes(
 
 
 @pytest.mark.parametrize("kind,quantization", [("llama", "F32"), ("qwen2", "F32"), ("qwen3", "F32"), ("llama", "Q8_0"),
-                                                ("gemma3", "F32"), ("phi3", "Q8_0")])
+                                                ("gemma3", "F32"), ("phi3", "Q8_0"), ("qwen3_moe", "Q8_0")])
 def test_gguf_round_trip(tmp_path, kind, quantization):
     # gemma3: llama.cpp's layer pattern (every 6th layer global), which its files do not record; phi3: fused
     # q/k/v and gate/up, partial rotary and longrope's factors, which transformers' GGUF reader drops
-    hf = make_hf_model(kind, seed=3, **({"num_hidden_layers": 6, "layer_types": None} if kind == "gemma3" else {}))
+    # qwen3_moe: the experts as llama.cpp's three (experts, rows, inputs) tensors, every layer a mixture
+    overrides = {"gemma3": {"num_hidden_layers": 6, "layer_types": None}, "qwen3_moe": {"mlp_only_layers": []}}
+    hf = make_hf_model(kind, seed=3, **overrides.get(kind, {}))
     path = write_tiny_gguf(tmp_path / f"tiny-{kind}.gguf", hf, quantization)
     if quantization != "F32":  # the reference carries the same rounding as the file
         with torch.no_grad():
             for param in hf.parameters():
-                if param.dim() == 2:
+                if param.dim() >= 2:
                     qtype = gguf.GGMLQuantizationType[quantization]
                     rounded = gguf.quants.dequantize(gguf.quants.quantize(param.numpy(), qtype), qtype)
                     param.copy_(torch.from_numpy(np.asarray(rounded, dtype=np.float32).reshape(param.shape)))

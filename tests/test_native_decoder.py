@@ -26,6 +26,8 @@ VARIANTS = [
     ("llama3", {"tie_word_embeddings": True}),  # Llama 3.2: llama3 rope scaling, tied embeddings
     ("gemma3", {}),  # Gemma 3: sliding window (8, crossed by the contexts below), norms around attention and MLP
     ("gemma3", {"query_pre_attn_scalar": 24, "final_logit_softcapping": 30.0}),
+    ("qwen3_moe", {}),  # a router picking 2 of 4 experts a token, renormalized; one dense layer
+    ("qwen3_moe", {"norm_topk_prob": False, "mlp_only_layers": []}),
     ("phi3", {}),  # Phi-4-mini's shape: fused projections, partial rotary, longrope's factors and scale
     # Phi-3-mini-4k's: every dimension rotated, no rope scaling, a window (8, crossed below), untied
     ("phi3", {"partial_rotary_factor": 1.0, "rope_scaling": None, "sliding_window": 8, "tie_word_embeddings": False}),
@@ -140,6 +142,7 @@ def test_unsupported_architecture_is_refused():
 @pytest.mark.parametrize("kind,weights,kv_dtype", [
     ("qwen2", "float32", None), ("qwen2", "int8", None), ("qwen2", "int4", None), ("qwen2", "int7", None),
     ("gemma3", "int8", None),  # gemma3: rows past its window
+    ("qwen3_moe", "int8", None), ("phi3", "float32", None),  # rows routed to experts; partial rotary, longrope
     ("qwen2", "int4", torch.bfloat16), ("qwen2", "float32", torch.float16)])  # two-byte KV caches
 def test_verification_rows_are_bit_identical_to_one_token_steps(kind, weights, kv_dtype):
     """A verified token's logits must be exactly what plain decoding computes for it one step at a time

@@ -98,6 +98,10 @@ def tiny_config(kind: str = "llama", vocab_size: int = VOCAB, **overrides):
             "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
             **common})
+    if kind == "qwen3_moe":  # 4 experts, 2 a token; the second layer dense, as mlp_only_layers allows
+        return transformers.Qwen3MoeConfig(**{
+            "tie_word_embeddings": True, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "norm_topk_prob": True, "mlp_only_layers": [1], **common})
     if kind == "phi3":  # as Phi-4-mini: fused q/k/v and gate/up, 3/4 of each head rotated, longrope, tied
         return transformers.Phi3Config(**{
             "tie_word_embeddings": True, "partial_rotary_factor": 0.75, "sliding_window": None, "pad_token_id": 0,
@@ -163,7 +167,8 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
     import numpy as np
 
     config = hf_model.config
-    arch = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "phi3": "phi3"}.get(config.model_type, "llama")
+    arch = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "phi3": "phi3",
+            "qwen3_moe": "qwen3moe"}.get(config.model_type, "llama")
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -186,7 +191,11 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
             writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
             writer.add_tensor("rope_factors_long.weight", np.array(rope_params["long_factor"], dtype=np.float32))
             writer.add_tensor("rope_factors_short.weight", np.array(rope_params["short_factor"], dtype=np.float32))
-    if arch in ("qwen3", "gemma3"):  # as llama.cpp writes it: the head width, not derived from hidden / heads
+    if arch == "qwen3moe":  # every layer a mixture, as llama.cpp's qwen3moe models are
+        writer.add_expert_count(config.num_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if arch in ("qwen3", "gemma3", "qwen3moe"):  # as llama.cpp writes it: the head width, not derived from hidden / heads
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
     if arch == "gemma3":  # llama.cpp takes the layer pattern (every 6th global) and local rope base as given
@@ -212,6 +221,9 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
                    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
                    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
                    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+    if arch == "qwen3moe":
+        layer_names = {**layer_names, "mlp.gate.weight": "ffn_gate_inp.weight", "mlp.experts.gate_proj": "ffn_gate_exps.weight",
+                       "mlp.experts.up_proj": "ffn_up_exps.weight", "mlp.experts.down_proj": "ffn_down_exps.weight"}
     if arch == "phi3":
         layer_names = {**layer_names, "self_attn.qkv_proj.weight": "attn_qkv.weight",
                        "mlp.gate_up_proj.weight": "ffn_up.weight"}
@@ -220,7 +232,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
                        "post_attention_layernorm.weight": "post_attention_norm.weight",
                        "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
     formats = quantization if isinstance(quantization, dict) else {"default": quantization}
-    for name, tensor in hf_model.state_dict().items():
+    for name, tensor in moe_tensors_as_llama_cpp(hf_model.state_dict()).items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
         if name.startswith("model.layers."):
@@ -239,7 +251,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
         qtype = gguf.GGMLQuantizationType[chosen]
         if array.ndim == 2 and chosen in RANDOM_BLOCK_SCALES:
             writer.add_tensor(gguf_name, random_k_blocks(chosen, *array.shape, seed=zlib.crc32(gguf_name.encode())), raw_dtype=qtype)
-        elif array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+        elif array.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32:  # 3-D: a mixture's experts
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float32))
@@ -248,6 +260,20 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def moe_tensors_as_llama_cpp(state: dict) -> dict:
+    """A Qwen3-MoE state dict with each layer's fused gate/up experts (experts, 2 I, C) split into llama.cpp's
+    separate gate and up expert tensors (ffn_gate_exps, ffn_up_exps)."""
+    out = {}
+    for name, tensor in state.items():
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            gate, up = tensor.chunk(2, dim=1)
+            base = name.removesuffix("gate_up_proj")
+            out[base + "gate_proj"], out[base + "up_proj"] = gate, up
+        else:
+            out[name] = tensor
+    return out
 
 
 SENTENCEPIECE_EOS, SENTENCEPIECE_BOS = 1, 2

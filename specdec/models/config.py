@@ -1,8 +1,8 @@
 """ModelConfig: the few numbers the native Llama-family decoder needs.
 
 Built from a Hugging Face config.json dictionary. One decoder covers Llama 2/3/3.2,
-SmolLM/SmolLM2, Qwen2/Qwen2.5, Qwen3 (dense), Mistral, Gemma 3 and Phi-3/3.5/4-mini: they differ only in the
-flags below (Phi-3's fused q/k/v and gate/up checkpoints are split at load: models/fused_checkpoints.py).
+SmolLM/SmolLM2, Qwen2/Qwen2.5, Qwen3 (dense and mixture-of-experts), Mistral, Gemma 3 and Phi-3/3.5/4-mini:
+they differ only in the flags below (Phi-3's fused q/k/v and gate/up checkpoints are split at load: models/fused_checkpoints.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from specdec.errors import UnsupportedModelError
 
-NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
+NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "phi3")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}  # HF name -> ours
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
@@ -69,6 +69,15 @@ class ModelConfig:
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] = ()
     local_rope: RopeConfig | None = None
+    # -- mixture of experts (Qwen3-MoE) ---------------------------------------------------------------------
+    # On `moe_layers` the feed-forward is `num_experts` small ones (moe_intermediate_size wide) of which a
+    # router picks `experts_per_token` a token, their outputs weighted by the router's softmax (renormalized
+    # over the picked ones where norm_topk_prob).
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[int, ...] = ()
 
     @property
     def attention_depth(self) -> float:
@@ -84,7 +93,7 @@ class ModelConfig:
         """Whether the one-C-call path through the layers (models/layer_plan.py) computes this architecture:
         it has no step for query/key norms, Gemma's norms or GELU."""
         return not (self.qk_norm or self.norm_offset or self.sandwich_norms or self.activation != "silu"
-                    or self.embedding_scale is not None or self.query_scale is not None)
+                    or self.embedding_scale is not None or self.query_scale is not None or self.moe_layers)
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
@@ -120,6 +129,11 @@ class ModelConfig:
             # Gemma 3 names each layer's kind; Mistral's window (when set) applies to every layer
             kinds = cfg.get("layer_types") or ["sliding_attention"] * num_layers
             sliding_layers = tuple(i for i, kind in enumerate(kinds) if kind == "sliding_attention")
+        # transformers 5 writes num_local_experts, the released configs num_experts
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0) if model_type == "qwen3_moe" else 0
+        sparse_step, dense_layers = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
+        moe_layers = tuple(i for i in range(num_layers) if experts and i not in dense_layers
+                           and (i + 1) % sparse_step == 0)
         query_scale = None
         if gemma and cfg.get("query_pre_attn_scalar", head_dim) != head_dim:
             query_scale = float(cfg["query_pre_attn_scalar"]) ** -0.5
@@ -141,7 +155,7 @@ class ModelConfig:
             rope=_rope_from_hf(cfg, "full_attention", head_dim),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            qk_norm=model_type in ("qwen3", "gemma3_text"),
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
             activation=ACTIVATIONS[activation],
             norm_offset=gemma,
             sandwich_norms=gemma,
@@ -151,6 +165,11 @@ class ModelConfig:
             sliding_window=int(window) if sliding_layers else None,
             sliding_layers=sliding_layers,
             local_rope=_rope_from_hf(cfg, "sliding_attention") if gemma else None,
+            num_experts=experts,
+            experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0) if experts else 0,
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+            moe_layers=moe_layers,
         )
 
 

@@ -1,6 +1,6 @@
 """Checkpoints whose projections are stored fused (Phi-3: q/k/v as one `qkv_proj`, gate/up as one
-`gate_up_proj`), split into the separate projections the native decoder names; and the order of query and
-key rows that partial rotary needs.
+`gate_up_proj`; a mixture's experts as one 3-D tensor), split into the separate projections the native
+decoder names; and the order of query and key rows that partial rotary needs.
 
 Partial rotary (Phi-4-mini rotates 96 of each head's 128 dimensions, pairing i with i + 48) is computed
 with the half-split rope over the whole head (rope.py pairs i with i + D/2): each head's query and key rows
@@ -54,6 +54,9 @@ def split_fused_projections(state: dict[str, torch.Tensor], config: ModelConfig)
     partial rotary, query/key rows in rotary_row_order. Other tensors pass through as they are."""
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
+        if ".mlp.experts." in name and tensor.dim() == 3:
+            out.update(split_experts(name, tensor))
+            continue
         prefix, _, kind = name.rpartition(".")  # kind: weight or bias
         fused = next((f for f in FUSED_PROJECTIONS if prefix.endswith(f)), None)
         if fused is None:
@@ -70,4 +73,20 @@ def split_fused_projections(state: dict[str, torch.Tensor], config: ModelConfig)
         block = fused.split(".")[0]
         for part, piece in zip(FUSED_PROJECTIONS[fused], tensor.split(fused_split_sizes(config, fused))):
             out[f"{base}{block}.{part}.{kind}"] = piece.contiguous()
+    return out
+
+
+def split_experts(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A mixture's experts stored as one (experts, rows, inputs) tensor (transformers' in-memory
+    `mlp.experts.gate_up_proj` / `down_proj`, a GGUF file's gate, up and down) as each expert's matrices."""
+    base, _, kind = name.rpartition(".experts.")
+    kind = kind.removesuffix(".weight")
+    out = {}
+    for index, matrix in enumerate(tensor):
+        if kind == "gate_up_proj":
+            gate, up = matrix.chunk(2)
+            out[f"{base}.experts.{index}.gate_proj.weight"] = gate.contiguous()
+            out[f"{base}.experts.{index}.up_proj.weight"] = up.contiguous()
+        else:
+            out[f"{base}.experts.{index}.{kind}.weight"] = matrix.contiguous()
     return out

@@ -203,14 +203,19 @@ class RowAttention:
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None):
         super().__init__()
-        c = config
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
+        c, width = config, intermediate_size or config.intermediate_size
+        self.gate_proj = nn.Linear(c.hidden_size, width, bias=c.mlp_bias)
+        self.up_proj = nn.Linear(c.hidden_size, width, bias=c.mlp_bias)
+        self.down_proj = nn.Linear(width, c.hidden_size, bias=c.mlp_bias)
         self.gate_up_proj = None  # gate and up fused into one packed layer by pack_weights()
         self.activation = c.activation
+
+    def pack_projections(self, packed: Callable[[str, list[nn.Linear]], nn.Module], prefix: str) -> None:
+        self.gate_up_proj = packed(f"{prefix}.gate_up_proj", [self.gate_proj, self.up_proj])
+        self.down_proj = packed(f"{prefix}.down_proj", [self.down_proj])
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x) if self.gate_up_proj is not None else (self.gate_proj(x), self.up_proj(x))
@@ -218,8 +223,49 @@ class MLP(nn.Module):
         return self.down_proj(gate * up)
 
 
-class DecoderLayer(nn.Module):
+class MixtureOfExperts(nn.Module):
+    """Qwen3-MoE's sparse feed-forward: a router (`gate`, as the checkpoints name it) scores the experts for
+    each row, the top experts_per_token run on it, and their outputs are summed weighted by the router's
+    softmax. Each row's sum runs over its picks in rank order, and the router and experts are the kernels'
+    row-count-invariant matmuls on the CPU: a row computes the same whichever rows share its pass, so a
+    verification pass routes and sums each row exactly as one-token steps do."""
+
     def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = config
+        self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(c, c.moe_intermediate_size) for _ in range(c.num_experts))
+        self.top_k, self.normalize = c.experts_per_token, c.norm_topk_prob
+
+    def pack_projections(self, packed: Callable[[str, list[nn.Linear]], nn.Module], prefix: str) -> None:
+        self.gate = packed(f"{prefix}.gate", [self.gate])
+        for index, expert in enumerate(self.experts):
+            expert.pack_projections(packed, f"{prefix}.experts.{index}")
+
+    def route(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights (N, top_k) in the rows' dtype, experts (N, top_k)) of rows (N, C), best first."""
+        logits = self.gate(rows)
+        probabilities = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probabilities, self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(rows.dtype), experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # (N, C)
+        weights, experts = self.route(rows)
+        picked = rows.new_zeros(rows.shape[0], self.top_k, rows.shape[1])  # (N, top_k, C): each pick's output
+        for expert in experts.unique().tolist():
+            row, rank = (experts == expert).nonzero(as_tuple=True)  # the rows that picked it, grouped
+            picked[row, rank] = self.experts[expert](rows[row]) * weights[row, rank].unsqueeze(-1)
+        out = picked[:, 0]
+        for rank in range(1, self.top_k):
+            out = out + picked[:, rank]
+        return out.reshape(x.shape)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, index: int = 0):
         super().__init__()
         c = config
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset)
@@ -231,7 +277,7 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset)
             self.post_feedforward_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_offset)
         self.sandwich_norms = c.sandwich_norms
-        self.mlp = MLP(c)
+        self.mlp = MixtureOfExperts(c) if index in c.moe_layers else MLP(c)
 
     def pack_projections(self, packed: Callable[[str, list[nn.Linear]], nn.Module], prefix: str) -> None:
         """Replace q/k/v, o, gate/up and down by what `packed(name, linears)` makes of them (fused
@@ -240,9 +286,7 @@ class DecoderLayer(nn.Module):
         attn.qkv_proj = packed(f"{prefix}.self_attn.qkv_proj", [attn.q_proj, attn.k_proj, attn.v_proj])
         attn.o_proj = packed(f"{prefix}.self_attn.o_proj", [attn.o_proj])
         del attn.q_proj, attn.k_proj, attn.v_proj
-        mlp.gate_up_proj = packed(f"{prefix}.mlp.gate_up_proj", [mlp.gate_proj, mlp.up_proj])
-        mlp.down_proj = packed(f"{prefix}.mlp.down_proj", [mlp.down_proj])
-        del mlp.gate_proj, mlp.up_proj
+        mlp.pack_projections(packed, f"{prefix}.mlp")
 
     def forward(self, x, cos, sin, cache, layer, attn_mask, rows=None):
         attended = self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, attn_mask, rows)
@@ -262,7 +306,7 @@ class DecoderStack(nn.Module):
         # build the model, normal_ alone imported torch's compiler: seconds of every start-up)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          _weight=torch.empty(config.vocab_size, config.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, index) for index in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
 
 
@@ -296,8 +340,8 @@ class LlamaForCausalLM(nn.Module, CausalLM):
     def use_cuda_graphs(self) -> None:
         """Replay decode and verification forwards as CUDA graphs (models on a GPU; see cuda_graphs.py). Not
         for sliding-window models: a graph's attention reads its whole storage under a mask that would have
-        to follow the window too."""
-        if self.config.sliding_window is None:
+        to follow the window too; nor for mixtures of experts, whose expert choice the host reads per pass."""
+        if self.config.sliding_window is None and not self.config.moe_layers:  # routing is decided on the host
             self.graphs = CudaGraphs(self)
 
     def pack_weights(self, weights: str = "float32", cached: dict[str, nn.Module] | None = None,
@@ -342,8 +386,8 @@ class LlamaForCausalLM(nn.Module, CausalLM):
     @property
     def weight_format(self) -> str:
         """The format the layers' matrices are stored in (the LM head may differ: head_weight_format)."""
-        down = self.model.layers[0].mlp.down_proj if len(self.model.layers) else self.lm_head
-        return getattr(down, "weight_format", "float32")
+        matrix = self.model.layers[0].self_attn.o_proj if len(self.model.layers) else self.lm_head
+        return getattr(matrix, "weight_format", "float32")
 
     # -- the CausalLM interface (specdec.models.base) --------------------------------
     @property

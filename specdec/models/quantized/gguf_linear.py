@@ -166,7 +166,8 @@ class GgufMatrices:
         self.tensors = {}  # Hugging Face name -> (GGUF tensor, heads of llama.cpp's q/k row order to undo or None)
         for tensor in reader.tensors:
             name = hf_tensor_name(tensor.name, self.arch)
-            if name is None or not (name.endswith("proj.weight") or name.endswith("proj.bias")
+            if name is None or not (name.endswith("proj.weight") or name.endswith("proj.bias") or ".experts." in name
+                                    or name.endswith(".mlp.gate.weight")
                                     or name in ("lm_head.weight", "model.embed_tokens.weight")):
                 continue
             kind = tensor.tensor_type.name
@@ -284,6 +285,39 @@ class GgufMatrices:
         self.tensors[name][0].drop_pages()
         return layer
 
+    def _experts(self, prefix: str) -> Iterator[tuple[str, PackedLinear]]:
+        """A mixture's layers (MixtureOfExperts.pack_projections' names): the router, then each expert's
+        gate/up and down from the file's (experts, rows, inputs) tensors, one expert's matrices at a time."""
+        yield f"{prefix}.gate", self.layer([f"{prefix}.gate.weight"])
+        gate, up, down = (f"{prefix}.experts.{kind}" for kind in ("gate_proj", "up_proj", "down_proj"))
+        for expert in range(int(self.tensors[down][0].shape[2])):
+            yield f"{prefix}.experts.{expert}.gate_up_proj", self._expert_layer([gate, up], expert)
+            yield f"{prefix}.experts.{expert}.down_proj", self._expert_layer([down], expert)
+        for name in (gate, up, down):
+            self.tensors[name][0].drop_pages()
+
+    def _expert_layer(self, names: Sequence[str], expert: int) -> PackedLinear:
+        """One expert's slice of the (experts, rows, inputs) tensors `names`, stacked into one layer."""
+        import gguf
+
+        tensors = [self.tensors[name][0] for name in names]
+        kinds = {tensor.tensor_type.name for tensor in tensors}
+        float_kind = FLOAT_FORMATS.get(next(iter(kinds)))
+        if kinds & set(FLOAT_FORMATS) and len(kinds) > 1:
+            raise ValueError(f"the experts of {names[0]} mix {', '.join(sorted(kinds))}")
+        members = []
+        for tensor in tensors:
+            cols, rows = int(tensor.shape[0]), int(tensor.shape[1])
+            if float_kind:
+                values = gguf.quants.dequantize(tensor.data[expert], tensor.tensor_type)
+                members.append(torch.from_numpy(np.asarray(values, dtype=np.float32).reshape(rows, cols).copy()))
+            else:
+                members.append(decode(tensor.data[expert], tensor.tensor_type.name, rows, cols))
+        sizes = [m.shape[0] for m in members]
+        if float_kind:
+            return PackedLinear(torch.cat(members), None, sizes).quantize_(float_kind)
+        return GgufLinear(concatenate(members), None, sizes)
+
     def embedding_table(self) -> PackedLinear:
         """The token embeddings as a layer whose rows are looked up (PackedEmbedding): the file's values."""
         return self.layer(["model.embed_tokens.weight"])
@@ -295,9 +329,13 @@ class GgufMatrices:
         it is built, so a caller that keeps no layer holds one layer's worth of the file at a time."""
         count = 1 + max(int(name.split(".")[2]) for name in self.tensors if name.startswith("model.layers."))
         for index in range(count):
+            if f"model.layers.{index}.mlp.experts.down_proj" in self.tensors:  # a mixture of experts' layer
+                yield from self._experts(f"model.layers.{index}.mlp")
             for fused_name, parts in _FUSED.items():
                 block = "self_attn" if fused_name in ("qkv_proj", "o_proj") else "mlp"
                 prefix = f"model.layers.{index}.{block}"
+                if block == "mlp" and f"{prefix}.experts.down_proj" in self.tensors:
+                    continue
                 if len(parts) > 1 and f"{prefix}.{fused_name}.weight" in self.tensors:  # stored fused (Phi-3)
                     yield f"{prefix}.{fused_name}", self._stored_fused(f"{block}.{fused_name}", prefix)
                     continue

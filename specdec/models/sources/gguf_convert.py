@@ -21,10 +21,11 @@ import torch
 from safetensors.torch import save_file
 
 from specdec.errors import UnsupportedModelError
+from specdec.models.fused_checkpoints import split_experts
 from specdec.models.sources.gguf_file import GgufFile
 from specdec.paths import building_directory, replace_flushed
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gemma3", "phi3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma3", "phi3")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -55,6 +56,14 @@ _PHI3_LAYER_NAMES = {
     "attn_qkv.weight": "self_attn.qkv_proj.weight",
     "ffn_up.weight": "mlp.gate_up_proj.weight",
 }
+# Qwen3-MoE: the router and each layer's experts as one (experts, rows, inputs) tensor per projection
+_QWEN3MOE_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.gate_proj",
+    "ffn_up_exps.weight": "mlp.experts.up_proj",
+    "ffn_down_exps.weight": "mlp.experts.down_proj",
+}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -67,7 +76,8 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor, or None for tensors we derive instead (rope_freqs)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    layer_names = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}.get(arch, _LAYER_NAMES)
+    layer_names = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
+                   "qwen3moe": _QWEN3MOE_LAYER_NAMES}.get(arch, _LAYER_NAMES)
     match = _BLOCK.match(gguf_name)
     if match and match.group(2) in layer_names:
         return f"model.layers.{match.group(1)}.{layer_names[match.group(2)]}"
@@ -102,7 +112,8 @@ def gguf_field(reader: GgufFile, key: str, default=None):
 
 
 def dequantized_state_dict(reader, wanted: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
-    """float32 tensors under Hugging Face names (those `wanted` accepts; the others are not dequantized)."""
+    """float32 tensors under Hugging Face names (those `wanted` accepts, by the name of the whole tensor; the
+    others are not dequantized)."""
     import gguf
 
     arch = gguf_field(reader, "general.architecture")
@@ -126,7 +137,9 @@ def dequantized_state_dict(reader, wanted: Callable[[str], bool] | None = None) 
             array = unpermute_llama_qk(array, num_kv_heads)
         elif stores_norms_plus_one(arch) and name.endswith("norm.weight"):
             array = array - 1.0
-        state[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+        values = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+        # a mixture's (experts, rows, inputs) tensors as each expert's matrices, as its checkpoints store them
+        state.update(split_experts(name, values) if values.dim() == 3 else {name: values})
     return state
 
 
@@ -158,6 +171,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
                 config.query_pre_attn_scalar = int(gguf_field(reader, f"{arch}.embedding_length")) // int(heads)
             else:
                 config.query_pre_attn_scalar = int(head_dim or config.hidden_size // heads)
+        if arch == "qwen3moe":  # transformers' GGUF mapping drops the experts' width
+            config.moe_intermediate_size = int(gguf_field(reader, "qwen3moe.expert_feed_forward_length"))
         if arch == "phi3":
             config.rope_parameters = {**(config.rope_parameters or {}), **phi3_rope_parameters(reader)}
             config.sliding_window = None  # llama.cpp disables Phi-3's window; a run on its file matches that

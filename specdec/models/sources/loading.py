@@ -306,9 +306,11 @@ LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 
 
 def is_linear_weight(name: str) -> bool:
-    """Whether a checkpoint tensor belongs to a linear layer the CPU kernel packs (weight or bias)."""
+    """Whether a checkpoint tensor belongs to a linear layer the CPU kernel packs (weight or bias): the
+    projections, the LM head, a mixture's router (`mlp.gate`) and experts."""
     parts = name.split(".")
-    return parts[0] == "lm_head" or (len(parts) >= 2 and parts[-2] in LINEAR_LAYERS)
+    return (parts[0] == "lm_head" or (len(parts) >= 2 and parts[-2] in LINEAR_LAYERS) or "experts" in parts
+            or parts[-3:] == ["mlp", "gate", "weight"])
 
 
 def load_native_packed(model_dir: Path, hf_config: dict, weights: str):
@@ -346,9 +348,10 @@ def native_from_packed_layers(model_dir: Path, hf_config: dict, weights: str, la
     result = model.load_state_dict(state, strict=False, assign=True)  # norms, untied embeddings
     packed_buffers = {f"{name}.{buffer}" for name in layers for buffer in ("packed", "scales", "bias", "super_scales")}
     missing = [key for key in result.missing_keys if key not in packed_buffers]
-    expected = 4 * config.num_layers + 1 + (EMBEDDING_TABLE in layers)
-    if missing or result.unexpected_keys or len(layers) != expected:
-        raise ValueError(f"missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}, {len(layers)} layers")
+    used = {name for name, module in model.named_modules() if isinstance(module, PackedLinear)}
+    if missing or result.unexpected_keys or set(layers) - used:
+        raise ValueError(f"missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}, "
+                         f"layers the model has no place for: {sorted(set(layers) - used)[:3]}")
     model.init_rope("cpu")
     return model.eval()
 
