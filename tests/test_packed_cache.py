@@ -14,6 +14,7 @@ from specdec.api.generator import SpeculativeGenerator
 from specdec.models.quantized import packed_cache
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model
+from specdec.models.quantized.gguf_linear import GgufMatrices
 from specdec.models.quantized.packed_cache import PackedCacheWriter, packed_cache_path
 from specdec.models.quantized.packed_linear import PackedLinear
 from tiny_models import make_hf_model, save_tiny_model, write_tiny_gguf
@@ -156,5 +157,6 @@ def test_a_first_gguf_load_holds_one_layer_at_a_time(tmp_path, monkeypatch):
         patch.setattr(PackedCacheWriter, "add", add_and_watch)
         model = load_model(str(path), weights="gguf").model
     assert len(written) == 4 * 2 + 2  # 2 decoder layers' 4 matrices, the LM head, the untied embeddings
+    assert GgufMatrices(path).most_layers() >= len(written)  # the header's room is asked for enough
     with torch.no_grad():
         assert torch.equal(logits(model), logits(load_model(str(path), weights="gguf").model))

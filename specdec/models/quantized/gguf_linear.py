@@ -285,6 +285,10 @@ class GgufMatrices:
         self.tensors[name][0].drop_pages()
         return layer
 
+    def most_layers(self) -> int:
+        """At least as many as `layers()` yields, without reading a matrix: one a matrix, one an expert."""
+        return sum(int(tensor.shape[2]) if len(tensor.shape) == 3 else 1 for tensor, _ in self.tensors.values())
+
     def _experts(self, prefix: str) -> Iterator[tuple[str, PackedLinear]]:
         """A mixture's layers (MixtureOfExperts.pack_projections' names): the router, then each expert's
         gate/up and down from the file's (experts, rows, inputs) tensors, one expert's matrices at a time."""

@@ -60,12 +60,12 @@ def save_packed(model: torch.nn.Module, path: Path) -> None:
                  path)
 
 
-def write_packed(layers: Iterable[tuple[str, PackedLinear]], path: Path) -> bool:
-    """Write packed layers (name, layer) to the cache file `path` as they come (PackedCacheWriter); False
-    where the cache cannot be written (read-only home, full disk), which only costs the next load its
-    packing time: a warning, and no file."""
+def write_packed(layers: Iterable[tuple[str, PackedLinear]], path: Path, most_layers: int = 0) -> bool:
+    """Write packed layers (name, layer) to the cache file `path` as they come (PackedCacheWriter; `most_layers`:
+    how many there may be, for the header's room); False where the cache cannot be written (read-only home,
+    full disk), which only costs the next load its packing time: a warning, and no file."""
     try:
-        with PackedCacheWriter(path) as writer:
+        with PackedCacheWriter(path, most_layers) as writer:
             for name, layer in layers:
                 writer.add(name, layer)
     except OSError as error:
@@ -86,18 +86,20 @@ class PackedCacheWriter:
     every tensor at once).
 
     The file is safetensors (8-byte header length, JSON header, the tensors' bytes back to back), which
-    safe_open maps. The header comes first but is known last, so the bytes are written after HEADER_ROOM
-    bytes left for it, and the header is padded with spaces to fill them (the format allows that); a header
+    safe_open maps. The header comes first but is known last, so the bytes are written after room left for
+    it (HEADER_ROOM, or ROOM_PER_LAYER for each of the layers the caller says may come), and the header is padded with spaces to fill them (the format allows that); a header
     that outgrows the room is written to a new file followed by a copy of the bytes. Written under a
     temporary name and renamed, so a crash leaves no file that looks complete; on an error nothing is left."""
 
-    HEADER_ROOM = 1 << 20  # ~4,000 layers' entries
+    HEADER_ROOM = 1 << 20  # at least; a layer's entries take under ROOM_PER_LAYER bytes
+    ROOM_PER_LAYER = 1 << 10
     # Written in pieces this size: a file written in large pieces is cached in large folios, which the kernel
     # maps whole on a fault, so every later load that maps the file would show far more resident memory.
     WRITE_PIECE = 1 << 16
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, most_layers: int = 0):
         self.path = Path(path)
+        self.room = max(self.HEADER_ROOM, self.ROOM_PER_LAYER * most_layers)  # a mixture has thousands of layers
         self.partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.partial")  # two processes may write at once
         self.entries: dict[str, dict] = {}
         self.layouts: dict[str, dict] = {}
@@ -107,7 +109,7 @@ class PackedCacheWriter:
     def __enter__(self) -> "PackedCacheWriter":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.handle = open(self.partial, "wb")
-        self.handle.seek(self.HEADER_ROOM)
+        self.handle.seek(self.room)
         return self
 
     def add(self, name: str, layer: PackedLinear) -> None:
@@ -136,9 +138,9 @@ class PackedCacheWriter:
 
     def _write_header(self) -> None:
         header = json.dumps({**self.entries, "__metadata__": {_META_KEY: json.dumps(self.layouts)}}).encode()
-        if 8 + len(header) <= self.HEADER_ROOM:
+        if 8 + len(header) <= self.room:
             self.handle.seek(0)
-            self.handle.write(struct.pack("<Q", self.HEADER_ROOM - 8) + header.ljust(self.HEADER_ROOM - 8))
+            self.handle.write(struct.pack("<Q", self.room - 8) + header.ljust(self.room - 8))
             return
         header += b" " * (-len(header) % 8)  # the format pads its header to 8 bytes
         self.handle.close()
@@ -146,7 +148,7 @@ class PackedCacheWriter:
         os.replace(self.partial, moved)
         with open(self.partial, "wb") as out, open(moved, "rb") as body:
             out.write(struct.pack("<Q", len(header)) + header)
-            body.seek(self.HEADER_ROOM)
+            body.seek(self.room)
             shutil.copyfileobj(body, out, self.WRITE_PIECE)
         moved.unlink()
 

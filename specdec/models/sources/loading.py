@@ -371,7 +371,7 @@ def load_native_gguf(name: str, model_dir: Path, hf_config: dict):
     path = packed_cache_path(model_dir, "gguf")
     try:
         matrices = GgufMatrices(source, ModelConfig.from_hf_dict(hf_config))
-        layers = packed_through_cache(matrices.layers(), path) or dict(matrices.layers())
+        layers = packed_through_cache(matrices.layers(), path, matrices.most_layers()) or dict(matrices.layers())
         try:
             return native_from_packed_layers(model_dir, hf_config, "gguf", layers)
         except ValueError:
@@ -382,10 +382,11 @@ def load_native_gguf(name: str, model_dir: Path, hf_config: dict):
                                     "for this file") from None
 
 
-def packed_through_cache(layers: Iterator[tuple[str, PackedLinear]], path: Path) -> dict | None:
-    """Write `layers` (name, layer), as they come, to the packed cache at `path` and read them back from it
-    (mapped from the file, as a warm load reads them); None where the cache cannot be written."""
-    return load_packed(path) if write_packed(layers, path) else None
+def packed_through_cache(layers: Iterator[tuple[str, PackedLinear]], path: Path, most_layers: int) -> dict | None:
+    """Write `layers` (name, layer; at most `most_layers` of them), as they come, to the packed cache at `path`
+    and read them back from it (mapped from the file, as a warm load reads them); None where the cache cannot
+    be written."""
+    return load_packed(path) if write_packed(layers, path, most_layers) else None
 
 
 def gguf_embedding_table(model_dir: Path, hf_config: dict, weights: str):
