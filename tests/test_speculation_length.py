@@ -11,10 +11,12 @@ EXTRA = 0.008  # each further verified token
 
 
 def simulate(acceptance: float, draft_per_token: float, catch_up_per_token: float = 0.0, rounds: int = 300,
-             seed: int = 0, useless_rounds: int = 0, step: float = STEP, extra: float = EXTRA) -> list[int]:
+             seed: int = 0, useless_rounds: int = 0, step: float = STEP, extra: float = EXTRA,
+             pass_ratio=None) -> list[int]:
     """Ks chosen over `rounds` rounds; a draft model skipped by K = 0 rounds catches up on those tokens in
     its next round, at `catch_up_per_token` each. The first `useless_rounds` rounds accept nothing (text
-    the draft cannot predict), then `acceptance` holds."""
+    the draft cannot predict), then `acceptance` holds. A verification over T rows costs step + extra (T - 1),
+    or step * pass_ratio(T) where given."""
     rng = np.random.default_rng(seed)
     choose = AdaptiveK(max_k=8)
     skipped = 0
@@ -29,7 +31,7 @@ def simulate(acceptance: float, draft_per_token: float, catch_up_per_token: floa
             accepted += 1
         draft_seconds = draft_per_token * k + catch_up_per_token * skipped
         skipped = 0
-        choose.observe(k, accepted, draft_seconds, step + extra * k)
+        choose.observe(k, accepted, draft_seconds, step * pass_ratio(k + 1) if pass_ratio else step + extra * k)
     return choose.history
 
 
@@ -115,3 +117,34 @@ def test_each_source_of_a_combined_drafter_gets_its_own_k():
     assert np.mean(chosen["guess"][-50:]) <= 2
     assert np.mean(chosen["pooled verbatim"][-50:]) < 0.6 * np.mean(chosen["verbatim"][-50:])
     assert per_source.next_k() == 16  # the engine's cap: what any source may draft
+
+
+# A verification pass over T rows against a one-token step (docs/performance.md, Zen 4): the dense 1.5B's
+# GGUF blocks, and a layer of Qwen3-30B-A3B's shape, where T rows pick up to 8 T of 128 experts.
+DENSE_PASS = {1: 1.0, 2: 1.08, 4: 1.25, 8: 1.62, 16: 2.86}
+MOE_PASS = {1: 1.0, 2: 1.30, 4: 2.07, 8: 2.42, 16: 3.49}
+
+
+def measured(ratios: dict[int, float]):
+    sizes = sorted(ratios)
+    return lambda rows: float(np.interp(rows, sizes, [ratios[n] for n in sizes]))
+
+
+def expected_rate(k: int, acceptance: float, draft_per_token: float, pass_ratio) -> float:
+    """Tokens a second at a fixed K with independent acceptance: (1 + a + ... + a^K) / (draft K + pass)."""
+    return sum(acceptance ** i for i in range(k + 1)) / (draft_per_token * k + STEP * pass_ratio(k + 1))
+
+
+@pytest.mark.parametrize("acceptance", [0.3, 0.6, 0.85])
+def test_verification_that_reads_more_experts_gets_a_shorter_k_and_never_loses(acceptance):
+    """On a mixture of experts a pass over a few rows reads several times the experts of a step, so it costs
+    more than a dense model's: AdaptiveK, measuring each pass's cost by its rows, drafts less there where
+    acceptance is moderate (at high acceptance both go long: past 4 rows the mixture's pass grows slowly),
+    and the K it settles on is never slower than plain decoding (K = 0) and near the best K's speed."""
+    dense, moe = measured(DENSE_PASS), measured(MOE_PASS)
+    moe_ks = simulate(acceptance, 0.001, pass_ratio=moe, rounds=400)[-150:]
+    if acceptance < 0.8:
+        assert np.mean(moe_ks) < np.mean(simulate(acceptance, 0.001, pass_ratio=dense, rounds=400)[-150:])
+    settled = int(np.bincount(moe_ks).argmax())
+    rates = [expected_rate(k, acceptance, 0.001, moe) for k in range(9)]
+    assert rates[settled] >= 0.97 * rates[0] and rates[settled] >= 0.9 * max(rates)
