@@ -293,7 +293,9 @@ def cmd_generate(args) -> int:
         print(f"[{s.new_tokens} tokens, {s.tokens_per_second:.1f} tok/s, drafter {s.drafter}, "
               f"tau {s.tau:.2f}, acceptance {s.acceptance_rate:.0%}, {s.draft_ms_per_round:.1f} + "
               f"{s.verify_ms_per_round:.1f} ms per round (draft + verify), drafter memory "
-              f"{s.drafter_memory_bytes / 1e6:.1f} MB]", file=sys.stderr)
+              f"{s.drafter_memory_bytes / 1e6:.1f} MB"
+              + (f", {s.experts_per_pass:.1f} experts a layer per verification" if s.experts_per_pass else "") + "]",
+              file=sys.stderr)
         if comparison is not None:
             print(comparison.line(), file=sys.stderr)
         hint = speculation_hint(s)

@@ -592,3 +592,17 @@ def test_help_and_docs_name_every_registered_drafter():
     for kind in REGISTRY.values():
         assert f"`{kind.name}" in docs, f"docs/drafters.md has no row for {kind.name}"
         assert "".join(kind.syntax.split()) in help_text, kind.syntax
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.9, "top_p": 0.95, "seed": 7}], ids=["greedy", "seeded"])
+def test_a_mixture_of_experts_target_speculates_exactly_and_reports_its_experts(tmp_path, settings):
+    """A Qwen3-MoE target (2 of 4 experts a token): speculative output equal to plain, greedy and seeded;
+    a plain step runs exactly the picked experts a layer, a verification pass over more rows more of them."""
+    target = load_model(str(save_tiny_model(tmp_path / "moe", "qwen3_moe", seed=12, mlp_only_layers=[])))
+    prompt = "hello hello the world the world hello hello the world"
+    plain = SpeculativeGenerator(target, None).generate(prompt, 40, chat=False, **settings)
+    assert plain.stats.experts_per_pass == 2.0
+    drafter = make_drafter("ngram", target, "cpu", "float32")
+    speculative = SpeculativeGenerator(target, drafter, 4).generate(prompt, 40, chat=False, **settings)
+    assert speculative.token_ids == plain.token_ids
+    assert 2.0 < speculative.stats.experts_per_pass <= 4.0

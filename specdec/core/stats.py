@@ -14,6 +14,7 @@ class RoundStats:
     draft_seconds: float
     verify_seconds: float  # the target forward
     other_seconds: float  # acceptance, commit, drafter rollback
+    experts_per_layer: float | None = None  # a mixture of experts: distinct experts the verify pass ran, a layer
 
 
 @dataclass
@@ -38,6 +39,9 @@ class GenerationStats:
     draft_ms_per_round: float = 0.0  # cost per round: drafting ...
     verify_ms_per_round: float = 0.0  # ... and the target's verify forward
     drafter_memory_bytes: int = 0  # what the drafter holds beyond the target (weights, caches, indexes)
+    # a mixture-of-experts target: the distinct experts a verification pass ran per mixture layer (mean over
+    # rounds; a step runs experts_per_token of them, a pass over K + 1 rows more): what verifying costs there
+    experts_per_pass: float | None = None
 
     @classmethod
     def from_rounds(
@@ -77,7 +81,12 @@ class GenerationStats:
             draft_ms_per_round=1e3 * sum(r.draft_seconds for r in rounds) / max(len(rounds), 1),
             verify_ms_per_round=1e3 * sum(r.verify_seconds for r in rounds) / max(len(rounds), 1),
             drafter_memory_bytes=drafter_memory_bytes,
+            experts_per_pass=mean_or_none([r.experts_per_layer for r in rounds if r.experts_per_layer is not None]),
         )
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def mean_or_none(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None

@@ -36,6 +36,7 @@ class Round:
     draft_seconds: float
     catch_up_seconds: float = 0.0  # of draft_seconds, the drafter catching up with the context (a prefill)
     verify_seconds: float = 0.0
+    experts_per_layer: float | None = None  # the verify pass's, on a mixture-of-experts target
     logits: torch.Tensor | None = None  # (K+1 or T+1, V) the rows that judge the draft, grammar-masked
     features: torch.Tensor | None = None  # (K+1 or T+1, C x layers) the target's features, for feature drafters
     result: VerifyResult | None = None
@@ -53,7 +54,7 @@ class Round:
     def stats(self, committed: int, other_seconds: float) -> RoundStats:
         asked = self.k if self.draft.asked is None else self.draft.asked  # a combined drafter's source's own K
         return RoundStats(asked, len(self.draft), self.result.num_accepted, committed, self.draft_seconds,
-                          self.verify_seconds, other_seconds)
+                          self.verify_seconds, other_seconds, self.experts_per_layer)
 
     def keep_accepted_in_cache(self) -> None:
         """The cache keeps [last committed] + the accepted drafts; the new last token is the next input."""

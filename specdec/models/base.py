@@ -19,6 +19,7 @@ import torch
 class ForwardOutput:
     logits: torch.Tensor  # (B, T, V), or (B, 1, V) when only the last position was asked for
     hidden_states: dict[int, torch.Tensor]  # layer index -> (B, T, C); index num_layers = final normed state
+    experts_per_layer: float | None = None  # a mixture of experts: the distinct experts the pass ran, a layer
 
 
 @dataclass

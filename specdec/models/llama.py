@@ -236,6 +236,7 @@ class MixtureOfExperts(nn.Module):
         self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
         self.experts = nn.ModuleList(MLP(c, c.moe_intermediate_size) for _ in range(c.num_experts))
         self.top_k, self.normalize = c.experts_per_token, c.norm_topk_prob
+        self.touched = 0  # distinct experts the last forward ran (stats: experts per pass)
 
     def pack_projections(self, packed: Callable[[str, list[nn.Linear]], nn.Module], prefix: str) -> None:
         self.gate = packed(f"{prefix}.gate", [self.gate])
@@ -255,7 +256,9 @@ class MixtureOfExperts(nn.Module):
         rows = x.reshape(-1, x.shape[-1])  # (N, C)
         weights, experts = self.route(rows)
         picked = rows.new_zeros(rows.shape[0], self.top_k, rows.shape[1])  # (N, top_k, C): each pick's output
-        for expert in experts.unique().tolist():
+        chosen = experts.unique().tolist()
+        self.touched = len(chosen)
+        for expert in chosen:
             row, rank = (experts == expert).nonzero(as_tuple=True)  # the rows that picked it, grouped
             picked[row, rank] = self.experts[expert](rows[row]) * weights[row, rank].unsqueeze(-1)
         out = picked[:, 0]
@@ -617,7 +620,12 @@ class LlamaForCausalLM(nn.Module, CausalLM):
         logits = self.lm_head(x).float()
         if c.final_logit_softcap is not None:
             logits = torch.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
-        return ForwardOutput(logits=logits, hidden_states=hidden)
+        return ForwardOutput(logits=logits, hidden_states=hidden, experts_per_layer=self.experts_touched())
+
+    def experts_touched(self) -> float | None:
+        """The distinct experts the last forward ran, averaged over the mixture layers (None: a dense model)."""
+        mixtures = [layer.mlp.touched for layer in self.model.layers if isinstance(layer.mlp, MixtureOfExperts)]
+        return sum(mixtures) / len(mixtures) if mixtures else None
 
     def window_inputs(
         self,
