@@ -15,7 +15,7 @@ from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after
 from specdec.models.derived import head_prefix_copy
 from specdec.models.quantized.gguf_blocks import BlockWeights, code_values, concatenate, decode
-from specdec.models.quantized import gguf_linear
+from specdec.models.quantized import gguf_matrices
 from specdec.models.quantized.gguf_linear import GgufLinear
 from specdec.models.sources.loading import load_model
 from specdec.models.quantized.packed_cache import packed_cache_path
@@ -240,9 +240,9 @@ def test_vocabulary_sized_matrices_are_packed_a_run_of_rows_at_a_time(tmp_path, 
     buffers decoding them whole does."""
     hf = make_hf_model("llama", seed=6, hidden_size=256, intermediate_size=512, tie_word_embeddings=False)
     path = write_tiny_gguf(tmp_path / "t.gguf", hf, {"default": "Q4_K", "output.weight": "Q6_K"})
-    whole = dict(gguf_linear.GgufMatrices(path).layers())
-    monkeypatch.setattr(gguf_linear, "ROWS_AT_ONCE", 24)  # 263 rows: 10 runs of 24 and one of 23
-    in_runs = dict(gguf_linear.GgufMatrices(path).layers())
+    whole = dict(gguf_matrices.GgufMatrices(path).layers())
+    monkeypatch.setattr(gguf_matrices, "ROWS_AT_ONCE", 24)  # 263 rows: 10 runs of 24 and one of 23
+    in_runs = dict(gguf_matrices.GgufMatrices(path).layers())
     for name in ("lm_head", "model.embed_tokens.table"):
         assert in_runs[name].layout() == whole[name].layout()
         for key in ("packed", "scales", "super_scales"):

@@ -14,7 +14,7 @@ from specdec.api.generator import SpeculativeGenerator
 from specdec.models.quantized import packed_cache
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model
-from specdec.models.quantized.gguf_linear import GgufMatrices
+from specdec.models.quantized.gguf_matrices import GgufMatrices
 from specdec.models.quantized.packed_cache import PackedCacheWriter, packed_cache_path
 from specdec.models.quantized.packed_linear import PackedLinear
 from tiny_models import make_hf_model, save_tiny_model, write_tiny_gguf

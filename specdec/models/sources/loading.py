@@ -358,11 +358,11 @@ def native_from_packed_layers(model_dir: Path, hf_config: dict, weights: str, la
 
 def load_native_gguf(name: str, model_dir: Path, hf_config: dict):
     """A CPU model on the quantized blocks of the GGUF file `model_dir` was converted from
-    (models/quantized/gguf_linear.py). The layers are packed one at a time straight into the packed-weight
+    (models/quantized/gguf_matrices.py). The layers are packed one at a time straight into the packed-weight
     cache and the model is then read from it as every later load reads it: a first load holds one layer's
     packing beside the file's mapped pages, never a whole second copy of the model. Where the cache cannot
     be written, the layers are kept in memory instead."""
-    from specdec.models.quantized.gguf_linear import GgufMatrices
+    from specdec.models.quantized.gguf_matrices import GgufMatrices
 
     source = gguf_source(model_dir)
     if source is None:
@@ -393,7 +393,7 @@ def gguf_embedding_table(model_dir: Path, hf_config: dict, weights: str):
     """For a model packed into a cached (quantized) format from a GGUF file: its untied token embeddings as
     the file's own blocks, the very values the float32 table holds, at a fraction of the bytes (cached with
     the packed layers). None where the embeddings are tied (read from the LM head) or there is no GGUF."""
-    from specdec.models.quantized.gguf_linear import GgufMatrices
+    from specdec.models.quantized.gguf_matrices import GgufMatrices
 
     source = gguf_source(model_dir)
     if source is None or hf_config.get("tie_word_embeddings", False) or not is_cached_format(weights):
