@@ -181,3 +181,41 @@ extern "C" void decoder_layers_batch(const LayerWeights* layers, int64_t count, 
                                      int64_t Hkv, int64_t D, float attention_scale, int num_threads) {
     run_layers(layers, count, x, cos, sin, segments, num_segments, H, Hkv, D, attention_scale, num_threads);
 }
+
+// A mixture of experts' feed-forward over T rows (models/llama.py: MixtureOfExperts): row t picked the experts
+// experts[t, r] with weights[t, r] (r < top_k, best first); out[t] = the sum, over r in rank order, of
+// weights[t, r] * down_e(silu(gate) * up) with gate, up = gate_up_e(x[t]). The rows that picked an expert go
+// through it together, its weights read once; every product is the kernels' row-count-invariant one, so a row
+// computes the same whichever rows share its pass (a verification's rows as one-token steps).
+extern "C" void mixture_of_experts(const PackedMatrix* gate_up, const PackedMatrix* down, int64_t num_experts,
+                                   const float* x, const int64_t* experts, const float* weights, float* out,
+                                   int64_t T, int64_t top_k, int num_threads) {
+    const int64_t C = down[0].out_features, I = down[0].in_features;
+    std::vector<float> picked(T * top_k * C), rows, gate_up_out, activated, projected;
+    std::vector<int64_t> slots;  // (row, rank) pairs as row * top_k + rank
+    for (int64_t e = 0; e < num_experts; e++) {
+        slots.clear();
+        for (int64_t s = 0; s < T * top_k; s++)
+            if (experts[s] == e) slots.push_back(s);
+        if (slots.empty()) continue;
+        const int64_t n = static_cast<int64_t>(slots.size());
+        rows.resize(n * C);
+        gate_up_out.resize(n * 2 * I);
+        activated.resize(n * I);
+        projected.resize(n * C);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t c = 0; c < C; c++) rows[i * C + c] = x[(slots[i] / top_k) * C + c];
+        multiply(gate_up[e], rows.data(), gate_up_out.data(), n, num_threads);
+        silu_mul(gate_up_out.data(), activated.data(), n, I);
+        multiply(down[e], activated.data(), projected.data(), n, num_threads);
+        for (int64_t i = 0; i < n; i++) {
+            const float weight = weights[slots[i]];
+            for (int64_t c = 0; c < C; c++) picked[slots[i] * C + c] = projected[i * C + c] * weight;
+        }
+    }
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t c = 0; c < C; c++) out[t * C + c] = picked[t * top_k * C + c];
+        for (int64_t r = 1; r < top_k; r++)
+            for (int64_t c = 0; c < C; c++) out[t * C + c] += picked[(t * top_k + r) * C + c];
+    }
+}

@@ -29,7 +29,7 @@ from specdec.models.base import (CausalLM, ForwardOutput, ForwardRequest, causal
 from specdec.models.config import ModelConfig
 from specdec.models.cuda_graphs import CudaGraphs
 from specdec.models.kv_cache import KVCache
-from specdec.models.layer_plan import LayerPlan, layer_plan, plan_applies
+from specdec.models.layer_plan import ExpertTable, LayerPlan, layer_plan, plan_applies
 from specdec.models.rope import apply_rope, rope_cos_sin, rope_inverse_frequencies
 
 
@@ -237,6 +237,8 @@ class MixtureOfExperts(nn.Module):
         self.experts = nn.ModuleList(MLP(c, c.moe_intermediate_size) for _ in range(c.num_experts))
         self.top_k, self.normalize = c.experts_per_token, c.norm_topk_prob
         self.touched = 0  # distinct experts the last forward ran (stats: experts per pass)
+        # (the first expert's packed gate/up, held so it cannot be replaced unnoticed; the C table of the packing)
+        self.table: tuple[nn.Module | None, ExpertTable | None] | None = None
 
     def pack_projections(self, packed: Callable[[str, list[nn.Linear]], nn.Module], prefix: str) -> None:
         self.gate = packed(f"{prefix}.gate", [self.gate])
@@ -252,12 +254,24 @@ class MixtureOfExperts(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(rows.dtype), experts
 
+    def kernel_table(self, rows: torch.Tensor) -> ExpertTable | None:
+        """The packed experts as one C call runs them (CPU float32 rows, every expert packed), else None."""
+        if rows.device.type != "cpu" or rows.dtype != torch.float32 or packed_kernel() is None:
+            return None
+        packing = self.experts[0]._modules.get("gate_up_proj")  # pack_weights and copies replace the modules
+        if self.table is None or self.table[0] is not packing:
+            self.table = (packing, ExpertTable.of(self.experts))
+        return self.table[1]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])  # (N, C)
         weights, experts = self.route(rows)
-        picked = rows.new_zeros(rows.shape[0], self.top_k, rows.shape[1])  # (N, top_k, C): each pick's output
         chosen = experts.unique().tolist()
         self.touched = len(chosen)
+        table = self.kernel_table(rows)
+        if table is not None:  # the same sums in C: no Python between an expert's two products
+            return table.run(rows, experts, weights).reshape(x.shape)
+        picked = rows.new_zeros(rows.shape[0], self.top_k, rows.shape[1])  # (N, top_k, C): each pick's output
         for expert in chosen:
             row, rank = (experts == expert).nonzero(as_tuple=True)  # the rows that picked it, grouped
             picked[row, rank] = self.experts[expert](rows[row]) * weights[row, rank].unsqueeze(-1)
