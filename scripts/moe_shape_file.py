@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tiny vocabulary, random blocks
-from tiny_models import CHAT_TEMPLATE, SPECIAL_TOKENS, VOCAB, byte_level_vocab, random_k_blocks  # noqa: E402
+from tiny_models import VOCAB, random_k_blocks, write_byte_level_vocab  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, EXPERT_WIDTH, USED = 2048, 32, 4, 128, 768, 8
 
@@ -57,15 +57,7 @@ def main() -> None:
     writer.add_expert_count(args.experts)
     writer.add_expert_used_count(USED)
     writer.add_expert_feed_forward_length(EXPERT_WIDTH)
-    tokens, merges = byte_level_vocab()
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3 if t in SPECIAL_TOKENS else 1 for t in tokens])
-    writer.add_token_merges([f"{a} {b}" for a, b in merges])
-    writer.add_bos_token_id(VOCAB - 2)
-    writer.add_eos_token_id(VOCAB - 1)
-    writer.add_chat_template(CHAT_TEMPLATE)
+    write_byte_level_vocab(writer, VOCAB - 2, VOCAB - 1)
     q4, q6 = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
     ones = np.ones(HIDDEN, dtype=np.float32)
     writer.add_tensor("token_embd.weight", matrix("embd", VOCAB, HIDDEN, "Q4_K"), raw_dtype=q4)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specdec.cli import main
+from tiny_models import make_hf_model, write_tiny_gguf
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -146,3 +147,21 @@ def test_models_lists_the_zoo(capsys):
     rows = {line.split()[0]: line.split()[1:3] for line in capsys.readouterr().out.splitlines()[1:]}
     assert rows["smollm2-135m-instruct"] == ["llama", "native"]
     assert rows["gemma3-270m"] == ["gemma3_text", "native"]
+
+
+@pytest.mark.parametrize("kind", ["phi3", "qwen3_moe"])
+def test_generate_on_a_phi3_or_mixture_gguf_file_streams_what_json_returns(tmp_path, capsys, kind):
+    """The newer architectures as a user runs them: `specdec generate FILE.gguf`, streamed and whole (--json)
+    alike; a mixture's stats line says how many experts a verification ran."""
+    hf = make_hf_model(kind, seed=9, **({"mlp_only_layers": []} if kind == "qwen3_moe" else {}))
+    path = write_tiny_gguf(tmp_path / f"{kind}.gguf", hf, "Q8_0")
+    args = ["generate", "hello hello the world", "--target", str(path), "--drafter", "ngram", "--no-chat",
+            "--max-new-tokens", "24"]
+    assert main([*args, "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert whole["stats"]["new_tokens"] == 24
+    assert (whole["stats"]["experts_per_pass"] is not None) == (kind == "qwen3_moe")
+    assert main(args) == 0
+    printed = capsys.readouterr()
+    assert printed.out.rstrip("\n") == whole["text"]
+    assert ("experts a layer per verification" in printed.err) == (kind == "qwen3_moe")

@@ -203,15 +203,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
     if arch == "gemma3":
         write_sentencepiece_vocab(writer)
     else:
-        tokens, merges = byte_level_vocab()
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("default")
-        writer.add_token_list(tokens)
-        writer.add_token_types([3 if t in SPECIAL_TOKENS else 1 for t in tokens])
-        writer.add_token_merges([f"{a} {b}" for a, b in merges])
-        writer.add_bos_token_id(config.bos_token_id)
-        writer.add_eos_token_id(config.eos_token_id)
-        writer.add_chat_template(CHAT_TEMPLATE)
+        write_byte_level_vocab(writer, config.bos_token_id, config.eos_token_id)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     layer_names = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -260,6 +252,19 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_byte_level_vocab(writer, bos: int, eos: int) -> None:
+    """The tiny byte-level tokenizer and its chat template as llama.cpp writes a GPT-2 style vocabulary."""
+    tokens, merges = byte_level_vocab()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in SPECIAL_TOKENS else 1 for t in tokens])
+    writer.add_token_merges([f"{a} {b}" for a, b in merges])
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(eos)
+    writer.add_chat_template(CHAT_TEMPLATE)
 
 
 def moe_tensors_as_llama_cpp(state: dict) -> dict:

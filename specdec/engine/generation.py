@@ -131,7 +131,7 @@ class Generation:
             torch.cuda.synchronize(logits.device)
         accepting = time.perf_counter()
         round.verify_seconds = (verify_ended or accepting) - verify_started
-        round.experts_per_layer = getattr(out, "experts_per_layer", None)
+        round.experts_per_layer = out.experts_per_layer
         for step in self.steps:
             logits = step.mask(round, logits)
         round.logits = logits
