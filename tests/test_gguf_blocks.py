@@ -25,9 +25,9 @@ from tiny_models import make_hf_model, random_k_blocks, save_tiny_model, write_t
 
 pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA/F16C CPU or no C++ compiler here")
 
-LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf-py quantizes to these
+LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4")  # gguf-py quantizes to these
 FORMATS = LEGACY + ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
-LAYOUT = {"Q8_0": "signed", "Q5_0": "sixbits", "Q5_1": "sixbits", "Q5_K": "sixbits", "Q6_K": "sixbits",
+LAYOUT = {"Q8_0": "signed", "MXFP4": "signed", "Q5_0": "sixbits", "Q5_1": "sixbits", "Q5_K": "sixbits", "Q6_K": "sixbits",
           "IQ4_NL": "iq4", "IQ4_XS": "iq4", "Q2_K": "crumbs"}  # the rest: nibbles
 
 
@@ -56,6 +56,20 @@ def test_blocks_decode_to_the_values_gguf_dequantizes_to(format_name):
         assert weights.codes.max() < {"sixbits": 64, "crumbs": 4}.get(weights.layout, 16)
     rows = torch.tensor([[3, 0], [23, 7]])
     assert torch.equal(weights.dequantize(rows), expected[rows])
+
+
+def test_mxfp4_scales_beyond_float16_are_exact_or_refused():
+    """MXFP4's e8m0 scales span 2^-128..2^127: within float16 they are d; up to 2^21 d and a power-of-two sc;
+    below 2^-24 only an all-zero block, whose scale does not matter; beyond, a clear refusal."""
+    def block(exponent: int, codes: int) -> np.ndarray:
+        return np.array([[exponent] + [codes] * 16], dtype=np.uint8)  # 16 bytes: two 4-bit indices each
+
+    for exponent, codes in ((128 + 15, 0x21), (128 + 17, 0x7F), (128 + 21, 0xF9), (128 - 24, 0x33), (3, 0x00)):
+        raw = block(exponent, codes)
+        assert torch.equal(decode(raw, "MXFP4", 1, 32).dequantize(), gguf_reference(raw, "MXFP4", 1, 32))
+    for exponent in (128 + 22, 128 - 25):
+        with pytest.raises(ValueError, match="MXFP4 block scale"):
+            decode(block(exponent, 0x11), "MXFP4", 1, 32)
 
 
 def test_unsupported_block_formats_are_refused():
@@ -174,6 +188,8 @@ def logits(model) -> torch.Tensor:
     ("gemma3", {"default": "Q5_0", "attn_v.weight": "Q8_0"}),  # as the 270M file: sliding window, (1 + w) norms
     ("phi3", {"default": "Q8_0", "ffn_up.weight": "Q4_1"}),  # fused q/k/v and gate/up as stored, partial rotary
     ("qwen3_moe", {"default": "Q8_0", "ffn_down_exps.weight": "Q5_0", "ffn_gate_inp.weight": "F32"}),  # experts
+    # as llama.cpp's gpt-oss files: MXFP4 experts (with F32 biases), the rest Q8_0; sinks, a window crossed
+    ("gpt_oss", {"default": "Q8_0", "_exps.weight": "MXFP4"}),
 ])
 def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
     if kind == "llama-untied":  # K-quants need 256 inputs
@@ -210,6 +226,7 @@ def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
                 assert sum(layer.split_sizes) == layer.out_features, name
                 x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(0))
                 exact = x @ layer.embedding_rows(torch.arange(layer.out_features)).T
+                exact = exact if layer.bias is None else exact + layer.bias
                 assert (layer.unsplit(x) - exact).norm() / exact.norm() < 0.01, name
         default = quantization["default"] if isinstance(quantization, dict) else quantization
         assert (ours - reference).norm() / reference.norm() < {"Q3_K": 0.25, "IQ4_NL": 0.05}.get(default, 0.03)

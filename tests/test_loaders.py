@@ -64,12 +64,16 @@ def test_a_half_precision_checkpoint_runs_on_its_own_values_from_half_the_bytes(
 
 
 @pytest.mark.parametrize("kind,quantization", [("llama", "F32"), ("qwen2", "F32"), ("qwen3", "F32"), ("llama", "Q8_0"),
-                                                ("gemma3", "F32"), ("phi3", "Q8_0"), ("qwen3_moe", "Q8_0")])
+                                                ("gemma3", "F32"), ("phi3", "Q8_0"), ("qwen3_moe", "Q8_0"),
+                                                ("gpt_oss", "F32")])
 def test_gguf_round_trip(tmp_path, kind, quantization):
     # gemma3: llama.cpp's layer pattern (every 6th layer global), which its files do not record; phi3: fused
     # q/k/v and gate/up, partial rotary and longrope's factors, which transformers' GGUF reader drops
     # qwen3_moe: the experts as llama.cpp's three (experts, rows, inputs) tensors, every layer a mixture
-    overrides = {"gemma3": {"num_hidden_layers": 6, "layer_types": None}, "qwen3_moe": {"mlp_only_layers": []}}
+    # gpt_oss: gate and up apart, biases, sinks and YaRN's parameters, which transformers' GGUF reader fails on
+    # (YaRN's band in whole dimensions, as llama.cpp reads the file)
+    overrides = {"gemma3": {"num_hidden_layers": 6, "layer_types": None}, "qwen3_moe": {"mlp_only_layers": []},
+                 "gpt_oss": {"yarn_truncate": True}}
     hf = make_hf_model(kind, seed=3, **overrides.get(kind, {}))
     path = write_tiny_gguf(tmp_path / f"tiny-{kind}.gguf", hf, quantization)
     if quantization != "F32":  # the reference carries the same rounding as the file

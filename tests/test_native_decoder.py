@@ -31,6 +31,9 @@ VARIANTS = [
     ("phi3", {}),  # Phi-4-mini's shape: fused projections, partial rotary, longrope's factors and scale
     # Phi-3-mini-4k's: every dimension rotated, no rope scaling, a window (8, crossed below), untied
     ("phi3", {"partial_rotary_factor": 1.0, "rope_scaling": None, "sliding_window": 8, "tie_word_embeddings": False}),
+    # gpt-oss: attention sinks, a window (8) on every other layer, YaRN, a biased router softmaxed over its
+    # picks, biased experts with the clamped SwiGLU
+    ("gpt_oss", {}),
 ]
 
 
@@ -133,9 +136,9 @@ def test_unsupported_architecture_is_refused():
 
     with pytest.raises(UnsupportedModelError, match="gpt2"):
         ModelConfig.from_hf_dict({"model_type": "gpt2"})
-    with pytest.raises(UnsupportedModelError, match="yarn"):
+    with pytest.raises(UnsupportedModelError, match="dynamic"):
         ModelConfig.from_hf_dict({**make_hf_model("llama").config.to_dict(),
-                                  "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}})
+                                  "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}})
 
 
 @pytest.mark.skipif(packed_kernel() is None, reason="bit-identical rows need the CPU kernels")
@@ -143,6 +146,7 @@ def test_unsupported_architecture_is_refused():
     ("qwen2", "float32", None), ("qwen2", "int8", None), ("qwen2", "int4", None), ("qwen2", "int7", None),
     ("gemma3", "int8", None),  # gemma3: rows past its window
     ("qwen3_moe", "int8", None), ("phi3", "float32", None),  # rows routed to experts; partial rotary, longrope
+    ("gpt_oss", "int8", None),  # sinks in the row kernel, windowed rows, gpt-oss's experts
     ("qwen2", "int4", torch.bfloat16), ("qwen2", "float32", torch.float16)])  # two-byte KV caches
 def test_verification_rows_are_bit_identical_to_one_token_steps(kind, weights, kv_dtype):
     """A verified token's logits must be exactly what plain decoding computes for it one step at a time

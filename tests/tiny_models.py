@@ -109,18 +109,29 @@ def tiny_config(kind: str = "llama", vocab_size: int = VOCAB, **overrides):
             "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.7, 2.0, 3.0],
                              "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]},
             **common})
+    if kind == "gpt_oss":  # a window shorter than the tests' contexts, 4 experts of 32, YaRN as the release has
+        # it; yarn_truncate=True: YaRN's band in whole dimensions, as llama.cpp computes it from a GGUF file
+        truncate = common.pop("yarn_truncate", False)
+        return transformers.GptOssConfig(**{
+            **common, "head_dim": 16, "intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+            "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": truncate, "original_max_position_embeddings": 128}})
     raise ValueError(kind)
 
 
 def make_hf_model(kind: str = "llama", seed: int = 0, **overrides):
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(tiny_config(kind, **overrides), attn_implementation="sdpa")
+    attention = "eager" if kind == "gpt_oss" else "sdpa"  # transformers has no sdpa path with sinks
+    model = transformers.AutoModelForCausalLM.from_config(tiny_config(kind, **overrides), attn_implementation=attention)
     # Random init gives nearly flat distributions; larger weights make argmax decisive
     # and outputs prefix-dependent, which greedy-equality tests need.
     with torch.no_grad():
-        for param in model.parameters():
+        for name, param in model.named_parameters():
             if param.dim() > 1:
                 param.mul_(4.0)
+            elif kind == "gpt_oss" and (name.endswith("bias") or name.endswith("sinks")):
+                param.normal_(0.0, 1.0)  # sinks and biases that matter (they start at zero)
     return model.eval()
 
 
@@ -168,7 +179,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
 
     config = hf_model.config
     arch = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "phi3": "phi3",
-            "qwen3_moe": "qwen3moe"}.get(config.model_type, "llama")
+            "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}.get(config.model_type, "llama")
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -195,7 +206,15 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
         writer.add_expert_count(config.num_experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
-    if arch in ("qwen3", "gemma3", "qwen3moe"):  # as llama.cpp writes it: the head width, not derived from hidden / heads
+    if arch == "gpt-oss":  # as llama.cpp's converter: the experts' width, the window, YaRN's parameters
+        writer.add_expert_count(config.num_local_experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.intermediate_size)
+        writer.add_sliding_window(config.sliding_window)
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(config.rope_parameters["factor"])
+        writer.add_rope_scaling_orig_ctx_len(config.rope_parameters["original_max_position_embeddings"])
+    if arch in ("qwen3", "gemma3", "qwen3moe", "gpt-oss"):  # as llama.cpp writes it: the head width, not derived from hidden / heads
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
     if arch == "gemma3":  # llama.cpp takes the layer pattern (every 6th global) and local rope base as given
@@ -216,6 +235,12 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
     if arch == "qwen3moe":
         layer_names = {**layer_names, "mlp.gate.weight": "ffn_gate_inp.weight", "mlp.experts.gate_proj": "ffn_gate_exps.weight",
                        "mlp.experts.up_proj": "ffn_up_exps.weight", "mlp.experts.down_proj": "ffn_down_exps.weight"}
+    if arch == "gpt-oss":
+        layer_names = {**layer_names, "mlp.router.weight": "ffn_gate_inp.weight", "mlp.router.bias": "ffn_gate_inp.bias",
+                       "self_attn.sinks": "attn_sinks.weight", "self_attn.o_proj.bias": "attn_output.bias",
+                       "post_attention_layernorm.weight": "post_attention_norm.weight",
+                       **{f"mlp.experts.{kind}{suffix}": f"ffn_{kind.split('_')[0]}_exps.{'bias' if suffix else 'weight'}"
+                          for kind in ("gate_proj", "up_proj", "down_proj") for suffix in ("", "_bias")}}
     if arch == "phi3":
         layer_names = {**layer_names, "self_attn.qkv_proj.weight": "attn_qkv.weight",
                        "mlp.gate_up_proj.weight": "ffn_up.weight"}
@@ -224,7 +249,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
                        "post_attention_layernorm.weight": "post_attention_norm.weight",
                        "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
     formats = quantization if isinstance(quantization, dict) else {"default": quantization}
-    for name, tensor in moe_tensors_as_llama_cpp(hf_model.state_dict()).items():
+    for name, tensor in moe_tensors_as_llama_cpp(hf_model.state_dict(), config.model_type).items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
         if name.startswith("model.layers."):
@@ -232,7 +257,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
             gguf_name = f"blk.{index}.{layer_names[rest]}"
         else:
             gguf_name = names[name]
-        array = tensor.detach().float().numpy()
+        array = np.ascontiguousarray(tensor.detach().float().numpy())
         if arch == "gemma3" and name.endswith("norm.weight"):  # llama.cpp stores Gemma's norms as 1 + w
             array = array + 1.0
         if arch == "llama" and rest_is(name, "q_proj"):
@@ -243,7 +268,7 @@ def write_tiny_gguf(path: Path, hf_model, quantization: str | dict[str, str] = "
         qtype = gguf.GGMLQuantizationType[chosen]
         if array.ndim == 2 and chosen in RANDOM_BLOCK_SCALES:
             writer.add_tensor(gguf_name, random_k_blocks(chosen, *array.shape, seed=zlib.crc32(gguf_name.encode())), raw_dtype=qtype)
-        elif array.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32:  # 3-D: a mixture's experts
+        elif array.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and not gguf_name.endswith(".bias"):
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float32))
@@ -267,15 +292,34 @@ def write_byte_level_vocab(writer, bos: int, eos: int) -> None:
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
-def moe_tensors_as_llama_cpp(state: dict) -> dict:
+def moe_tensors_as_llama_cpp(state: dict, model_type: str = "qwen3_moe") -> dict:
     """A Qwen3-MoE state dict with each layer's fused gate/up experts (experts, 2 I, C) split into llama.cpp's
-    separate gate and up expert tensors (ffn_gate_exps, ffn_up_exps)."""
+    separate gate and up expert tensors (ffn_gate_exps, ffn_up_exps); gpt-oss's (experts, C, 2 I) with gate
+    and up interleaved, and its down (experts, I, C), as llama.cpp's converter writes them."""
+    if model_type == "gpt_oss":
+        return gpt_oss_tensors_as_llama_cpp(state)
     out = {}
     for name, tensor in state.items():
         if name.endswith(".mlp.experts.gate_up_proj"):
             gate, up = tensor.chunk(2, dim=1)
             base = name.removesuffix("gate_up_proj")
             out[base + "gate_proj"], out[base + "up_proj"] = gate, up
+        else:
+            out[name] = tensor
+    return out
+
+
+def gpt_oss_tensors_as_llama_cpp(state: dict) -> dict:
+    out = {}
+    for name, tensor in state.items():
+        base, _, kind = name.rpartition(".experts.")
+        if kind == "gate_up_proj":  # (E, C, 2I) -> gate, up (E, I, C)
+            out[f"{base}.experts.gate_proj"] = tensor[:, :, 0::2].transpose(1, 2)
+            out[f"{base}.experts.up_proj"] = tensor[:, :, 1::2].transpose(1, 2)
+        elif kind == "gate_up_proj_bias":
+            out[f"{base}.experts.gate_proj_bias"], out[f"{base}.experts.up_proj_bias"] = tensor[:, 0::2], tensor[:, 1::2]
+        elif kind == "down_proj":  # (E, I, C) -> (E, C, I)
+            out[f"{base}.experts.down_proj"] = tensor.transpose(1, 2)
         else:
             out[name] = tensor
     return out

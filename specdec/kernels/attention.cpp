@@ -29,6 +29,9 @@
 // q: (H, T, D) contiguous; keys/values: (Hkv, *, D) of float32, bf16 or fp16 (kv_type: vector_math.h's
 // KvType, widened to float32 exactly as they are loaded) with `head_stride` elements between heads (the
 // cache's layer slice); out: (T, H, D), ready to be flattened to (T, H * D) for the output projection.
+// sinks: null, or (H,) logits each head's softmax takes as one more term whose value is zero (gpt-oss): the
+// max starts from the sink and the sum gains exp(sink - max) after the lane sum; without sinks the max starts
+// from -inf and the sum gains exactly 0, the same arithmetic as before sinks existed.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -72,6 +75,7 @@ struct Problem {
     float* out;
     int64_t T, H, Hkv, D, prefix, visible_width, head_stride;
     float scale;
+    const float* sinks;  // (H,) or null
     int64_t group() const { return H / Hkv; }
 };
 
@@ -166,13 +170,14 @@ inline void row_scores(const float* q, const KV* k_head, const int64_t* index, i
     }
 }
 
-// scores[0..padded) -> exp(score - max) in 8 lanes (the padding past n exactly 0); 1 / their sum.
-inline float softmax_weights(float* scores, int64_t n) {
+// scores[0..padded) -> exp(score - max) in 8 lanes (the padding past n exactly 0); 1 / their sum (plus the
+// sink's term: -inf where there is none).
+inline float softmax_weights(float* scores, int64_t n, float sink) {
     const int64_t padded = (n + 7) / 8 * 8;
     for (int64_t i = n; i < padded; i++) scores[i] = -INFINITY;
     __m256 top8 = _mm256_set1_ps(-INFINITY);
     for (int64_t i = 0; i < padded; i += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(scores + i));
-    const float top = lane_max(top8);
+    const float top = std::max(lane_max(top8), sink);
     const __m256 top_v = _mm256_set1_ps(top), minus_inf = _mm256_set1_ps(-INFINITY);
     __m256 total8 = _mm256_setzero_ps();
     for (int64_t i = 0; i < padded; i += 8) {
@@ -181,7 +186,7 @@ inline float softmax_weights(float* scores, int64_t n) {
         _mm256_storeu_ps(scores + i, e);
         total8 = _mm256_add_ps(total8, e);
     }
-    return 1.0f / lane_sum(total8);
+    return 1.0f / (lane_sum(total8) + expf(sink - top));
 }
 
 // o_a[c] += p_a[i] * value(i)[c] for i in [0, n) in order, one FMA at a time, for ROWS (1 or 2) query rows
@@ -273,7 +278,7 @@ void finish_scores(const Problem<KV>& p, const Chunk& c, int64_t t, int64_t h) {
     float* scores = scores_of(p, c, t, h);
     row_scores(p.q + (h * p.T + t) * p.D, p.keys + (h / p.group()) * p.head_stride, c.tails + local * p.visible_width,
                tail, p.D, p.scale, scores + c.shared);
-    c.inverse[local * p.H + h] = softmax_weights(scores, c.shared + tail);
+    c.inverse[local * p.H + h] = softmax_weights(scores, c.shared + tail, p.sinks ? p.sinks[h] : -INFINITY);
 }
 
 // Phase 3: columns [col, col + width) of every query row of KV head kv's group in the chunk, a block of keys
@@ -398,12 +403,13 @@ void attend(const Problem<KV>& p, int num_threads) {
 
 extern "C" void attention_rows(const float* q, const void* keys, const void* values, const uint8_t* visible,
                                float* out, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t prefix,
-                               int64_t visible_width, int64_t head_stride, float scale, int kv_type, int num_threads) {
+                               int64_t visible_width, int64_t head_stride, float scale, const float* sinks, int kv_type,
+                               int num_threads) {
     if (visible_width < 0) prefix += visible_width, visible_width = 0;  // fewer keys than the prefix: those there
     vector_math::with_kv_type(kv_type, [&](auto element) {
         using KV = decltype(element);
         attend(Problem<KV>{q, static_cast<const KV*>(keys), static_cast<const KV*>(values), visible, out, T, H, Hkv, D,
-                           prefix, visible_width, head_stride, scale},
+                           prefix, visible_width, head_stride, scale, sinks},
                num_threads);
     });
 }

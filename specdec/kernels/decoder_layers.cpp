@@ -34,7 +34,7 @@ void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* group_codes
                  int64_t T, int64_t K, int64_t N, int32_t layout, int64_t group, int64_t super_size, int num_threads);
 void attention_rows(const float* q, const void* keys, const void* values, const uint8_t* visible, float* out,
                     int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t prefix, int64_t visible_width,
-                    int64_t head_stride, float scale, int kv_type, int num_threads);
+                    int64_t head_stride, float scale, const float* sinks, int kv_type, int num_threads);
 void add_rms_norm(const float* x, const float* residual, const float* weight, float* sum, float* out, int64_t rows,
                   int64_t n, float eps);
 void rope_qkv_to_cache(const float* qkv, const float* cos, const float* sin, float* q_out, void* key_cache,
@@ -151,7 +151,7 @@ void run_layers(const LayerWeights* layers, int64_t count, float* x, const float
                               seg.rows, H, Hkv, D, seg.start, seg.head_stride, (int)seg.kv_type);
             attention_rows(q.data(), keys, values, seg.visible, attended.data() + row * H * D, seg.rows, H, Hkv, D,
                            seg.prefix, seg.start + seg.rows - seg.prefix, seg.head_stride, attention_scale,
-                           (int)seg.kv_type, num_threads);
+                           nullptr, (int)seg.kv_type, num_threads);
             row += seg.rows;
         }
         multiply(layer.o, attended.data(), projected.data(), T, num_threads);

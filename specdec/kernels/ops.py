@@ -21,7 +21,7 @@ _INTEGER = (P, P, P, P, I64, I64, I64, I64, c_int)  # x, codes, scales, y, rows,
 _int4_matmul = declare("integer_matmul.cpp", "int4_matmul", *_INTEGER)
 _int7_matmul = declare("integer_matmul.cpp", "int7_matmul", *_INTEGER)
 _gguf_matmul = declare("gguf_matmul.cpp", "gguf_matmul", P, P, P, P, P, I64, I64, I64, c_int32, I64, I64, c_int)
-_attention_rows = declare("attention.cpp", "attention_rows", P, P, P, P, P, *[I64] * 7, c_float, c_int, c_int)
+_attention_rows = declare("attention.cpp", "attention_rows", P, P, P, P, P, *[I64] * 7, c_float, P, c_int, c_int)
 _add_rms_norm = declare("layer_ops.cpp", "add_rms_norm", P, P, P, P, P, I64, I64, c_float)
 _rope_qkv_to_cache = declare("layer_ops.cpp", "rope_qkv_to_cache", *[P] * 6, *[I64] * 6, c_int)
 _silu_mul = declare("layer_ops.cpp", "silu_mul", P, P, I64, I64)
@@ -98,17 +98,20 @@ def gguf_matmul(x: torch.Tensor, codes: torch.Tensor, group_codes: torch.Tensor,
 
 
 def attention_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor,
-                   prefix: int, scale: float | None = None) -> torch.Tensor:
+                   prefix: int, scale: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q (1, H, T, D), the cache's keys/values views (1, Hkv, prefix + W, D; float32, bf16 or fp16), visible
     (T, W) uint8: which of the keys after the shared `prefix` each row sees -> (1, T, H * D) float32: each row's
     attention as its own one-token step computes it (attention.cpp). Scores are scaled by `scale` (None:
-    1/sqrt(D))."""
+    1/sqrt(D)); sinks (H,): each head's sink logit (gpt-oss), None: none."""
     _, heads, rows, dim = q.shape
     q = q.contiguous()
+    if sinks is not None:
+        sinks = sinks.detach().to(torch.float32).contiguous()
     out = torch.empty(1, rows, heads * dim, dtype=torch.float32)
     _attention_rows()(q.data_ptr(), keys.data_ptr(), values.data_ptr(), visible.data_ptr(), out.data_ptr(), rows,
                       heads, keys.shape[1], dim, prefix, visible.shape[1], keys.stride(1),
-                      dim ** -0.5 if scale is None else scale, KV_TYPES[keys.dtype], torch.get_num_threads())
+                      dim ** -0.5 if scale is None else scale, None if sinks is None else sinks.data_ptr(),
+                      KV_TYPES[keys.dtype], torch.get_num_threads())
     return out
 
 

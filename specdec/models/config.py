@@ -2,7 +2,9 @@
 
 Built from a Hugging Face config.json dictionary. One decoder covers Llama 2/3/3.2,
 SmolLM/SmolLM2, Qwen2/Qwen2.5, Qwen3 (dense and mixture-of-experts), Mistral, Gemma 3 and Phi-3/3.5/4-mini:
-they differ only in the flags below (Phi-3's fused q/k/v and gate/up checkpoints are split at load: models/fused_checkpoints.py).
+they differ only in the flags below (Phi-3's fused q/k/v and gate/up checkpoints, gpt-oss's 3-D experts, are split
+at load: models/fused_checkpoints.py). gpt-oss adds attention sinks, a biased router whose softmax runs over the
+picked experts only, biased experts with a clamped SwiGLU, and YaRN rope.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from typing import Any
 
 from specdec.errors import UnsupportedModelError
 
-NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "phi3")
+NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "phi3", "gpt_oss")
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}  # HF name -> ours
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,13 @@ class RopeConfig:
     # original_max_position_embeddings (transformers switches to long_factor beyond it).
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
-    attention_factor: float = 1.0
+    attention_factor: float = 1.0  # longrope and yarn: cos and sin scaled by it
+    # yarn (gpt-oss): wavelengths between beta_fast and beta_slow rotations over the original context are
+    # blended between interpolated (divided by factor) and kept; truncate rounds that band to whole dimensions
+    # (transformers' default and llama.cpp's only way; gpt-oss's config turns it off)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
     # Rotate only the first rotary_dim dimensions of each head (Phi-4-mini: 3/4 of them); None: all
     rotary_dim: int | None = None
 
@@ -78,6 +86,15 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     moe_layers: tuple[int, ...] = ()
+    # -- gpt-oss ----------------------------------------------------------------------------------------------
+    # The router has a bias and takes the softmax over the picked experts' logits only (Qwen3-MoE: over all of
+    # them, then picks); the experts have biases and a clamped SwiGLU: (clamp(up, -limit, limit) + 1) *
+    # g * sigmoid(alpha g), g = min(gate, limit); each head's attention has a learned sink logit in its softmax.
+    router_bias: bool = False
+    softmax_after_topk: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
+    attention_sinks: bool = False
 
     @property
     def attention_depth(self) -> float:
@@ -91,9 +108,10 @@ class ModelConfig:
     @property
     def runs_layer_plan(self) -> bool:
         """Whether the one-C-call path through the layers (models/layer_plan.py) computes this architecture:
-        it has no step for query/key norms, Gemma's norms or GELU."""
+        it has no step for query/key norms, Gemma's norms or GELU, experts or sinks."""
         return not (self.qk_norm or self.norm_offset or self.sandwich_norms or self.activation != "silu"
-                    or self.embedding_scale is not None or self.query_scale is not None or self.moe_layers)
+                    or self.embedding_scale is not None or self.query_scale is not None or self.moe_layers
+                    or self.attention_sinks)
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
@@ -121,7 +139,8 @@ class ModelConfig:
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         num_layers = cfg["num_hidden_layers"]
-        window = cfg.get("sliding_window") if gemma or model_type in ("mistral", "phi3") else None
+        oss = model_type == "gpt_oss"
+        window = cfg.get("sliding_window") if gemma or oss or model_type in ("mistral", "phi3") else None
         if model_type == "phi3" and window and window >= cfg.get("max_position_embeddings", 4096):
             window = None  # Phi-3.5 / Phi-4-mini's 262144: no window within the context
         sliding_layers: tuple[int, ...] = ()
@@ -129,11 +148,6 @@ class ModelConfig:
             # Gemma 3 names each layer's kind; Mistral's window (when set) applies to every layer
             kinds = cfg.get("layer_types") or ["sliding_attention"] * num_layers
             sliding_layers = tuple(i for i, kind in enumerate(kinds) if kind == "sliding_attention")
-        # transformers 5 writes num_local_experts, the released configs num_experts
-        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0) if model_type == "qwen3_moe" else 0
-        sparse_step, dense_layers = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
-        moe_layers = tuple(i for i in range(num_layers) if experts and i not in dense_layers
-                           and (i + 1) % sparse_step == 0)
         query_scale = None
         if gemma and cfg.get("query_pre_attn_scalar", head_dim) != head_dim:
             query_scale = float(cfg["query_pre_attn_scalar"]) ** -0.5
@@ -151,7 +165,7 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2" or attention_bias,
             o_bias=model_type != "qwen2" and attention_bias,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            mlp_bias=oss or bool(cfg.get("mlp_bias", False)),  # gpt-oss: every feed-forward is biased experts
             rope=_rope_from_hf(cfg, "full_attention", head_dim),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
@@ -165,12 +179,33 @@ class ModelConfig:
             sliding_window=int(window) if sliding_layers else None,
             sliding_layers=sliding_layers,
             local_rope=_rope_from_hf(cfg, "sliding_attention") if gemma else None,
-            num_experts=experts,
-            experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
-            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0) if experts else 0,
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-            moe_layers=moe_layers,
+            attention_sinks=oss,
+            **_mixture_from_hf(cfg, model_type, num_layers),
         )
+
+
+def _mixture_from_hf(cfg: dict[str, Any], model_type: str, num_layers: int) -> dict[str, Any]:
+    """ModelConfig's mixture-of-experts fields (none for a dense model)."""
+    if model_type not in ("qwen3_moe", "gpt_oss"):
+        return {}
+    oss = model_type == "gpt_oss"
+    # transformers 5 writes num_local_experts, the released configs num_experts
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if not experts:
+        return {}
+    sparse_step, dense_layers = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or ())
+    return dict(
+        num_experts=experts,
+        experts_per_token=int(cfg.get("num_experts_per_tok") or 0),
+        # gpt-oss's experts are intermediate_size wide
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        moe_layers=tuple(i for i in range(num_layers) if i not in dense_layers and (i + 1) % sparse_step == 0),
+        router_bias=oss,
+        softmax_after_topk=oss,
+        swiglu_limit=float(cfg.get("swiglu_limit", 7.0)) if oss else None,
+        swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)) if oss else 1.0,
+    )
 
 
 def _rope_from_hf(cfg: dict[str, Any], layer_kind: str, head_dim: int | None = None) -> RopeConfig:
@@ -196,6 +231,8 @@ def _rope_from_hf(cfg: dict[str, Any], layer_kind: str, head_dim: int | None = N
         raise UnsupportedModelError(f"partial rotary factor {partial} of {head_dim}-wide heads is not supported natively")
     original = int(params.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings") or 8192))
     attention_factor = 1.0
+    if rope_type == "yarn":
+        attention_factor = params.get("attention_factor") or _yarn_attention_factor(params, cfg, original)
     if rope_type == "longrope":
         attention_factor = params.get("attention_factor")
         if attention_factor is None:  # as transformers derives it from the context's extension
@@ -211,5 +248,21 @@ def _rope_from_hf(cfg: dict[str, Any], layer_kind: str, head_dim: int | None = N
         short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
         long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
         attention_factor=float(attention_factor),
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        truncate=bool(params.get("truncate", True)),
         rotary_dim=rotary_dim,
     )
+
+
+def _yarn_attention_factor(params: dict[str, Any], cfg: dict[str, Any], original: int) -> float:
+    """YaRN's cos/sin scale where the config gives none, as transformers derives it: 0.1 ln(factor) + 1,
+    or the ratio of two such terms where mscale and mscale_all_dim are both given."""
+    factor = float(params.get("factor") or cfg.get("max_position_embeddings", original) / original)
+
+    def mscale(scale: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * scale * math.log(factor) + 1.0
+
+    if params.get("mscale") and params.get("mscale_all_dim"):
+        return mscale(float(params["mscale"])) / mscale(float(params["mscale_all_dim"]))
+    return mscale(1.0)

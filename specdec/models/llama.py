@@ -1,4 +1,5 @@
-"""Native Llama-family decoder: Llama 2/3/3.2, SmolLM/SmolLM2, Qwen2/2.5, Qwen3 (dense), Mistral, Gemma 3.
+"""Native Llama-family decoder: Llama 2/3/3.2, SmolLM/SmolLM2, Qwen2/2.5, Qwen3 (dense and MoE), Mistral, Gemma 3,
+Phi-3/4-mini, gpt-oss.
 
 GQA, RoPE (with Llama-3 scaling), RMSNorm, SwiGLU; Qwen3's per-head query/key norms; Gemma 3's (1 + w) norms
 around attention and feed-forward, GELU, scaled embeddings and sliding-window layers with their own rope
@@ -24,6 +25,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdec.kernels import SMALL_ROWS, attention_rows, packed_kernel
+from specdec.models.attention_sinks import sink_attention
 from specdec.models.base import (CausalLM, ForwardOutput, ForwardRequest, causal_attention_mask, forward_each,
                                  sliding_window_mask)
 from specdec.models.config import ModelConfig
@@ -64,6 +66,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, c.norm_offset)
         self.qk_norm = c.qk_norm
         self.scale = c.query_scale  # None: 1/sqrt(head_dim)
+        # gpt-oss: a learned logit per head in the softmax (models/attention_sinks.py)
+        self.sinks = nn.Parameter(torch.zeros(c.num_heads)) if c.attention_sinks else None
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.qkv_proj is not None:
@@ -91,9 +95,12 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys, values = cache.write(layer, k, v)  # (B, Hkv, S, D), S = cached + T
         if rows is not None:
-            return self.o_proj(rows.attend(q, keys, values, self.scale))
+            return self.o_proj(rows.attend(q, keys, values, self.scale, self.sinks))
         keys, values = keys.to(q.dtype), values.to(q.dtype)  # a two-byte cache's values, widened
         mask = None if attn_mask is None else attn_mask.unsqueeze(1)  # (B, 1, T, S)
+        if self.sinks is not None:
+            out = sink_attention(q, keys, values, mask, mask is None and num_new > 1, self.scale, self.sinks)
+            return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, self.num_heads * self.head_dim))
         with gpu_attention_backends(q.device, getattr(cache, "attention_backends", GPU_ATTENTION_BACKENDS)):
             causal = mask is None and num_new > 1  # then keys are the T new ones only (LlamaForCausalLM.forward)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
@@ -184,18 +191,23 @@ class RowAttention:
         return x.device.type == "cpu" and x.dtype == torch.float32 and packed_kernel() is not None
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               scale: float | None = None) -> torch.Tensor:
-        """q (1, H, T, D) over the cache's (1, Hkv, S, D) -> (1, T, H * D); scale None: 1/sqrt(D)."""
+               scale: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """q (1, H, T, D) over the cache's (1, Hkv, S, D) -> (1, T, H * D); scale None: 1/sqrt(D); sinks (H,):
+        each head's sink logit (gpt-oss), None: none."""
         _, heads, rows, dim = q.shape
         if self.first_key is not None:  # each row over its own window of the cache
             outs = []
             for t in range(rows):
                 alone, start = self.row_alone(t)
-                outs.append(alone.attend(q[:, :, t:t + 1], keys[:, :, start:], values[:, :, start:], scale))
+                outs.append(alone.attend(q[:, :, t:t + 1], keys[:, :, start:], values[:, :, start:], scale, sinks))
             return torch.cat(outs, dim=1)
         if self.uses_kernel(q):
-            return attention_rows(q, keys, values, self.visible, self.prefix, scale)
+            return attention_rows(q, keys, values, self.visible, self.prefix, scale, sinks)
         keys, values = keys.to(q.dtype), values.to(q.dtype)  # a two-byte cache's values, widened
+        if sinks is not None:
+            out = torch.cat([sink_attention(q[:, :, t:t + 1], *self.keys_of_row(t, keys, values), None, False, scale,
+                                            sinks) for t in range(rows)], dim=2)
+            return out.transpose(1, 2).reshape(1, rows, heads * dim)
         out = torch.cat([F.scaled_dot_product_attention(q[:, :, t:t + 1], *self.keys_of_row(t, keys, values),
                                                         enable_gqa=True, scale=scale)
                          for t in range(rows)], dim=2)  # (1, H, T, D)
@@ -211,6 +223,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(width, c.hidden_size, bias=c.mlp_bias)
         self.gate_up_proj = None  # gate and up fused into one packed layer by pack_weights()
         self.activation = c.activation
+        self.limit, self.alpha = c.swiglu_limit, c.swiglu_alpha  # gpt-oss's clamped SwiGLU (limit None: plain)
 
     def pack_projections(self, packed: Callable[[str, list[nn.Linear]], nn.Module], prefix: str) -> None:
         self.gate_up_proj = packed(f"{prefix}.gate_up_proj", [self.gate_proj, self.up_proj])
@@ -219,23 +232,28 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x) if self.gate_up_proj is not None else (self.gate_proj(x), self.up_proj(x))
+        if self.limit is not None:  # as transformers' GptOssExperts
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+            return self.down_proj((up + 1) * (gate * torch.sigmoid(gate * self.alpha)))
         gate = F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")
         return self.down_proj(gate * up)
 
 
 class MixtureOfExperts(nn.Module):
-    """Qwen3-MoE's sparse feed-forward: a router (`gate`, as the checkpoints name it) scores the experts for
-    each row, the top experts_per_token run on it, and their outputs are summed weighted by the router's
-    softmax. Each row's sum runs over its picks in rank order, and the router and experts are the kernels'
+    """Qwen3-MoE's and gpt-oss's sparse feed-forward: a router (`gate`, as Qwen3's checkpoints name it) scores
+    the experts for each row, the top experts_per_token run on it, and their outputs are summed weighted by
+    the router's softmax (Qwen3: over all experts; gpt-oss: over the picked ones). Each row's sum runs over its picks in rank order, and the router and experts are the kernels'
     row-count-invariant matmuls on the CPU: a row computes the same whichever rows share its pass, so a
     verification pass routes and sums each row exactly as one-token steps do."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         c = config
-        self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=False)
+        self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=c.router_bias)
         self.experts = nn.ModuleList(MLP(c, c.moe_intermediate_size) for _ in range(c.num_experts))
-        self.top_k, self.normalize = c.experts_per_token, c.norm_topk_prob
+        self.top_k, self.normalize, self.softmax_after_topk = c.experts_per_token, c.norm_topk_prob, c.softmax_after_topk
+        # the C call computes silu experts without biases (Qwen3-MoE's); gpt-oss's run expert by expert
+        self.runs_in_c = c.swiglu_limit is None and not c.mlp_bias
         self.touched = 0  # distinct experts the last forward ran (stats: experts per pass)
         # (the first expert's packed gate/up, held so it cannot be replaced unnoticed; the C table of the packing)
         self.table: tuple[nn.Module | None, ExpertTable | None] | None = None
@@ -248,6 +266,9 @@ class MixtureOfExperts(nn.Module):
     def route(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights (N, top_k) in the rows' dtype, experts (N, top_k)) of rows (N, C), best first."""
         logits = self.gate(rows)
+        if self.softmax_after_topk:
+            top, experts = torch.topk(logits, self.top_k, dim=-1)
+            return torch.softmax(top, dim=-1).to(rows.dtype), experts
         probabilities = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, experts = torch.topk(probabilities, self.top_k, dim=-1)
         if self.normalize:
@@ -256,7 +277,7 @@ class MixtureOfExperts(nn.Module):
 
     def kernel_table(self, rows: torch.Tensor) -> ExpertTable | None:
         """The packed experts as one C call runs them (CPU float32 rows, every expert packed), else None."""
-        if rows.device.type != "cpu" or rows.dtype != torch.float32 or packed_kernel() is None:
+        if not self.runs_in_c or rows.device.type != "cpu" or rows.dtype != torch.float32 or packed_kernel() is None:
             return None
         packing = self.experts[0]._modules.get("gate_up_proj")  # pack_weights and copies replace the modules
         if self.table is None or self.table[0] is not packing:

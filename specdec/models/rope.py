@@ -38,13 +38,34 @@ def rope_inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
         smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
         is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
         inv_freq = torch.where(is_medium, smoothed, scaled)
+    elif rope.rope_type == "yarn":
+        inv_freq = _yarn_blend(rope.theta ** exponents, rope, dim)
     return torch.nn.functional.pad(inv_freq, (0, head_dim // 2 - inv_freq.shape[0]))
+
+
+def _yarn_blend(wavelength_base: torch.Tensor, rope: RopeConfig, dim: int) -> torch.Tensor:
+    """YaRN (as transformers' _compute_yarn_parameters): pairs that turn fewer than beta_slow times over the
+    original context are interpolated (divided by factor), more than beta_fast times kept, and a linear ramp
+    over the dimensions between blends the two."""
+    def dimension(rotations: float) -> float:  # the pair index that turns `rotations` times over the context
+        turns = rope.original_max_position_embeddings / (rotations * 2 * math.pi)
+        return dim * math.log(turns) / (2 * math.log(rope.theta))
+
+    low, high = dimension(rope.beta_fast), dimension(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no division by zero
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp  # the share of the unscaled frequency
+    return 1.0 / (rope.factor * wavelength_base) * (1 - kept) + 1.0 / wavelength_base * kept
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype,
                  attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (B, 1, T, D) for positions (B, T); computed in float32 like transformers.
-    `attention_factor` (longrope) scales both on the rotated dimensions only."""
+    `attention_factor` (longrope, yarn) scales both on the rotated dimensions only."""
     freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # (B, T, D/2)
     angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # (B, 1, T, D)
     cos, sin = angles.cos(), angles.sin()

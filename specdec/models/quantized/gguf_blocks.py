@@ -24,12 +24,16 @@ multiplies by exactly these values.
 | Q6_K | 0..63 | 16 | 256 | int8 scale | the same scale | d | -32 d |
 | IQ4_NL | IQ4[0..15] | 32 | 32 | 1 | 0 | d | 0 |
 | IQ4_XS | IQ4[0..15] | 32 | 256 | 6-bit scale - 32 | 0 | d | 0 |
+| MXFP4 | FP4[0..15] as int8 | 32 | 32 | 2^j | 0 | 2^(e - 128 - j) | 0 |
 
 (-4 d, -8 d, -16 d, -32 d and -dmin are exact in float16.) Q2_K's codes keep their two bits (layout
 "crumbs"), the others' are held in 4 bits or more. Q3_K's codes are its 2-bit values plus 4 times
 its high bit, so q - 4 is the file's signed 3-bit value. The i-quants' codes index a fixed table of 16
 int8 values (IQ4: `gguf.quants.IQ4_NL.kvalues`): their layout "iq4" keeps the 4-bit index, the kernel
-looks the value up; promoted to "signed" the codes are the values themselves.
+looks the value up; promoted to "signed" the codes are the values themselves. MXFP4 (gpt-oss's experts) is
+the same with another table (FP4: twice the e2m1 values, `gguf.quants.MXFP4.kvalues`) and a power-of-two
+scale per block (e8m0: 2^(e - 128) with the doubling), held as d and, above float16's range, a
+power-of-two sc; its codes are read as their values ("signed").
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-SUPPORTED_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+SUPPORTED_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+                     "MXFP4")
 # Tensor types whose values are stored as floats: their matrices run on float panels of their own type.
 FLOAT_FORMATS = {"F32": "float32", "F16": "fp16", "BF16": "bf16"}
 # Each layout's codes: crumbs 0..3, nibbles 0..15, sixbits 0..63, signed int8, iq4 an index into IQ4_VALUES.
@@ -47,6 +52,7 @@ LAYOUTS = ("crumbs", "nibbles", "sixbits", "signed", "iq4")
 # Unsigned layouts, each holding the codes of those before it.
 WIDENING = ("crumbs", "nibbles", "sixbits")
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # llama.cpp's kvalues_iq4nl
+FP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)  # llama.cpp's kvalues_mxfp4: 2 x e2m1
 
 
 def common_layout(layouts: set[str]) -> str:
@@ -144,6 +150,8 @@ def decode(raw: np.ndarray, format_name: str, rows: int, cols: int) -> BlockWeig
     raw = np.asarray(raw, dtype=np.uint8).reshape(rows, -1)
     if format_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"):
         return _decode_legacy(raw, format_name, rows, cols)
+    if format_name == "MXFP4":
+        return _decode_mxfp4(raw.reshape(rows, cols // 32, 17), rows, cols)
     blocks = raw.reshape(rows, cols // 256, -1)  # (N, K/256, bytes)
     return {"Q2_K": _decode_q2_k, "Q3_K": _decode_q3_k, "Q4_K": _decode_q4_k_q5_k, "Q5_K": _decode_q4_k_q5_k,
             "Q6_K": _decode_q6_k, "IQ4_XS": _decode_iq4_xs}[format_name](blocks, rows, cols)
@@ -174,6 +182,22 @@ def _decode_legacy(raw: np.ndarray, format_name: str, rows: int, cols: int) -> B
         codes, dmin = _nibbles_low_then_high(blocks[..., 8:]) | (high << 4), _half(blocks[..., 2:4])
     return _weights(codes.reshape(rows, cols), ones, ones, d, dmin, 32, 32,
                     "nibbles" if format_name in ("Q4_0", "Q4_1") else "sixbits")
+
+
+def _decode_mxfp4(blocks: np.ndarray, rows: int, cols: int) -> BlockWeights:
+    """A byte e (the scale 2^(e - 128), with the table's doubling), then 16 bytes of 4-bit indices (low nibbles
+    then high). The scale is exact as float16 d from 2^-24 to 2^15; above, d = 2^15 and sc the rest (up to
+    2^6); below, only an all-zero block (its d is 0)."""
+    exponent = blocks[..., 0].astype(np.int32) - 128  # (N, K/32)
+    codes = np.asarray(FP4_VALUES, dtype=np.int8)[_nibbles_low_then_high(blocks[..., 1:])]  # (N, K/32, 32)
+    shift = np.clip(exponent - 15, 0, None)
+    tiny = exponent < -24
+    if (shift > 6).any() or (tiny & codes.any(axis=-1)).any():
+        raise ValueError("an MXFP4 block scale beyond 2^-24..2^21, which float16 scales cannot hold exactly")
+    d = np.where(tiny, 0.0, np.exp2((exponent - shift).astype(np.float64))).astype(np.float16)
+    sc = (1 << shift).astype(np.int8)
+    zeros = np.zeros_like(sc)
+    return _weights(codes.reshape(rows, cols), sc, zeros, d, np.zeros_like(d), 32, 32, "signed")
 
 
 def _six_bit_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

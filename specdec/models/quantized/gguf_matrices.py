@@ -47,7 +47,7 @@ class GgufMatrices:
         for tensor in reader.tensors:
             name = hf_tensor_name(tensor.name, self.arch)
             if name is None or not (name.endswith("proj.weight") or name.endswith("proj.bias") or ".experts." in name
-                                    or name.endswith(".mlp.gate.weight")
+                                    or name.endswith(".mlp.gate.weight") or name.endswith(".mlp.gate.bias")
                                     or name in ("lm_head.weight", "model.embed_tokens.weight")):
                 continue
             kind = tensor.tensor_type.name
@@ -171,14 +171,22 @@ class GgufMatrices:
 
     def _experts(self, prefix: str) -> Iterator[tuple[str, PackedLinear]]:
         """A mixture's layers (MixtureOfExperts.pack_projections' names): the router, then each expert's
-        gate/up and down from the file's (experts, rows, inputs) tensors, one expert's matrices at a time."""
-        yield f"{prefix}.gate", self.layer([f"{prefix}.gate.weight"])
+        gate/up and down from the file's (experts, rows, inputs) tensors, one expert's matrices at a time
+        (with their rows of the (experts, rows) biases where the file has them: gpt-oss)."""
+        yield f"{prefix}.gate", self.layer([f"{prefix}.gate.weight"], [f"{prefix}.gate.bias"])
         gate, up, down = (f"{prefix}.experts.{kind}" for kind in ("gate_proj", "up_proj", "down_proj"))
         for expert in range(int(self.tensors[down][0].shape[2])):
             yield f"{prefix}.experts.{expert}.gate_up_proj", self._expert_layer([gate, up], expert)
             yield f"{prefix}.experts.{expert}.down_proj", self._expert_layer([down], expert)
         for name in (gate, up, down):
             self.tensors[name][0].drop_pages()
+
+    def _expert_bias(self, name: str, expert: int, rows: int) -> torch.Tensor | None:
+        """Expert `expert`'s row of the (experts, rows) bias of the expert tensor `name`, or None."""
+        bias = self.tensors.get(f"{name}_bias")
+        if bias is None:
+            return None
+        return torch.from_numpy(np.asarray(bias[0].data, dtype=np.float32).reshape(-1, rows)[expert].copy())
 
     def _expert_layer(self, names: Sequence[str], expert: int) -> PackedLinear:
         """One expert's slice of the (experts, rows, inputs) tensors `names`, stacked into one layer."""
@@ -198,9 +206,12 @@ class GgufMatrices:
             else:
                 members.append(decode(tensor.data[expert], tensor.tensor_type.name, rows, cols))
         sizes = [m.shape[0] for m in members]
+        biases = [self._expert_bias(name, expert, size) for name, size in zip(names, sizes)]
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else torch.zeros(size) for b, size in zip(biases, sizes)])
         if float_kind:
-            return PackedLinear(torch.cat(members), None, sizes).quantize_(float_kind)
-        return GgufLinear(concatenate(members), None, sizes)
+            return PackedLinear(torch.cat(members), bias, sizes).quantize_(float_kind)
+        return GgufLinear(concatenate(members), bias, sizes)
 
     def embedding_table(self) -> PackedLinear:
         """The token embeddings as a layer whose rows are looked up (PackedEmbedding): the file's values."""

@@ -21,11 +21,11 @@ import torch
 from safetensors.torch import save_file
 
 from specdec.errors import UnsupportedModelError
-from specdec.models.fused_checkpoints import split_experts
+from specdec.models.fused_checkpoints import gpt_oss_checkpoint_layout, split_experts
 from specdec.models.sources.gguf_file import GgufFile
 from specdec.paths import building_directory, replace_flushed
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma3", "phi3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "qwen3moe", "mistral", "gemma3", "phi3", "gpt-oss")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -64,6 +64,19 @@ _QWEN3MOE_LAYER_NAMES = {
     "ffn_up_exps.weight": "mlp.experts.up_proj",
     "ffn_down_exps.weight": "mlp.experts.down_proj",
 }
+# gpt-oss: biased attention output, a sink per head, the norm before the experts named as Gemma's, a biased
+# router and biased experts (gate, up and down apart, as llama.cpp's converter splits them); read into the
+# checkpoint's layout by fused_checkpoints.gpt_oss_checkpoint_layout
+_GPT_OSS_LAYER_NAMES = {
+    **_QWEN3MOE_LAYER_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_sinks.weight": "self_attn.sinks",
+    "ffn_gate_inp.bias": "mlp.gate.bias",
+    "ffn_gate_exps.bias": "mlp.experts.gate_proj_bias",
+    "ffn_up_exps.bias": "mlp.experts.up_proj_bias",
+    "ffn_down_exps.bias": "mlp.experts.down_proj_bias",
+}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -77,7 +90,7 @@ def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     layer_names = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES,
-                   "qwen3moe": _QWEN3MOE_LAYER_NAMES}.get(arch, _LAYER_NAMES)
+                   "qwen3moe": _QWEN3MOE_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES}.get(arch, _LAYER_NAMES)
     match = _BLOCK.match(gguf_name)
     if match and match.group(2) in layer_names:
         return f"model.layers.{match.group(1)}.{layer_names[match.group(2)]}"
@@ -139,14 +152,14 @@ def dequantized_state_dict(reader, wanted: Callable[[str], bool] | None = None) 
             array = array - 1.0
         values = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
         # a mixture's (experts, rows, inputs) tensors as each expert's matrices, as its checkpoints store them
-        state.update(split_experts(name, values) if values.dim() == 3 else {name: values})
-    return state
+        state.update(split_experts(name, values) if values.dim() == 3 and arch != "gpt-oss" else {name: values})
+    return gpt_oss_checkpoint_layout(state) if arch == "gpt-oss" else state
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     """Write `out_dir` (config.json, tokenizer files, specdec_source.json naming the GGUF) from a GGUF file.
     The weights stay in the GGUF until `write_float32_weights` is asked for them."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
 
     gguf_path = Path(gguf_path)
     reader = read_gguf(gguf_path)
@@ -157,7 +170,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         )
     names = [hf_tensor_name(tensor.name, arch) for tensor in reader.tensors]  # refuses unknown tensors up front
     with building_directory(out_dir) as tmp:
-        config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        if arch == "gpt-oss":  # transformers' GGUF reader fails on the file's YaRN keys: read it ourselves
+            config = gpt_oss_config(reader)
+        else:
+            config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         config.tie_word_embeddings = "lm_head.weight" not in names
         # transformers' GGUF mapping drops key_length; Qwen3's heads are wider than hidden / heads
         head_dim = gguf_field(reader, f"{arch}.attention.key_length")
@@ -178,10 +194,44 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
             config.sliding_window = None  # llama.cpp disables Phi-3's window; a run on its file matches that
         config.dtype = "float32"
         config.save_pretrained(tmp)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        # AutoTokenizer reads a GGUF file's config again (for gpt-oss: the failing reader); the fast tokenizer
+        # class reads only the vocabulary
+        tokenizers = PreTrainedTokenizerFast if arch == "gpt-oss" else AutoTokenizer
+        tokenizer = tokenizers.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         tokenizer.save_pretrained(tmp)
         (tmp / "specdec_source.json").write_text(json.dumps({"gguf": str(gguf_path.resolve())}))
     return out_dir
+
+
+def gpt_oss_config(reader: GgufFile):
+    """A gpt-oss file's config, as llama.cpp reads the file: the experts' width (expert_feed_forward_length),
+    the window on every other layer from the first, and YaRN's band rounded to whole dimensions, as llama.cpp
+    always rounds it (the checkpoint's own config says not to; a run on the file matches llama.cpp).
+    transformers' GGUF reader would do most of this, but fails on the rope.scaling keys every such file has."""
+    from transformers import GptOssConfig
+
+    def field(key: str, default=None):
+        return gguf_field(reader, f"gpt-oss.{key}", default)
+
+    layers = int(field("block_count"))
+    rope = {"rope_type": "default", "rope_theta": float(field("rope.freq_base", 150000.0))}
+    if field("rope.scaling.type") == "yarn":
+        rope.update(rope_type="yarn", factor=float(field("rope.scaling.factor", 1.0)), truncate=True,
+                    original_max_position_embeddings=int(field("rope.scaling.original_context_length", 4096)),
+                    beta_fast=32.0, beta_slow=1.0)  # llama.cpp's defaults; its files do not record them
+    heads = int(field("attention.head_count"))
+    vocab = next(int(tensor.shape[1]) for tensor in reader.tensors if tensor.name == "token_embd.weight")
+    return GptOssConfig(
+        vocab_size=vocab, hidden_size=int(field("embedding_length")),
+        intermediate_size=int(field("expert_feed_forward_length")), num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=int(field("attention.head_count_kv", heads)),
+        head_dim=int(field("attention.key_length", int(field("embedding_length")) // heads)),
+        num_local_experts=int(field("expert_count")), num_experts_per_tok=int(field("expert_used_count")),
+        sliding_window=int(field("attention.sliding_window")), rms_norm_eps=float(field("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(field("context_length")), rope_parameters=rope,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        bos_token_id=gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=gguf_field(reader, "tokenizer.ggml.eos_token_id"))
 
 
 def phi3_rope_parameters(reader: GgufFile) -> dict:

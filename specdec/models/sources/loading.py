@@ -307,10 +307,10 @@ LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 
 def is_linear_weight(name: str) -> bool:
     """Whether a checkpoint tensor belongs to a linear layer the CPU kernel packs (weight or bias): the
-    projections, the LM head, a mixture's router (`mlp.gate`) and experts."""
+    projections, the LM head, a mixture's router (`mlp.gate`; gpt-oss's checkpoints: `mlp.router`) and experts."""
     parts = name.split(".")
     return (parts[0] == "lm_head" or (len(parts) >= 2 and parts[-2] in LINEAR_LAYERS) or "experts" in parts
-            or parts[-3:] == ["mlp", "gate", "weight"])
+            or parts[-3:-1] in (["mlp", "gate"], ["mlp", "router"]))
 
 
 def load_native_packed(model_dir: Path, hf_config: dict, weights: str):
@@ -410,9 +410,14 @@ def load_transformers(model_dir: Path, device: str, dtype: torch.dtype):
 
     from specdec.models.hf_adapter import HFCausalLM
 
+    path = str(ensure_float32_weights(model_dir))
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(ensure_float32_weights(model_dir)), dtype=dtype,
-                                                     attn_implementation="sdpa")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        except ValueError as exc:  # architectures without an sdpa path (gpt-oss's sinks): their eager attention
+            if "scaled_dot_product_attention" not in str(exc):
+                raise
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
     except ValueError as exc:
         raise UnsupportedModelError(f"{model_dir}: transformers cannot load this model ({exc})".splitlines()[0]) from None
     return HFCausalLM(model.to(device))
