@@ -1,6 +1,6 @@
-"""A thinking model's <think> block returned as `reasoning_content`: the split itself (whole and streamed in
-any cut), the server's chat replies read by the openai client, whole and streamed, and `specdec generate`'s
-printing of it."""
+"""A thinking model's <think> block (or gpt-oss's harmony analysis channel) returned as `reasoning_content`: the
+split itself (whole and streamed in any cut), the server's chat replies read by the openai client, whole and
+streamed, and `specdec generate`'s printing of it."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.api.reasoning import Reasoning, ReasoningStream, reasoning_for, split_reasoning
+from specdec.api.reasoning import HARMONY, Reasoning, ReasoningStream, reasoning_for, split_reasoning
 from specdec.cli import main
 from specdec.cli_reasoning import DIM, RESET, AnswerPrinter
 from test_server import MESSAGES, RunningServer
+from tiny_models import make_tokenizer, save_tiny_model
 
 CLOSED, OPEN_IN_PROMPT = Reasoning(), Reasoning(starts_open=True)
 
@@ -27,6 +28,12 @@ CLOSED, OPEN_IN_PROMPT = Reasoning(), Reasoning(starts_open=True)
     ("<thin", CLOSED, (None, "<thin")),
     ("still thinking</think>answer", OPEN_IN_PROMPT, ("still thinking", "answer")),
     ("", OPEN_IN_PROMPT, ("", "")),
+    # gpt-oss's harmony: the analysis message, then the final channel's marker opens the answer
+    ("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Yes.", HARMONY,
+     ("Think.", "Yes.")),
+    ("<|channel|>final<|message|>Only the answer.", HARMONY, (None, "Only the answer.")),
+    ("<|channel|>analysis<|message|>cut off", HARMONY, ("cut off", "")),
+    ("<|channel|>commentary<|message|>{}", HARMONY, (None, "<|channel|>commentary<|message|>{}")),  # a tool call
 ])
 def test_split_whole_and_streamed_in_every_cut(text, reasoning, expected):
     assert split_reasoning(text, reasoning) == expected
@@ -54,6 +61,46 @@ def test_the_format_follows_the_chat_template():
     assert reasoning_for(r1, "auto") == Reasoning(starts_open=True)
     assert reasoning_for(plain, "auto") is None and reasoning_for(qwen3, "none") is None
     assert reasoning_for(plain, "deepseek") == Reasoning(starts_open=False)
+    assert reasoning_for(Template(HARMONY_TEMPLATE, "<|start|>assistant"), "auto") == HARMONY
+
+
+HARMONY_MARKERS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>"]
+HARMONY_TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}{% if m['role'] == 'assistant' %}<|channel|>final"
+                    "{% endif %}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+                    "{% if add_generation_prompt %}<|start|>assistant{% endif %}")
+# what gpt-oss writes: an analysis message, then the final answer, its markers special tokens
+HARMONY_GRAMMAR = ('start: <|channel|> "analysis" <|message|> /[a-z]{1,12}/ <|end|> <|start|> "assistant" '
+                   '<|channel|> "final" <|message|> /[a-z]{1,12}/ <|return|>')
+
+
+def test_a_gpt_oss_answer_keeps_its_channel_markers_and_splits(tmp_path, capsys):
+    """A tiny gpt-oss model with a harmony tokenizer (its markers special tokens): the decoded text keeps the
+    markers, streamed as whole; `specdec generate --json` splits the analysis channel into reasoning_content
+    and --show-reasoning prints it before the answer."""
+    from specdec.api.generator import SpeculativeGenerator
+    from specdec.api.structured import GrammarSpec
+
+    tokenizer = make_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|endoftext|>", "<|im_start|>", "<|im_end|>",
+                                                                *HARMONY_MARKERS]})
+    tokenizer.chat_template = HARMONY_TEMPLATE
+    model = save_tiny_model(tmp_path / "oss", "gpt_oss", tokenizer=tokenizer, vocab_size=len(tokenizer),
+                            eos_token_id=tokenizer.convert_tokens_to_ids("<|return|>"))
+    generator = SpeculativeGenerator.from_pretrained(str(model), drafter="ngram", k=4)
+    settings = dict(grammar=GrammarSpec("lark", HARMONY_GRAMMAR), temperature=0.9, seed=3)
+    whole = generator.generate("hi", 60, **settings)
+    assert whole.text.startswith("<|channel|>analysis<|message|>") and "<|end|><|start|>assistant" in whole.text
+    assert "".join(chunk.text for chunk in generator.stream("hi", 60, **settings)) == whole.text
+    thought, answer = split_reasoning(whole.text, HARMONY)
+    grammar = tmp_path / "harmony.lark"
+    grammar.write_text(HARMONY_GRAMMAR)
+    args = ["generate", "hi", "--target", str(model), "--drafter", "ngram", "--grammar", str(grammar),
+            "--temperature", "0.9", "--seed", "3", "--max-new-tokens", "60"]
+    assert main([*args, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["reasoning_content"], printed["content"]) == (thought, answer) and thought.isalpha()
+    assert main([*args, "--show-reasoning"]) == 0
+    assert capsys.readouterr().out.strip() == f"<think>\n{thought}\n</think>\n\n{answer}"
 
 
 THINKING = 'root ::= "<think>" [a-z]{1,12} "</think>" [a-z]{1,12}'  # the tiny model writes what a thinker would

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from specdec.core.rounds import StreamChunk
+from specdec.core.text_decoding import decode_text, kept_markers
 from specdec.errors import InvalidParameterError
 
 
@@ -55,6 +56,9 @@ class Committer:
     streamed: str = ""  # what has been handed out as chunks
     finish_reason: str | None = None
 
+    def __post_init__(self):
+        self.markers = kept_markers(self.tokenizer)  # special tokens the text keeps (harmony's channels)
+
     def commit(self, block: Sequence[int]) -> CommitOutcome:
         """Append an accepted block, trimmed at EOS / stop string / max_new_tokens."""
         if self.finish_reason is not None:
@@ -84,7 +88,7 @@ class Committer:
         return CommitOutcome([], self._release(), reason)
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return decode_text(self.tokenizer, ids, self.markers)
 
     def _find_stop(self, text: str) -> int | None:
         """Index in text where the earliest stop string starts, if one appeared."""
