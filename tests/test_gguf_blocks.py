@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(packed_kernel() is None, reason="no AVX2/FMA/F16
 
 LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4")  # gguf-py quantizes to these
 FORMATS = LEGACY + ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
-LAYOUT = {"Q8_0": "signed", "MXFP4": "signed", "Q5_0": "sixbits", "Q5_1": "sixbits", "Q5_K": "sixbits", "Q6_K": "sixbits",
+LAYOUT = {"Q8_0": "signed", "MXFP4": "fp4", "Q5_0": "sixbits", "Q5_1": "sixbits", "Q5_K": "sixbits", "Q6_K": "sixbits",
           "IQ4_NL": "iq4", "IQ4_XS": "iq4", "Q2_K": "crumbs"}  # the rest: nibbles
 
 

@@ -1,5 +1,5 @@
 // y (T, N) = x (T, K) @ W^T with W in llama.cpp's own block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
-// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS),
+// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4),
 // repacked at load without changing a single weight value (models/quantized/gguf_blocks.py), and x quantized to
 // int8 with one scale dx per super-block (below) of each row: per 32 inputs for the legacy formats (llama.cpp's
 // Q8_0), per 256 for the K-quants (its Q8_K), as llama.cpp pairs them.
@@ -28,6 +28,8 @@
 //           (kvalues_iq4nl), looked up with vpshufb; then multiplied as SIGNED codes. The 512-bit path,
 //           which has no vpsignb, multiplies q + 128 (unsigned) and takes 128 * sum(xq) off each group's
 //           integer sum: the same integer as |q| * (sign(q) x), so both paths stay bit-identical
+//   FP4     (MXFP4: gpt-oss's experts): as IQ4, with llama.cpp's kvalues_mxfp4 (twice the e2m1 values) as
+//           the table
 // group_codes[c][g][0..1][8] int8: sc, mn of the 8 columns of column block c; super[c][s][0..1][8]: d, dmin.
 //
 // Per row: part += (d sc) * sum(q xq) + (dmin mn) * sum(xq) over a super-block's groups (the integer sums
@@ -48,21 +50,27 @@ namespace {
 
 using namespace integer_blocks;
 
-enum Layout { NIBBLES = 0, SIXBITS = 1, SIGNED = 2, IQ4 = 3, CRUMBS = 4 };
+enum Layout { NIBBLES = 0, SIXBITS = 1, SIGNED = 2, IQ4 = 3, CRUMBS = 4, FP4 = 5 };
+
+// Layouts whose 4-bit codes index a table of 16 int8 values (the i-quants', MXFP4's).
+constexpr bool looked_up(int layout) { return layout == IQ4 || layout == FP4; }
 
 constexpr int64_t bytes_per_step(int layout) {
     return layout == SIXBITS ? 48 : layout == SIGNED ? 64 : layout == CRUMBS ? 16 : 32;
 }
 // The i-quants (IQ4 layout) have no minimum (mn = 0, dmin = 0): its FMA would add exact zeros, so skipping
 // it changes no bit. Promoted to SIGNED (fused with other formats) they share their matrix's minimum path.
-constexpr bool has_minimum(int layout) { return layout != IQ4; }
+constexpr bool has_minimum(int layout) { return !looked_up(layout); }
 // Layouts whose int16 partial sums hold a whole group (the 256-bit path without VNNI).
 constexpr bool small_codes(int layout) { return layout == NIBBLES || layout == CRUMBS; }
 // Layouts whose codes are signed bytes once loaded (multiplied with the sign trick).
-constexpr bool signed_codes(int layout) { return layout == SIGNED || layout == IQ4; }
+constexpr bool signed_codes(int layout) { return layout == SIGNED || looked_up(layout); }
 
 // llama.cpp's kvalues_iq4nl: what an IQ4 index stands for (gguf_blocks.IQ4_VALUES), in each 128-bit lane.
-inline __m256i iq4_table() {
+// llama.cpp's kvalues_mxfp4 (gguf_blocks.FP4_VALUES) for the FP4 layout.
+template <int LAYOUT>
+inline __m256i lookup_table() {
+    if (LAYOUT == FP4) return _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
     return _mm256_broadcastsi128_si256(_mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53,
                                                      69, 89, 113));
 }
@@ -89,9 +97,9 @@ inline void step_codes(const uint8_t* at, __m256i& first, __m256i& second) {
         return;
     }
     Nibbles::load(at, first, second);
-    if (LAYOUT == IQ4) {
-        first = _mm256_shuffle_epi8(iq4_table(), first);
-        second = _mm256_shuffle_epi8(iq4_table(), second);
+    if (looked_up(LAYOUT)) {
+        first = _mm256_shuffle_epi8(lookup_table<LAYOUT>(), first);
+        second = _mm256_shuffle_epi8(lookup_table<LAYOUT>(), second);
     }
     if (LAYOUT == SIXBITS) {  // put each code's top two bits at bits 4-5 of its byte
         const __m256i top = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 32)));
@@ -230,8 +238,8 @@ inline void pair_step_codes(const uint8_t* left, const uint8_t* right, __m512i& 
     const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
     first = _mm512_and_si512(packed, low_nibbles);
     second = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_nibbles);
-    if (LAYOUT == IQ4) {  // the table's values + 128, as unsigned bytes (column_pair takes 128 sum(xq) off)
-        const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm256_castsi256_si128(iq4_table())),
+    if (looked_up(LAYOUT)) {  // the table's values + 128, as unsigned bytes (column_pair takes 128 sum(xq) off)
+        const __m512i table = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm256_castsi256_si128(lookup_table<LAYOUT>())),
                                                _mm512_set1_epi8(static_cast<char>(0x80)));
         first = _mm512_shuffle_epi8(table, first);
         second = _mm512_shuffle_epi8(table, second);
@@ -271,7 +279,7 @@ inline void column_pair(const int8_t* xq, const float* dx, const float* xsum, co
                         const int8_t* group_codes, const uint16_t* super, float* y, int64_t K, int64_t N, int64_t S,
                         int64_t c, int64_t t0) {
     static_assert(LAYOUT != SIGNED, "signed codes take column_block (no 512-bit vpsignb)");
-    constexpr int32_t OFFSET = LAYOUT == IQ4 ? 128 : 0;  // IQ4 codes come offset to unsigned bytes
+    constexpr int32_t OFFSET = looked_up(LAYOUT) ? 128 : 0;  // looked-up codes come offset to unsigned bytes
     const int64_t groups = K / G;
     const ColumnBlock<LAYOUT, G> left(codes, group_codes, super, K, S, c), right(codes, group_codes, super, K, S, c + 1);
     __m512 acc[TB], part[TB];
@@ -392,7 +400,7 @@ inline void column_pair_tiles(const int8_t* xq, const float* dx, const float* xs
                               const int8_t* group_codes, const uint16_t* super, float* y, int64_t K, int64_t N,
                               int64_t S, int64_t c, int64_t rows_end, uint8_t* tiled) {
     static_assert(LAYOUT != SIGNED, "signed codes take column_block");
-    constexpr int32_t OFFSET = LAYOUT == IQ4 ? 128 : 0;  // as column_pair
+    constexpr int32_t OFFSET = looked_up(LAYOUT) ? 128 : 0;  // as column_pair
     const int64_t groups = K / G;
     const ColumnBlock<LAYOUT, G> left(codes, group_codes, super, K, S, c), right(codes, group_codes, super, K, S, c + 1);
     for (int64_t k = 0; k < K; k += 8) {
@@ -529,7 +537,7 @@ void matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, con
 
 }  // namespace
 
-// layout: 0 nibbles, 1 six bits, 2 signed bytes, 3 IQ4 indices, 4 two bits; group 16 or 32; super_size a multiple of group
+// layout: 0 nibbles, 1 six bits, 2 signed bytes, 3 IQ4 indices, 4 two bits, 5 FP4 indices; group 16 or 32; super_size a multiple of group
 // and of 32.
 extern "C" void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super,
                             float* y, int64_t T, int64_t K, int64_t N, int32_t layout, int64_t group,
@@ -544,6 +552,9 @@ extern "C" void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* 
             break;
         case IQ4:
             (small ? matmul<IQ4, 16> : matmul<IQ4, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);
+            break;
+        case FP4:
+            (small ? matmul<FP4, 16> : matmul<FP4, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);
             break;
         case CRUMBS:
             (small ? matmul<CRUMBS, 16> : matmul<CRUMBS, 32>)(x, codes, group_codes, super, y, T, K, N, super_size, num_threads);

@@ -114,4 +114,4 @@ def dequantize_grouped(packed: torch.Tensor, scales: torch.Tensor, in_features: 
     return q * scale.repeat_interleave(in_features // groups, dim=-1)
 
 
-GGUF_LAYOUTS = {"nibbles": 0, "sixbits": 1, "signed": 2, "iq4": 3, "crumbs": 4}  # gguf_matmul.cpp's code layouts
+GGUF_LAYOUTS = {"nibbles": 0, "sixbits": 1, "signed": 2, "iq4": 3, "crumbs": 4, "fp4": 5}  # gguf_matmul.cpp's

@@ -24,7 +24,7 @@ multiplies by exactly these values.
 | Q6_K | 0..63 | 16 | 256 | int8 scale | the same scale | d | -32 d |
 | IQ4_NL | IQ4[0..15] | 32 | 32 | 1 | 0 | d | 0 |
 | IQ4_XS | IQ4[0..15] | 32 | 256 | 6-bit scale - 32 | 0 | d | 0 |
-| MXFP4 | FP4[0..15] as int8 | 32 | 32 | 2^j | 0 | 2^(e - 128 - j) | 0 |
+| MXFP4 | FP4[0..15] | 32 | 32 | 2^j | 0 | 2^(e - 128 - j) | 0 |
 
 (-4 d, -8 d, -16 d, -32 d and -dmin are exact in float16.) Q2_K's codes keep their two bits (layout
 "crumbs"), the others' are held in 4 bits or more. Q3_K's codes are its 2-bit values plus 4 times
@@ -33,7 +33,7 @@ int8 values (IQ4: `gguf.quants.IQ4_NL.kvalues`): their layout "iq4" keeps the 4-
 looks the value up; promoted to "signed" the codes are the values themselves. MXFP4 (gpt-oss's experts) is
 the same with another table (FP4: twice the e2m1 values, `gguf.quants.MXFP4.kvalues`) and a power-of-two
 scale per block (e8m0: 2^(e - 128) with the doubling), held as d and, above float16's range, a
-power-of-two sc; its codes are read as their values ("signed").
+power-of-two sc; its layout "fp4" keeps the 4-bit index, as "iq4" does.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ SUPPORTED_FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4
                      "MXFP4")
 # Tensor types whose values are stored as floats: their matrices run on float panels of their own type.
 FLOAT_FORMATS = {"F32": "float32", "F16": "fp16", "BF16": "bf16"}
-# Each layout's codes: crumbs 0..3, nibbles 0..15, sixbits 0..63, signed int8, iq4 an index into IQ4_VALUES.
-LAYOUTS = ("crumbs", "nibbles", "sixbits", "signed", "iq4")
+# Each layout's codes: crumbs 0..3, nibbles 0..15, sixbits 0..63, signed int8, iq4 an index into IQ4_VALUES,
+# fp4 an index into FP4_VALUES.
+LAYOUTS = ("crumbs", "nibbles", "sixbits", "signed", "iq4", "fp4")
 # Unsigned layouts, each holding the codes of those before it.
 WIDENING = ("crumbs", "nibbles", "sixbits")
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # llama.cpp's kvalues_iq4nl
@@ -77,7 +78,7 @@ class BlockWeights:
     dmin: torch.Tensor  # (N, K / super_group) float16
     group: int
     super_group: int
-    layout: str  # "crumbs" (codes < 4), "nibbles" (< 16), "sixbits" (< 64), "signed" (int8), "iq4" (IQ4_VALUES index)
+    layout: str  # "crumbs" (codes < 4), "nibbles" (< 16), "sixbits" (< 64), "signed" (int8), "iq4"/"fp4" (table index)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -99,7 +100,7 @@ class BlockWeights:
         (scales repeated), so that matrices of different formats can be fused into one."""
         codes = self.codes
         if layout == "signed" and self.layout != "signed":
-            codes = code_values(codes, self.layout).to(torch.int8)  # codes < 128 and the IQ4 values fit
+            codes = code_values(codes, self.layout).to(torch.int8)  # codes < 128 and the tables' values fit
         sc = self.sc.repeat_interleave(self.group // group, dim=1)
         mn = self.mn.repeat_interleave(self.group // group, dim=1)
         d = self.d.repeat_interleave(self.super_group // super_group, dim=1)
@@ -108,10 +109,11 @@ class BlockWeights:
 
 
 def code_values(codes: torch.Tensor, layout: str) -> torch.Tensor:
-    """The integer each code stands for: itself, or for "iq4" its entry of IQ4_VALUES."""
-    if layout != "iq4":
+    """The integer each code stands for: itself, or for "iq4" ("fp4") its entry of IQ4_VALUES (FP4_VALUES)."""
+    table = {"iq4": IQ4_VALUES, "fp4": FP4_VALUES}.get(layout)
+    if table is None:
         return codes
-    return torch.tensor(IQ4_VALUES, dtype=torch.int8)[codes.long()]
+    return torch.tensor(table, dtype=torch.int8)[codes.long()]
 
 
 def dequantize_parts(codes, sc, mn, d, dmin, group: int, super_group: int) -> torch.Tensor:
@@ -189,15 +191,15 @@ def _decode_mxfp4(blocks: np.ndarray, rows: int, cols: int) -> BlockWeights:
     then high). The scale is exact as float16 d from 2^-24 to 2^15; above, d = 2^15 and sc the rest (up to
     2^6); below, only an all-zero block (its d is 0)."""
     exponent = blocks[..., 0].astype(np.int32) - 128  # (N, K/32)
-    codes = np.asarray(FP4_VALUES, dtype=np.int8)[_nibbles_low_then_high(blocks[..., 1:])]  # (N, K/32, 32)
+    codes = _nibbles_low_then_high(blocks[..., 1:])  # (N, K/32, 32) indices into FP4_VALUES
     shift = np.clip(exponent - 15, 0, None)
     tiny = exponent < -24
-    if (shift > 6).any() or (tiny & codes.any(axis=-1)).any():
+    if (shift > 6).any() or (tiny & (np.asarray(FP4_VALUES)[codes] != 0).any(axis=-1)).any():
         raise ValueError("an MXFP4 block scale beyond 2^-24..2^21, which float16 scales cannot hold exactly")
     d = np.where(tiny, 0.0, np.exp2((exponent - shift).astype(np.float64))).astype(np.float16)
     sc = (1 << shift).astype(np.int8)
     zeros = np.zeros_like(sc)
-    return _weights(codes.reshape(rows, cols), sc, zeros, d, np.zeros_like(d), 32, 32, "signed")
+    return _weights(codes.reshape(rows, cols), sc, zeros, d, np.zeros_like(d), 32, 32, "fp4")
 
 
 def _six_bit_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
