@@ -41,6 +41,7 @@ void rope_qkv_to_cache(const float* qkv, const float* cos, const float* sin, flo
                        void* value_cache, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t start,
                        int64_t head_stride, int kv_type);
 void silu_mul(const float* gate_up, float* out, int64_t T, int64_t I);
+void clamped_swiglu_mul(const float* gate_up, float* out, int64_t T, int64_t I, float limit, float alpha);
 }
 
 namespace {
@@ -184,12 +185,13 @@ extern "C" void decoder_layers_batch(const LayerWeights* layers, int64_t count, 
 
 // A mixture of experts' feed-forward over T rows (models/llama.py: MixtureOfExperts): row t picked the experts
 // experts[t, r] with weights[t, r] (r < top_k, best first); out[t] = the sum, over r in rank order, of
-// weights[t, r] * down_e(silu(gate) * up) with gate, up = gate_up_e(x[t]). The rows that picked an expert go
+// weights[t, r] * down_e(silu(gate) * up) with gate, up = gate_up_e(x[t]) (limit > 0: gpt-oss's clamped SwiGLU
+// with `limit` and `alpha` instead; biases where the matrices have them). The rows that picked an expert go
 // through it together, its weights read once; every product is the kernels' row-count-invariant one, so a row
 // computes the same whichever rows share its pass (a verification's rows as one-token steps).
 extern "C" void mixture_of_experts(const PackedMatrix* gate_up, const PackedMatrix* down, int64_t num_experts,
                                    const float* x, const int64_t* experts, const float* weights, float* out,
-                                   int64_t T, int64_t top_k, int num_threads) {
+                                   int64_t T, int64_t top_k, float limit, float alpha, int num_threads) {
     const int64_t C = down[0].out_features, I = down[0].in_features;
     std::vector<float> picked(T * top_k * C), rows, gate_up_out, activated, projected;
     std::vector<int64_t> slots;  // (row, rank) pairs as row * top_k + rank
@@ -206,7 +208,10 @@ extern "C" void mixture_of_experts(const PackedMatrix* gate_up, const PackedMatr
         for (int64_t i = 0; i < n; i++)
             for (int64_t c = 0; c < C; c++) rows[i * C + c] = x[(slots[i] / top_k) * C + c];
         multiply(gate_up[e], rows.data(), gate_up_out.data(), n, num_threads);
-        silu_mul(gate_up_out.data(), activated.data(), n, I);
+        if (limit > 0)
+            clamped_swiglu_mul(gate_up_out.data(), activated.data(), n, I, limit, alpha);
+        else
+            silu_mul(gate_up_out.data(), activated.data(), n, I);
         multiply(down[e], activated.data(), projected.data(), n, num_threads);
         for (int64_t i = 0; i < n; i++) {
             const float weight = weights[slots[i]];

@@ -113,3 +113,26 @@ extern "C" void silu_mul(const float* gate_up, float* out, int64_t T, int64_t I)
         for (; i < I; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
     }
 }
+
+// gpt-oss's experts: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g) with g = min(gate, limit), the
+// halves of gate_up as silu_mul takes them.
+extern "C" void clamped_swiglu_mul(const float* gate_up, float* out, int64_t T, int64_t I, float limit, float alpha) {
+    const __m256 top = _mm256_set1_ps(limit), bottom = _mm256_set1_ps(-limit), one = _mm256_set1_ps(1.0f);
+    const __m256 minus_alpha = _mm256_set1_ps(-alpha);
+    for (int64_t t = 0; t < T; t++) {
+        const float* gate = gate_up + t * 2 * I;
+        const float* up = gate + I;
+        float* y = out + t * I;
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8) {
+            const __m256 g = _mm256_min_ps(_mm256_loadu_ps(gate + i), top);
+            const __m256 u = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(up + i), top), bottom);
+            const __m256 glu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_mul_ps(minus_alpha, g))));
+            _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_add_ps(u, one), glu));
+        }
+        for (; i < I; i++) {
+            const float g = fminf(gate[i], limit), u = fmaxf(fminf(up[i], limit), -limit);
+            y[i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+        }
+    }
+}

@@ -34,7 +34,8 @@ decoder_layers = declare("decoder_layers.cpp", "decoder_layers", P, I64, *[P] * 
 decoder_layers_batch = declare("decoder_layers.cpp", "decoder_layers_batch", P, I64, *[P] * 4, *[I64] * 4,
                                c_float, c_int)
 # A mixture's feed-forward over rows in one call: experts' gate/up and down descriptions, rows, picks, weights
-mixture_of_experts = declare("decoder_layers.cpp", "mixture_of_experts", P, P, I64, P, P, P, P, I64, I64, c_int)
+mixture_of_experts = declare("decoder_layers.cpp", "mixture_of_experts", P, P, I64, P, P, P, P, I64, I64, c_float,
+                             c_float, c_int)
 
 
 # Up to here a forward's rows attend row by row (llama.ROW_BY_ROW_MAX) and its layers run in one C call

@@ -186,22 +186,26 @@ class ExpertTable:
     """A mixture's experts as one C call reads them (decoder_layers.cpp: mixture_of_experts): each expert's
     packed gate/up and down described once; the modules keep the tensors alive."""
 
-    def __init__(self, gate_up: list[PackedMatrix], down: list[PackedMatrix]):
+    def __init__(self, gate_up: list[PackedMatrix], down: list[PackedMatrix], limit: float | None = None,
+                 alpha: float = 1.0):
         self.count = len(gate_up)
         self.gate_up, self.down = (PackedMatrix * self.count)(*gate_up), (PackedMatrix * self.count)(*down)
+        self.limit, self.alpha = limit or 0.0, alpha  # gpt-oss's clamped SwiGLU (limit 0: silu)
 
     @classmethod
     def of(cls, experts: nn.ModuleList) -> "ExpertTable | None":
-        """The table of packed experts, or None where one is not packed for the kernels."""
+        """The table of packed experts (models/llama.py's MLP), or None where one is not packed for the kernels."""
         gate_up = [describe(expert._modules.get("gate_up_proj")) for expert in experts]
         down = [describe(expert._modules.get("down_proj")) for expert in experts]
-        return None if any(m is None for m in gate_up + down) else cls(gate_up, down)
+        if any(m is None for m in gate_up + down):
+            return None
+        return cls(gate_up, down, experts[0].limit, experts[0].alpha)
 
     def run(self, rows: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """rows (N, C) float32, experts (N, top_k) int64 and weights (N, top_k) float32 -> (N, C)."""
         rows, experts, weights = rows.contiguous(), experts.contiguous(), weights.float().contiguous()
         out = torch.empty_like(rows)
         mixture_of_experts()(self.gate_up, self.down, self.count, rows.data_ptr(), experts.data_ptr(),
-                             weights.data_ptr(), out.data_ptr(), rows.shape[0], experts.shape[1],
-                             torch.get_num_threads())
+                             weights.data_ptr(), out.data_ptr(), rows.shape[0], experts.shape[1], self.limit,
+                             self.alpha, torch.get_num_threads())
         return out

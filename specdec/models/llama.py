@@ -252,8 +252,6 @@ class MixtureOfExperts(nn.Module):
         self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=c.router_bias)
         self.experts = nn.ModuleList(MLP(c, c.moe_intermediate_size) for _ in range(c.num_experts))
         self.top_k, self.normalize, self.softmax_after_topk = c.experts_per_token, c.norm_topk_prob, c.softmax_after_topk
-        # the C call computes silu experts without biases (Qwen3-MoE's); gpt-oss's run expert by expert
-        self.runs_in_c = c.swiglu_limit is None and not c.mlp_bias
         self.touched = 0  # distinct experts the last forward ran (stats: experts per pass)
         # (the first expert's packed gate/up, held so it cannot be replaced unnoticed; the C table of the packing)
         self.table: tuple[nn.Module | None, ExpertTable | None] | None = None
@@ -277,7 +275,7 @@ class MixtureOfExperts(nn.Module):
 
     def kernel_table(self, rows: torch.Tensor) -> ExpertTable | None:
         """The packed experts as one C call runs them (CPU float32 rows, every expert packed), else None."""
-        if not self.runs_in_c or rows.device.type != "cpu" or rows.dtype != torch.float32 or packed_kernel() is None:
+        if rows.device.type != "cpu" or rows.dtype != torch.float32 or packed_kernel() is None:
             return None
         packing = self.experts[0]._modules.get("gate_up_proj")  # pack_weights and copies replace the modules
         if self.table is None or self.table[0] is not packing:
