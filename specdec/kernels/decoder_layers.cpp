@@ -10,12 +10,16 @@
 // One layer, T rows of width C (x updated in place):
 //   normed  = RMSNorm(x) * w_in
 //   qkv     = normed @ Wqkv (+ bias)                      (T, (H + 2 Hkv) D)
+//   q, k    = RMSNorm of each head * w_q, w_k             (Qwen3's query/key norms, where the layer has them)
 //   q       = rope(q); rope(k) and v -> the layer's cache slots [start, start + T)
-//   x       = x + (attention(q, cache) @ Wo (+ bias))     (add_rms_norm keeps the sum)
+//   x       = x + (attention(q, cache) @ Wo (+ bias))     (add_rms_norm keeps the sum; gpt-oss: sinks)
 //   normed  = RMSNorm(x) * w_post
 //   x       = x + (silu(gate) * up) @ Wdown (+ bias)      (gate, up = normed @ Wgate_up)
+//             or a mixture of experts' sum over the experts its router picks (mixture_of_experts below)
+#include <math.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "vector_math.h"
@@ -59,11 +63,29 @@ struct PackedMatrix {
     int64_t in_features, out_features, group, super_group;
 };
 
+// A mixture-of-experts feed-forward (models/llama.py: MixtureOfExperts): the router, each expert's packed
+// gate/up and down, and how the router's scores become each row's picks and weights.
+struct MixtureWeights {
+    PackedMatrix router;
+    const PackedMatrix* gate_up;
+    const PackedMatrix* down;
+    int64_t num_experts, top_k;
+    int32_t softmax_after_topk;  // gpt-oss: softmax over the picked logits; else over all, then the top ones
+    int32_t normalize;           // Qwen3's norm_topk_prob: the picked probabilities renormalized
+    float limit, alpha;          // gpt-oss's clamped SwiGLU (limit 0: silu)
+    int64_t* touched;            // out: the distinct experts the last call ran
+};
+
 struct LayerWeights {
-    PackedMatrix qkv, o, gate_up, down;
+    PackedMatrix qkv, o, gate_up, down;  // gate_up, down: unused where `mixture` is set
     const float* input_norm;
     const float* post_norm;
     float input_eps, post_eps;
+    const float* q_norm;  // (D,) each query head's RMSNorm weight, or null
+    const float* k_norm;
+    float qk_eps;
+    const float* sinks;   // (H,) or null
+    const MixtureWeights* mixture;  // or null: the dense gate_up/down
 };
 
 // y (T, N) = x (T, K) @ W (+ bias), the kernel PackedLinear.unsplit picks for W's format.
@@ -119,6 +141,68 @@ struct Segment {
 
 namespace {
 
+void run_experts(const PackedMatrix* gate_up, const PackedMatrix* down, int64_t num_experts, const float* x,
+                 const int64_t* experts, const float* weights, float* out, int64_t T, int64_t top_k, float limit,
+                 float alpha, int num_threads);
+
+// Each head's RMSNorm in place: `heads` heads of D floats from `offset` in each of the T rows of `width`.
+void normalize_heads(float* rows, int64_t T, int64_t width, int64_t offset, int64_t heads, int64_t D,
+                     const float* weight, float eps) {
+    std::vector<float> normed(D);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < heads; h++) {
+            float* head = rows + t * width + offset + h * D;
+            add_rms_norm(head, nullptr, weight, head, normed.data(), 1, D, eps);
+            std::copy(normed.begin(), normed.end(), head);
+        }
+}
+
+// A row's picks from its router logits (E,): the top_k experts best first (ties: the lower index) and their
+// weights, as MixtureOfExperts.route computes them.
+void pick_experts(const MixtureWeights& m, const float* logits, int64_t* experts, float* weights) {
+    const int64_t E = m.num_experts, k = m.top_k;
+    std::vector<float> scores(logits, logits + E);
+    if (!m.softmax_after_topk) {  // softmax over every expert first
+        float top = scores[0], total = 0.0f;
+        for (int64_t e = 1; e < E; e++) top = std::max(top, scores[e]);
+        for (int64_t e = 0; e < E; e++) total += (scores[e] = expf(scores[e] - top));
+        for (int64_t e = 0; e < E; e++) scores[e] /= total;
+    }
+    std::vector<bool> taken(E, false);
+    for (int64_t r = 0; r < k; r++) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || scores[e] > scores[best])) best = e;
+        taken[best] = true;
+        experts[r] = best, weights[r] = scores[best];
+    }
+    if (m.softmax_after_topk) {  // softmax over the picked logits
+        const float top = weights[0];
+        float total = 0.0f;
+        for (int64_t r = 0; r < k; r++) total += (weights[r] = expf(weights[r] - top));
+        for (int64_t r = 0; r < k; r++) weights[r] /= total;
+    } else if (m.normalize) {
+        float total = 0.0f;
+        for (int64_t r = 0; r < k; r++) total += weights[r];
+        for (int64_t r = 0; r < k; r++) weights[r] /= total;
+    }
+}
+
+// The mixture's feed-forward over T rows of normed (T, C) into out (T, C).
+void mixture(const MixtureWeights& m, const float* normed, float* out, int64_t T, int num_threads) {
+    std::vector<float> logits(T * m.num_experts), weights(T * m.top_k);
+    std::vector<int64_t> experts(T * m.top_k);
+    multiply(m.router, normed, logits.data(), T, num_threads);
+    std::vector<bool> used(m.num_experts, false);
+    for (int64_t t = 0; t < T; t++) {
+        pick_experts(m, logits.data() + t * m.num_experts, experts.data() + t * m.top_k, weights.data() + t * m.top_k);
+        for (int64_t r = 0; r < m.top_k; r++) used[experts[t * m.top_k + r]] = true;
+    }
+    if (m.touched != nullptr) *m.touched = std::count(used.begin(), used.end(), true);
+    run_experts(m.gate_up, m.down, m.num_experts, normed, experts.data(), weights.data(), out, T, m.top_k, m.limit,
+                m.alpha, num_threads);
+}
+
 // Layers [0, count) over x (T, C), in place, T the segments' rows together. The projections, norms and the
 // feed-forward run over all T rows at once (each kernel computes a row the same whatever T: rows stay
 // bit-identical to a segment run alone); rope, the cache writes and attention run segment by segment.
@@ -136,13 +220,15 @@ void run_layers(const LayerWeights* layers, int64_t count, float* x, const float
     std::vector<float> qkv, gate_up, activated;
     for (int64_t l = 0; l < count; l++) {
         const LayerWeights& layer = layers[l];
-        const int64_t I = layer.gate_up.out_features / 2, width = layer.qkv.out_features;
+        const int64_t width = layer.qkv.out_features;
         qkv.resize(T * width);
-        gate_up.resize(T * 2 * I);
-        activated.resize(T * I);
 
         add_rms_norm(x, nullptr, layer.input_norm, x, normed.data(), T, C, layer.input_eps);
         multiply(layer.qkv, normed.data(), qkv.data(), T, num_threads);
+        if (layer.q_norm != nullptr) {
+            normalize_heads(qkv.data(), T, width, 0, H, D, layer.q_norm, layer.qk_eps);
+            normalize_heads(qkv.data(), T, width, H * D, Hkv, D, layer.k_norm, layer.qk_eps);
+        }
         int64_t row = 0;
         for (int64_t s = 0; s < num_segments; s++) {
             const Segment& seg = segments[s];
@@ -152,14 +238,21 @@ void run_layers(const LayerWeights* layers, int64_t count, float* x, const float
                               seg.rows, H, Hkv, D, seg.start, seg.head_stride, (int)seg.kv_type);
             attention_rows(q.data(), keys, values, seg.visible, attended.data() + row * H * D, seg.rows, H, Hkv, D,
                            seg.prefix, seg.start + seg.rows - seg.prefix, seg.head_stride, attention_scale,
-                           nullptr, (int)seg.kv_type, num_threads);
+                           layer.sinks, (int)seg.kv_type, num_threads);
             row += seg.rows;
         }
         multiply(layer.o, attended.data(), projected.data(), T, num_threads);
         add_rms_norm(x, projected.data(), layer.post_norm, sum.data(), normed.data(), T, C, layer.post_eps);
-        multiply(layer.gate_up, normed.data(), gate_up.data(), T, num_threads);
-        silu_mul(gate_up.data(), activated.data(), T, I);
-        multiply(layer.down, activated.data(), projected.data(), T, num_threads);
+        if (layer.mixture != nullptr) {
+            mixture(*layer.mixture, normed.data(), projected.data(), T, num_threads);
+        } else {
+            const int64_t I = layer.gate_up.out_features / 2;
+            gate_up.resize(T * 2 * I);
+            activated.resize(T * I);
+            multiply(layer.gate_up, normed.data(), gate_up.data(), T, num_threads);
+            silu_mul(gate_up.data(), activated.data(), T, I);
+            multiply(layer.down, activated.data(), projected.data(), T, num_threads);
+        }
         for (int64_t i = 0; i < T * C; i++) x[i] = sum[i] + projected[i];
     }
 }
@@ -192,6 +285,14 @@ extern "C" void decoder_layers_batch(const LayerWeights* layers, int64_t count, 
 extern "C" void mixture_of_experts(const PackedMatrix* gate_up, const PackedMatrix* down, int64_t num_experts,
                                    const float* x, const int64_t* experts, const float* weights, float* out,
                                    int64_t T, int64_t top_k, float limit, float alpha, int num_threads) {
+    run_experts(gate_up, down, num_experts, x, experts, weights, out, T, top_k, limit, alpha, num_threads);
+}
+
+namespace {
+
+void run_experts(const PackedMatrix* gate_up, const PackedMatrix* down, int64_t num_experts, const float* x,
+                 const int64_t* experts, const float* weights, float* out, int64_t T, int64_t top_k, float limit,
+                 float alpha, int num_threads) {
     const int64_t C = down[0].out_features, I = down[0].in_features;
     std::vector<float> picked(T * top_k * C), rows, gate_up_out, activated, projected;
     std::vector<int64_t> slots;  // (row, rank) pairs as row * top_k + rank
@@ -224,3 +325,5 @@ extern "C" void mixture_of_experts(const PackedMatrix* gate_up, const PackedMatr
             for (int64_t c = 0; c < C; c++) out[t * C + c] += picked[(t * top_k + r) * C + c];
     }
 }
+
+}  // namespace

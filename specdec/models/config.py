@@ -108,10 +108,9 @@ class ModelConfig:
     @property
     def runs_layer_plan(self) -> bool:
         """Whether the one-C-call path through the layers (models/layer_plan.py) computes this architecture:
-        it has no step for query/key norms, Gemma's norms or GELU, experts or sinks."""
-        return not (self.qk_norm or self.norm_offset or self.sandwich_norms or self.activation != "silu"
-                    or self.embedding_scale is not None or self.query_scale is not None or self.moe_layers
-                    or self.attention_sinks)
+        it has no step for Gemma's norms, GELU or scaled queries."""
+        return not (self.norm_offset or self.sandwich_norms or self.activation != "silu"
+                    or self.embedding_scale is not None or self.query_scale is not None)
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":

@@ -32,10 +32,19 @@ class PackedMatrix(ctypes.Structure):
                 ("super_group", ctypes.c_int64)]
 
 
+class MixtureWeights(ctypes.Structure):
+    """A mixture-of-experts feed-forward (decoder_layers.cpp's MixtureWeights)."""
+    _fields_ = [("router", PackedMatrix), ("gate_up", ctypes.c_void_p), ("down", ctypes.c_void_p),
+                ("num_experts", ctypes.c_int64), ("top_k", ctypes.c_int64), ("softmax_after_topk", ctypes.c_int32),
+                ("normalize", ctypes.c_int32), ("limit", ctypes.c_float), ("alpha", ctypes.c_float),
+                ("touched", ctypes.c_void_p)]
+
+
 class LayerWeights(ctypes.Structure):
     _fields_ = [("qkv", PackedMatrix), ("o", PackedMatrix), ("gate_up", PackedMatrix), ("down", PackedMatrix),
                 ("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("input_eps", ctypes.c_float),
-                ("post_eps", ctypes.c_float)]
+                ("post_eps", ctypes.c_float), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+                ("qk_eps", ctypes.c_float), ("sinks", ctypes.c_void_p), ("mixture", ctypes.c_void_p)]
 
 
 class Segment(ctypes.Structure):
@@ -73,11 +82,17 @@ def describe(linear: PackedLinear) -> PackedMatrix | None:
 
 
 def _parts(layer: nn.Module) -> list:
-    """What a layer's plan entry points into: the four packed projections, then the two norms. Read through
-    the modules' own dicts: nn.Module.__getattr__ made checking a plan cost 3 ms a forward."""
+    """What a layer's plan entry points into: the four packed projections (a mixture: its router and first
+    expert's gate/up, which stand for its experts as in MixtureOfExperts.kernel_table), the two norms, the
+    query/key norms (or None). Read through the modules' own dicts: nn.Module.__getattr__ made checking a plan
+    cost 3 ms a forward."""
     attn, mlp = layer._modules["self_attn"]._modules, layer._modules["mlp"]._modules  # no fused ones: None
-    return [attn.get("qkv_proj"), attn.get("o_proj"), mlp.get("gate_up_proj"), mlp.get("down_proj"),
-            layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"]]
+    if "experts" in mlp:
+        feed_forward = [mlp.get("gate"), mlp["experts"][0]._modules.get("gate_up_proj")]
+    else:
+        feed_forward = [mlp.get("gate_up_proj"), mlp.get("down_proj")]
+    return [attn.get("qkv_proj"), attn.get("o_proj"), *feed_forward, layer._modules["input_layernorm"],
+            layer._modules["post_attention_layernorm"], attn.get("q_norm"), attn.get("k_norm")]
 
 
 def _members(layer: nn.Module) -> list:
@@ -96,8 +111,11 @@ def _signature(layer: nn.Module) -> tuple:
 
 
 class LayerPlan:
-    def __init__(self, layers: Sequence[nn.Module], entries: ctypes.Array):
+    def __init__(self, layers: Sequence[nn.Module], entries: ctypes.Array, keep: list, touched: list):
         self.entries = entries
+        self.keep = keep  # the mixtures' C structures the entries point to
+        self.mixtures = [layer._modules["mlp"] for layer in layers]
+        self.touched = touched  # each mixture's distinct experts of the last run (c_int64 a layer)
         # the objects the entries point into, kept alive: a tensor replaced in a layer is not freed while the
         # plan exists, so no new object can take its id and pass for it in `matches`
         self.members = [_members(layer) for layer in layers]
@@ -106,18 +124,37 @@ class LayerPlan:
     @classmethod
     def build(cls, layers: Sequence[nn.Module]) -> "LayerPlan | None":
         """The plan of packed float32 layers on the CPU, or None where a layer cannot go through the kernel."""
-        entries = (LayerWeights * len(layers))()
+        entries, keep = (LayerWeights * len(layers))(), []
+        touched = [ctypes.c_int64(0) for _ in layers]
         for index, layer in enumerate(layers):
             parts = _parts(layer)
             matrices = [describe(module) for module in parts[:4]]
             if any(m is None for m in matrices):
                 return None
-            norms = [parts[4].weight, parts[5].weight]
-            if any(w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous() for w in norms):
+            norms = [parts[4].weight, parts[5].weight] + [p.weight for p in parts[6:] if p is not None]
+            sinks = layer._modules["self_attn"]._parameters.get("sinks")
+            if any(not _plain_floats(w) for w in norms) or (sinks is not None and not _plain_floats(sinks)):
                 return None
-            entries[index] = LayerWeights(*matrices, norms[0].data_ptr(), norms[1].data_ptr(), parts[4].eps,
-                                          parts[5].eps)
-        return cls(layers, entries)
+            mixture = None
+            if "experts" in layer._modules["mlp"]._modules:
+                mixture = _mixture_weights(layer._modules["mlp"], matrices[2], touched[index])
+                if mixture is None:
+                    return None
+                keep.append(mixture)
+            q_norm, k_norm = parts[6], parts[7]
+            entries[index] = LayerWeights(
+                *matrices, norms[0].data_ptr(), norms[1].data_ptr(), parts[4].eps, parts[5].eps,
+                _pointer(None if q_norm is None else q_norm.weight), _pointer(None if k_norm is None else k_norm.weight),
+                q_norm.eps if q_norm is not None else 0.0, _pointer(sinks),
+                None if mixture is None else ctypes.addressof(mixture[0]))
+        return cls(layers, entries, keep, touched)
+
+    def report_experts(self, first: int, stop: int) -> None:
+        """The distinct experts each mixture of layers [first, stop) ran in the last call, into its `touched`
+        (what MixtureOfExperts.forward records when it runs itself)."""
+        for index in range(first, stop):
+            if "experts" in self.mixtures[index]._modules:
+                self.mixtures[index].touched = self.touched[index].value
 
     def matches(self, layers: Sequence[nn.Module]) -> bool:
         """Whether every module and buffer the plan points into is still the one in `layers`."""
@@ -136,6 +173,7 @@ class LayerPlan:
             entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
             cache.keys.stride(0), keys.stride(0), rows.visible.data_ptr(), rows.prefix, out.shape[1], heads,
             kv_heads, head_dim, cache.length, KV_TYPES[keys.dtype], head_dim ** -0.5, torch.get_num_threads())
+        self.report_experts(first, stop)
         return out
 
 
@@ -157,7 +195,24 @@ class LayerPlan:
             entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
             ctypes.addressof(segments), len(parts), heads, kv_heads, head_dim, head_dim ** -0.5,
             torch.get_num_threads())
+        self.report_experts(first, stop)
         return out
+
+
+def _plain_floats(tensor: torch.Tensor) -> bool:
+    return tensor.dtype == torch.float32 and tensor.device.type == "cpu" and tensor.is_contiguous()
+
+
+def _mixture_weights(mlp: nn.Module, router: PackedMatrix, touched: ctypes.c_int64) -> tuple | None:
+    """(MixtureWeights, its ExpertTable) for a packed MixtureOfExperts, or None; its C call writes the
+    distinct experts it ran to `touched`."""
+    table = ExpertTable.of(mlp.experts)
+    if table is None:
+        return None
+    weights = MixtureWeights(router, ctypes.addressof(table.gate_up), ctypes.addressof(table.down), table.count,
+                             mlp.top_k, int(mlp.softmax_after_topk), int(mlp.normalize), table.limit, table.alpha,
+                             ctypes.addressof(touched))
+    return weights, table
 
 
 def plan_applies(x: torch.Tensor, cache, rows) -> bool:

@@ -593,7 +593,7 @@ class LlamaForCausalLM(nn.Module, CausalLM):
 
     def layer_plan(self, x: torch.Tensor, cache, rows: RowAttention | None) -> LayerPlan | None:
         """The one-call path through the layers (models/layer_plan.py) where it applies, else None."""
-        # the one C call has no step for query/key norms or Gemma's layers: those run layer by layer (each
+        # the one C call has no step for Gemma's layers: those run layer by layer (each
         # matmul still packed)
         if not self.layers_are_packed() or not self.config.runs_layer_plan:
             return None
