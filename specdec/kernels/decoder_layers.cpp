@@ -86,6 +86,7 @@ struct LayerWeights {
     float qk_eps;
     const float* sinks;   // (H,) or null
     const MixtureWeights* mixture;  // or null: the dense gate_up/down
+    int64_t sliding;      // a sliding-window layer: each row sees the cache from its segment's first_key on
 };
 
 // y (T, N) = x (T, K) @ W (+ bias), the kernel PackedLinear.unsplit picks for W's format.
@@ -124,13 +125,14 @@ void multiply(const PackedMatrix& w, const float* x, float* y, int64_t T, int th
 // elements apart, heads head_stride apart; `start` cached tokens precede its `rows` new ones, whose keys and
 // values go to [start, start + rows).
 // Attention: each row sees the first `prefix` keys; visible (rows, start + rows - prefix) uint8 says which of
-// the others it sees.
+// the others it sees; on sliding-window layers, none before first_key[row] (null: no window reached yet).
 struct Segment {
     void* key_cache;
     void* value_cache;
     int64_t layer_stride, head_stride;
     const uint8_t* visible;
     int64_t prefix, rows, start, kv_type;
+    const int64_t* first_key;
 
     void* layer_keys(int64_t l) const { return layer_of(key_cache, l); }
     void* layer_values(int64_t l) const { return layer_of(value_cache, l); }
@@ -203,6 +205,22 @@ void mixture(const MixtureWeights& m, const float* normed, float* out, int64_t T
                 m.alpha, num_threads);
 }
 
+// Row r of a segment on a sliding-window layer, as a call of its own over the cache from slot
+// min(first_key[r], prefix) on (llama.RowAttention.row_alone): the keys before its window left out.
+void windowed_row(const Segment& seg, int64_t r, const float* q, void* keys, void* values, float* out, int64_t H,
+                  int64_t Hkv, int64_t D, float attention_scale, const float* sinks, int num_threads) {
+    const int64_t first = seg.first_key[r], start = std::min(first, seg.prefix);
+    const int64_t width = seg.start + seg.rows - seg.prefix;
+    std::vector<uint8_t> visible(seg.visible + r * width, seg.visible + (r + 1) * width);
+    if (first > seg.prefix) std::fill(visible.begin(), visible.begin() + (first - seg.prefix), 0);
+    std::vector<float> row_q(H * D);  // q is (H, rows, D)
+    for (int64_t h = 0; h < H; h++) std::copy(q + (h * seg.rows + r) * D, q + (h * seg.rows + r + 1) * D, row_q.data() + h * D);
+    const int64_t offset = start * D * vector_math::kv_element_size(seg.kv_type);
+    attention_rows(row_q.data(), static_cast<char*>(keys) + offset, static_cast<char*>(values) + offset, visible.data(),
+                   out + r * H * D, 1, H, Hkv, D, seg.prefix - start, width, seg.head_stride, attention_scale, sinks,
+                   (int)seg.kv_type, num_threads);
+}
+
 // Layers [0, count) over x (T, C), in place, T the segments' rows together. The projections, norms and the
 // feed-forward run over all T rows at once (each kernel computes a row the same whatever T: rows stay
 // bit-identical to a segment run alone); rope, the cache writes and attention run segment by segment.
@@ -236,9 +254,15 @@ void run_layers(const LayerWeights* layers, int64_t count, float* x, const float
             void* values = seg.layer_values(l);
             rope_qkv_to_cache(qkv.data() + row * width, cos + row * D, sin + row * D, q.data(), keys, values,
                               seg.rows, H, Hkv, D, seg.start, seg.head_stride, (int)seg.kv_type);
-            attention_rows(q.data(), keys, values, seg.visible, attended.data() + row * H * D, seg.rows, H, Hkv, D,
-                           seg.prefix, seg.start + seg.rows - seg.prefix, seg.head_stride, attention_scale,
-                           layer.sinks, (int)seg.kv_type, num_threads);
+            if (layer.sliding && seg.first_key != nullptr) {
+                for (int64_t r = 0; r < seg.rows; r++)
+                    windowed_row(seg, r, q.data(), keys, values, attended.data() + row * H * D, H, Hkv, D,
+                                 attention_scale, layer.sinks, num_threads);
+            } else {
+                attention_rows(q.data(), keys, values, seg.visible, attended.data() + row * H * D, seg.rows, H, Hkv,
+                               D, seg.prefix, seg.start + seg.rows - seg.prefix, seg.head_stride, attention_scale,
+                               layer.sinks, (int)seg.kv_type, num_threads);
+            }
             row += seg.rows;
         }
         multiply(layer.o, attended.data(), projected.data(), T, num_threads);
@@ -263,8 +287,10 @@ void run_layers(const LayerWeights* layers, int64_t count, float* x, const float
 extern "C" void decoder_layers(const LayerWeights* layers, int64_t count, float* x, const float* cos, const float* sin,
                                void* key_cache, void* value_cache, int64_t layer_stride, int64_t head_stride,
                                const uint8_t* visible, int64_t prefix, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                               int64_t start, int64_t kv_type, float attention_scale, int num_threads) {
-    const Segment one{key_cache, value_cache, layer_stride, head_stride, visible, prefix, T, start, kv_type};
+                               int64_t start, int64_t kv_type, const int64_t* first_key, float attention_scale,
+                               int num_threads) {
+    const Segment one{key_cache, value_cache, layer_stride, head_stride, visible, prefix, T, start, kv_type,
+                      first_key};
     run_layers(layers, count, x, cos, sin, &one, 1, H, Hkv, D, attention_scale, num_threads);
 }
 

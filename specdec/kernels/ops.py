@@ -29,7 +29,7 @@ _silu_mul = declare("layer_ops.cpp", "silu_mul", P, P, I64, I64)
 # to float32 exactly as it is read, and written rounded to nearest even, as torch rounds.
 KV_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # A span of decoder layers in one call (models/layer_plan.py builds the arguments): one request, and a batch.
-decoder_layers = declare("decoder_layers.cpp", "decoder_layers", P, I64, *[P] * 5, I64, I64, P, *[I64] * 7,
+decoder_layers = declare("decoder_layers.cpp", "decoder_layers", P, I64, *[P] * 5, I64, I64, P, *[I64] * 7, P,
                          c_float, c_int)
 decoder_layers_batch = declare("decoder_layers.cpp", "decoder_layers_batch", P, I64, *[P] * 4, *[I64] * 4,
                                c_float, c_int)

@@ -44,14 +44,16 @@ class LayerWeights(ctypes.Structure):
     _fields_ = [("qkv", PackedMatrix), ("o", PackedMatrix), ("gate_up", PackedMatrix), ("down", PackedMatrix),
                 ("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("input_eps", ctypes.c_float),
                 ("post_eps", ctypes.c_float), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
-                ("qk_eps", ctypes.c_float), ("sinks", ctypes.c_void_p), ("mixture", ctypes.c_void_p)]
+                ("qk_eps", ctypes.c_float), ("sinks", ctypes.c_void_p), ("mixture", ctypes.c_void_p),
+                ("sliding", ctypes.c_int64)]
 
 
 class Segment(ctypes.Structure):
     """One request's rows in a batched span (decoder_layers.cpp's Segment)."""
     _fields_ = [("key_cache", ctypes.c_void_p), ("value_cache", ctypes.c_void_p), ("layer_stride", ctypes.c_int64),
                 ("head_stride", ctypes.c_int64), ("visible", ctypes.c_void_p), ("prefix", ctypes.c_int64),
-                ("rows", ctypes.c_int64), ("start", ctypes.c_int64), ("kv_type", ctypes.c_int64)]
+                ("rows", ctypes.c_int64), ("start", ctypes.c_int64), ("kv_type", ctypes.c_int64),
+                ("first_key", ctypes.c_void_p)]
 
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:
@@ -122,8 +124,9 @@ class LayerPlan:
         self.signatures = [tuple(map(id, members)) for members in self.members]
 
     @classmethod
-    def build(cls, layers: Sequence[nn.Module]) -> "LayerPlan | None":
-        """The plan of packed float32 layers on the CPU, or None where a layer cannot go through the kernel."""
+    def build(cls, layers: Sequence[nn.Module], sliding: Sequence[int] = ()) -> "LayerPlan | None":
+        """The plan of packed float32 layers on the CPU (`sliding`: the indices of sliding-window layers), or None
+        where a layer cannot go through the kernel."""
         entries, keep = (LayerWeights * len(layers))(), []
         touched = [ctypes.c_int64(0) for _ in layers]
         for index, layer in enumerate(layers):
@@ -146,7 +149,7 @@ class LayerPlan:
                 *matrices, norms[0].data_ptr(), norms[1].data_ptr(), parts[4].eps, parts[5].eps,
                 _pointer(None if q_norm is None else q_norm.weight), _pointer(None if k_norm is None else k_norm.weight),
                 q_norm.eps if q_norm is not None else 0.0, _pointer(sinks),
-                None if mixture is None else ctypes.addressof(mixture[0]))
+                None if mixture is None else ctypes.addressof(mixture[0]), int(index in sliding))
         return cls(layers, entries, keep, touched)
 
     def report_experts(self, first: int, stop: int) -> None:
@@ -165,14 +168,16 @@ class LayerPlan:
             rows, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
         """Layers [first, stop) over x (1, T, C): a new tensor (x is left as it was). The new tokens' keys and
         values go to cache slots [cache.length, cache.length + T); `rows` (llama.RowAttention) says which
-        cached keys each row sees."""
+        cached keys each row sees, and on sliding-window layers from which slot on (rows.first_key)."""
         out = x.contiguous().clone()
+        first_key = None if rows.first_key is None else torch.tensor(rows.first_key, dtype=torch.int64)
         keys, values = cache.keys[first, 0], cache.values[first, 0]  # (Hkv, S_max, D)
         entry = ctypes.addressof(self.entries) + first * ctypes.sizeof(LayerWeights)
         decoder_layers()(
             entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
             cache.keys.stride(0), keys.stride(0), rows.visible.data_ptr(), rows.prefix, out.shape[1], heads,
-            kv_heads, head_dim, cache.length, KV_TYPES[keys.dtype], head_dim ** -0.5, torch.get_num_threads())
+            kv_heads, head_dim, cache.length, KV_TYPES[keys.dtype], _pointer(first_key), head_dim ** -0.5,
+            torch.get_num_threads())
         self.report_experts(first, stop)
         return out
 
@@ -189,7 +194,7 @@ class LayerPlan:
             keys, values = cache.keys[first, 0], cache.values[first, 0]  # (Hkv, S_max, D)
             segments[index] = Segment(keys.data_ptr(), values.data_ptr(), cache.keys.stride(0), keys.stride(0),
                                       rows.visible.data_ptr(), rows.prefix, count, cache.length,
-                                      KV_TYPES[keys.dtype])
+                                      KV_TYPES[keys.dtype], None)
         entry = ctypes.addressof(self.entries) + first * ctypes.sizeof(LayerWeights)
         decoder_layers_batch()(
             entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(),
@@ -224,7 +229,8 @@ def plan_applies(x: torch.Tensor, cache, rows) -> bool:
         keys.stride(-2) == keys.shape[-1]
 
 
-def layer_plan(owner: nn.Module, layers: Sequence[nn.Module], x: torch.Tensor, cache, rows) -> LayerPlan | None:
+def layer_plan(owner: nn.Module, layers: Sequence[nn.Module], x: torch.Tensor, cache, rows,
+               sliding: Sequence[int] = ()) -> LayerPlan | None:
     """The plan of `layers` (packed decoder layers of `owner`: a model, an EAGLE head) where the one-call path
     applies to this forward: float32 rows on the CPU attended row by row (`rows`, llama.RowAttention), batch
     1, a contiguous KV cache of float32, bf16 or fp16. Built on first use and rebuilt after the layers change; else None."""
@@ -232,7 +238,7 @@ def layer_plan(owner: nn.Module, layers: Sequence[nn.Module], x: torch.Tensor, c
         return None
     plan = owner.__dict__.get("_layer_plan")
     if plan is None or not plan.matches(layers):
-        plan = LayerPlan.build(layers)
+        plan = LayerPlan.build(layers, sliding)
         owner.__dict__["_layer_plan"] = plan
     return plan
 

@@ -597,7 +597,7 @@ class LlamaForCausalLM(nn.Module, CausalLM):
         # matmul still packed)
         if not self.layers_are_packed() or not self.config.runs_layer_plan:
             return None
-        return layer_plan(self, self.model.layers, x, cache, rows)
+        return layer_plan(self, self.model.layers, x, cache, rows, self.config.sliding_layers)
 
     def run(
         self,
@@ -625,12 +625,16 @@ class LlamaForCausalLM(nn.Module, CausalLM):
         x = self.model.embed_tokens(tokens)  # (B, T, C)
         if c.embedding_scale is not None:  # as a tensor of x's dtype, as transformers multiplies
             x = x * torch.tensor(c.embedding_scale, dtype=x.dtype)
-        plan = self.layer_plan(x, cache, rows) if window is None else None
+        # past a window's edge the plan's sliding layers take each row's first slot (local[3].first_key), where
+        # they share the global rope (Gemma 3's local base runs layer by layer)
+        windowed_rows = window is not None and local[3] is not None and c.local_rope is None
+        plan_rows = local[3] if windowed_rows else rows
+        plan = self.layer_plan(x, cache, plan_rows) if window is None or windowed_rows else None
         if plan is not None:  # the CPU kernels: every layer in one C call (models/layer_plan.py)
             start = 0
             for stop in sorted({index + 1 for index in wanted if 0 <= index < self.config.num_layers}
                                | {self.config.num_layers}):
-                x = plan.run(x, cos, sin, cache, start, stop, rows, self.config.num_heads,
+                x = plan.run(x, cos, sin, cache, start, stop, plan_rows, self.config.num_heads,
                              self.config.num_kv_heads, self.config.head_dim)
                 if stop - 1 in wanted:
                     hidden[stop - 1] = x
