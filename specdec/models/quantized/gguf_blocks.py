@@ -101,10 +101,11 @@ class BlockWeights:
         codes = self.codes
         if layout == "signed" and self.layout != "signed":
             codes = code_values(codes, self.layout).to(torch.int8)  # codes < 128 and the tables' values fit
-        sc = self.sc.repeat_interleave(self.group // group, dim=1)
-        mn = self.mn.repeat_interleave(self.group // group, dim=1)
-        d = self.d.repeat_interleave(self.super_group // super_group, dim=1)
-        dmin = self.dmin.repeat_interleave(self.super_group // super_group, dim=1)
+        def repeated(tensor: torch.Tensor, times: int) -> torch.Tensor:
+            return tensor if times == 1 else tensor.repeat_interleave(times, dim=1)
+
+        sc, mn = repeated(self.sc, self.group // group), repeated(self.mn, self.group // group)
+        d, dmin = repeated(self.d, self.super_group // super_group), repeated(self.dmin, self.super_group // super_group)
         return BlockWeights(codes, sc, mn, d, dmin, group, super_group, layout)
 
 
@@ -194,7 +195,7 @@ def _decode_mxfp4(blocks: np.ndarray, rows: int, cols: int) -> BlockWeights:
     codes = _nibbles_low_then_high(blocks[..., 1:])  # (N, K/32, 32) indices into FP4_VALUES
     shift = np.clip(exponent - 15, 0, None)
     tiny = exponent < -24
-    if (shift > 6).any() or (tiny & (np.asarray(FP4_VALUES)[codes] != 0).any(axis=-1)).any():
+    if (shift > 6).any() or (tiny.any() and (tiny & (np.asarray(FP4_VALUES)[codes] != 0).any(axis=-1)).any()):
         raise ValueError("an MXFP4 block scale beyond 2^-24..2^21, which float16 scales cannot hold exactly")
     d = np.where(tiny, 0.0, np.exp2((exponent - shift).astype(np.float64))).astype(np.float16)
     sc = (1 << shift).astype(np.int8)
