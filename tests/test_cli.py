@@ -149,19 +149,20 @@ def test_models_lists_the_zoo(capsys):
     assert rows["gemma3-270m"] == ["gemma3_text", "native"]
 
 
-@pytest.mark.parametrize("kind", ["phi3", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["phi3", "qwen3_moe", "gpt_oss"])
 def test_generate_on_a_phi3_or_mixture_gguf_file_streams_what_json_returns(tmp_path, capsys, kind):
     """The newer architectures as a user runs them: `specdec generate FILE.gguf`, streamed and whole (--json)
-    alike; a mixture's stats line says how many experts a verification ran."""
+    alike; a mixture's stats line says how many experts a verification ran (gpt-oss: MXFP4 experts, past its
+    window)."""
     hf = make_hf_model(kind, seed=9, **({"mlp_only_layers": []} if kind == "qwen3_moe" else {}))
-    path = write_tiny_gguf(tmp_path / f"{kind}.gguf", hf, "Q8_0")
+    path = write_tiny_gguf(tmp_path / f"{kind}.gguf", hf, {"default": "Q8_0", "_exps.weight": "MXFP4"})
     args = ["generate", "hello hello the world", "--target", str(path), "--drafter", "ngram", "--no-chat",
             "--max-new-tokens", "24"]
     assert main([*args, "--json"]) == 0
     whole = json.loads(capsys.readouterr().out)
     assert whole["stats"]["new_tokens"] == 24
-    assert (whole["stats"]["experts_per_pass"] is not None) == (kind == "qwen3_moe")
+    assert (whole["stats"]["experts_per_pass"] is not None) == (kind != "phi3")
     assert main(args) == 0
     printed = capsys.readouterr()
     assert printed.out.rstrip("\n") == whole["text"]
-    assert ("experts a layer per verification" in printed.err) == (kind == "qwen3_moe")
+    assert ("experts a layer per verification" in printed.err) == (kind != "phi3")
