@@ -3,7 +3,8 @@ models/quantized/gguf_matrices.py.
 
 A `GgufLinear` is a PackedLinear whose matrix is BlockWeights (models/quantized/gguf_blocks.py) packed for
 kernels/gguf_matmul.cpp: codes in the integer kernels' column-block layout, int8 group codes
-(C, K/G, 2, 8) in `scales`, float16 super-block scales (C, K/S, 2, 8) in `super_scales`. Fused
+(C, K/G, 2, 8) in `scales`, float16 super-block scales (C, K/S, 2, 8) in `super_scales` (layouts without a
+minimum, IQ4 and FP4: (C, K/G, 1, 8) and (C, K/S, 1, 8), sc and d alone). Fused
 projections (q/k/v, gate/up) whose formats differ (Q4_K q and k with a Q6_K v) are promoted to a common
 form first, which changes no value.
 """
@@ -19,6 +20,8 @@ from specdec.kernels import GGUF_LAYOUTS, INTEGER_COLUMNS, gguf_matmul, pack_cod
 from specdec.models.quantized.gguf_blocks import BlockWeights, code_values, dequantize_parts
 from specdec.models.quantized.packed_linear import PackedLinear
 
+LOOKED_UP = ("iq4", "fp4")  # layouts whose codes index a table and have no minimum (gguf_matmul.cpp)
+
 
 class GgufLinear(PackedLinear):
     def __init__(self, weights: BlockWeights, bias: torch.Tensor | None, split_sizes: Sequence[int]):
@@ -32,9 +35,12 @@ class GgufLinear(PackedLinear):
         def pad(t: torch.Tensor) -> torch.Tensor:  # padded columns: zero codes and scales, zero outputs
             return torch.nn.functional.pad(t, (0, 0, 0, padded - rows))
 
-        def by_column_block(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:  # -> (C, groups, 2, 8)
-            pair = torch.stack([pad(first), pad(second)], dim=-1)  # (N, groups, 2)
-            return pair.view(blocks, INTEGER_COLUMNS, -1, 2).permute(0, 2, 3, 1).contiguous()
+        # layouts without a minimum (IQ4, FP4) keep sc and d alone: 3 bytes a block of 32 fewer to stream
+        kept = 1 if weights.layout in LOOKED_UP else 2
+
+        def by_column_block(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:  # -> (C, groups, kept, 8)
+            pair = torch.stack([pad(first), pad(second)][:kept], dim=-1)  # (N, groups, kept)
+            return pair.view(blocks, INTEGER_COLUMNS, -1, kept).permute(0, 2, 3, 1).contiguous()
 
         codes = pad(weights.codes).view(torch.uint8)  # signed codes travel as their bytes
         packers = {"sixbits": pack_sixbits, "crumbs": pack_bit_pairs}  # crumbs: gguf_matmul.cpp's two-bit layout
@@ -50,6 +56,8 @@ class GgufLinear(PackedLinear):
                      super_scales: torch.Tensor | None = None) -> "GgufLinear":
         if gguf is None or gguf.get("layout") not in GGUF_LAYOUTS:  # a cache file from an older layout
             raise ValueError(f"unknown GGUF block layout {gguf}")
+        if (gguf["layout"] in LOOKED_UP) != (scales.shape[-2] == 1):  # packed before minimums were left out
+            raise ValueError(f"GGUF block layout {gguf['layout']} with {scales.shape[-2]} group codes a column")
         layer = super().from_buffers(packed, scales, bias, out_features, in_features, split_sizes)
         layer.block_form = dict(gguf)
         layer.register_buffer("super_scales", super_scales)
@@ -94,8 +102,8 @@ class GgufLinear(PackedLinear):
         def of_rows(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # (C, groups, 2, 8) -> 2 x (..., groups)
             picked = table[block]  # (..., groups, 2, 8)
             index = column.view(*tokens.shape, 1, 1, 1).expand(*picked.shape[:-1], 1)
-            picked = torch.take_along_dim(picked, index, dim=-1).squeeze(-1)  # (..., groups, 2)
-            return picked[..., 0], picked[..., 1]
+            picked = torch.take_along_dim(picked, index, dim=-1).squeeze(-1)  # (..., groups, 2 or 1)
+            return picked[..., 0], (picked[..., 1] if picked.shape[-1] == 2 else torch.zeros_like(picked[..., 0]))
 
         (sc, mn), (d, dmin) = of_rows(self.scales), of_rows(self.super_scales)
         return dequantize_parts(codes, sc, mn, d, dmin, self.block_form["group"], self.block_form["super_group"])
