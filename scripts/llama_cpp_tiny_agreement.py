@@ -90,9 +90,11 @@ def main() -> None:
                 note = ""
                 if same < min(len(ours), len(theirs)):
                     row = logits[same]
-                    note = (f"; there llama.cpp's logits {row[theirs[same]]:.4f} (its pick) vs {row[ours[same]]:.4f} "
-                            f"(ours), a margin of {row[theirs[same]] - row[ours[same]]:.4f} on a spread of {row.std():.2f}")
-                print(f"{kind} ({path.name}, --weights {weights}): {same} of {args.tokens} greedy tokens as llama.cpp's{note}")
+                    theirs_logit, ours_logit = row[theirs[same]], row[ours[same]]
+                    note = (f"; there llama.cpp's logits {theirs_logit:.4f} (its pick) vs {ours_logit:.4f} (ours), "
+                            f"a margin of {theirs_logit - ours_logit:.4f} on a spread of {row.std():.2f}")
+                print(f"{kind} ({path.name}, --weights {weights}): {same} of {args.tokens} greedy tokens as "
+                      f"llama.cpp's{note}")
 
 
 if __name__ == "__main__":

@@ -104,8 +104,8 @@ def write_gpt_oss(out: Path, layers: int) -> None:
         writer.add_tensor(f"{prefix}.ffn_gate_inp.bias", small(OSS_EXPERTS))
         for kind in ("gate", "up", "down"):
             seed += 1
-            writer.add_tensor(f"{prefix}.ffn_{kind}_exps.weight", mxfp4_blocks(OSS_HIDDEN, OSS_HIDDEN, seed, OSS_EXPERTS),
-                              raw_dtype=fp4)
+            blocks = mxfp4_blocks(OSS_HIDDEN, OSS_HIDDEN, seed, OSS_EXPERTS)
+            writer.add_tensor(f"{prefix}.ffn_{kind}_exps.weight", blocks, raw_dtype=fp4)
             writer.add_tensor(f"{prefix}.ffn_{kind}_exps.bias", small(OSS_EXPERTS, OSS_HIDDEN))
     finish(writer, out, layers)
 

@@ -36,8 +36,6 @@ class Reasoning:
 HARMONY = Reasoning(open=HARMONY_OPEN, close=HARMONY_CLOSE, answer_markers=HARMONY_ANSWER)
 
 
-
-
 def reasoning_for(tokenizer, setting: str) -> Reasoning | None:
     """The split a server applies (None: none, the tags stay in `content`). setting: "auto" (split where the
     chat template writes <think> blocks), "deepseek" (always), "none"."""

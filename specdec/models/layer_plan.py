@@ -145,11 +145,11 @@ class LayerPlan:
                     return None
                 keep.append(mixture)
             q_norm, k_norm = parts[6], parts[7]
+            head_norms = (q_norm.weight.data_ptr(), k_norm.weight.data_ptr(), q_norm.eps) if q_norm is not None \
+                else (None, None, 0.0)
             entries[index] = LayerWeights(
-                *matrices, norms[0].data_ptr(), norms[1].data_ptr(), parts[4].eps, parts[5].eps,
-                _pointer(None if q_norm is None else q_norm.weight), _pointer(None if k_norm is None else k_norm.weight),
-                q_norm.eps if q_norm is not None else 0.0, _pointer(sinks),
-                None if mixture is None else ctypes.addressof(mixture[0]), int(index in sliding))
+                *matrices, norms[0].data_ptr(), norms[1].data_ptr(), parts[4].eps, parts[5].eps, *head_norms,
+                _pointer(sinks), None if mixture is None else ctypes.addressof(mixture[0]), int(index in sliding))
         return cls(layers, entries, keep, touched)
 
     def report_experts(self, first: int, stop: int) -> None:

@@ -242,16 +242,19 @@ class MLP(nn.Module):
 class MixtureOfExperts(nn.Module):
     """Qwen3-MoE's and gpt-oss's sparse feed-forward: a router (`gate`, as Qwen3's checkpoints name it) scores
     the experts for each row, the top experts_per_token run on it, and their outputs are summed weighted by
-    the router's softmax (Qwen3: over all experts; gpt-oss: over the picked ones). Each row's sum runs over its picks in rank order, and the router and experts are the kernels'
-    row-count-invariant matmuls on the CPU: a row computes the same whichever rows share its pass, so a
-    verification pass routes and sums each row exactly as one-token steps do."""
+    the router's softmax (Qwen3: over all experts; gpt-oss: over the picked ones). Each row's sum runs over
+    its picks in rank order, and the router and experts are the kernels' row-count-invariant matmuls on the
+    CPU: a row computes the same whichever rows share its pass, so a verification pass routes and sums each
+    row exactly as one-token steps do. On the CPU's packed layers the layer plan runs all of it in C
+    (decoder_layers.cpp: mixture)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         c = config
         self.gate = nn.Linear(c.hidden_size, c.num_experts, bias=c.router_bias)
         self.experts = nn.ModuleList(MLP(c, c.moe_intermediate_size) for _ in range(c.num_experts))
-        self.top_k, self.normalize, self.softmax_after_topk = c.experts_per_token, c.norm_topk_prob, c.softmax_after_topk
+        self.top_k, self.normalize = c.experts_per_token, c.norm_topk_prob
+        self.softmax_after_topk = c.softmax_after_topk
         self.touched = 0  # distinct experts the last forward ran (stats: experts per pass)
         # (the first expert's packed gate/up, held so it cannot be replaced unnoticed; the C table of the packing)
         self.table: tuple[nn.Module | None, ExpertTable | None] | None = None
