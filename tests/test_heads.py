@@ -86,6 +86,23 @@ def test_eagle_with_a_small_draft_vocabulary_stays_exact(tiny):
             plain(tiny["target"], prompt)
 
 
+@pytest.mark.parametrize("kind", ["qwen3_moe", "gpt_oss"])
+def test_eagle_heads_on_a_mixture_target_are_dense_and_exact(tmp_path, kind):
+    """A head's own layer is a plain dense one whatever its target (no experts, sinks or clamped SwiGLU: the
+    layer EAGLE and speculators' eagle3 define), and drafting for a mixture target stays exact."""
+    from specdec.heads.eagle3 import Eagle3Layer, Eagle3Shape, head_config
+    from specdec.models.llama import MLP
+
+    target = load_model(str(save_tiny_model(tmp_path / kind, kind, seed=4)))
+    eagle3 = Eagle3Layer(head_config(target.model.config, Eagle3Shape(48, (1, 2))), False)
+    for layer in (random_eagle(target.model).module.layer, eagle3):
+        assert isinstance(layer.mlp, MLP) and layer.mlp.limit is None and layer.self_attn.sinks is None
+    drafter = eagle_drafter(target.model, TreeShape(4, 3, 10), seed=1)
+    for prompt in PROMPTS[:2]:
+        result = SpeculativeGenerator(target, drafter).generate(prompt, 40, chat=False)
+        assert result.token_ids == plain(target, prompt) and result.stats.drafted > 0
+
+
 @pytest.mark.skipif(packed_kernel() is None, reason="low-bit weights need the CPU kernel")
 @pytest.mark.parametrize("weights", ["int8", "int4", "int7"])
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])

@@ -53,7 +53,8 @@ class EagleHead(nn.Module):
     def __init__(self, target_config: ModelConfig, shape: EagleShape):
         super().__init__()
         self.shape = shape
-        self.config = dataclasses.replace(target_config, num_layers=1, intermediate_size=shape.intermediate_size,
+        # a dense layer whatever the target (a mixture's experts, gpt-oss's sinks are the target's own)
+        self.config = dataclasses.replace(target_config.dense(), num_layers=1, intermediate_size=shape.intermediate_size,
                                           qkv_bias=False, o_bias=False, mlp_bias=False)
         hidden = target_config.hidden_size
         self.fc = nn.Linear(2 * hidden, hidden)
@@ -92,7 +93,7 @@ class EagleHead(nn.Module):
         if attn_mask is None and num_new > 1:
             attn_mask = causal_attention_mask(cache.length, num_new, token_embeds.device)
         x = self.fc(torch.cat([token_embeds, features], dim=-1))  # (B, T, C)
-        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, x.dtype, self.config.rope.attention_factor)
         plan = None
         if self.layer.self_attn.qkv_proj is not None and num_new <= ROW_BY_ROW_MAX:  # packed_copy(): drafting
             rows = RowAttention.for_forward(attn_mask, cache.length, num_new)

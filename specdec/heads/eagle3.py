@@ -60,9 +60,9 @@ class Eagle3Shape:
 
 def head_config(target_config: ModelConfig, shape: Eagle3Shape) -> ModelConfig:
     """The head's own layer: Llama-style whatever the target (no biases, no query/key norms, SiLU, plain
-    RMSNorm scales), which is the layer speculators' `eagle3` type defines."""
+    RMSNorm scales, dense, no sinks), which is the layer speculators' `eagle3` type defines."""
     return dataclasses.replace(
-        target_config, num_layers=1, intermediate_size=shape.intermediate_size, qkv_bias=False, o_bias=False,
+        target_config.dense(), num_layers=1, intermediate_size=shape.intermediate_size, qkv_bias=False, o_bias=False,
         mlp_bias=False, qk_norm=False, activation="silu", norm_offset=False, sandwich_norms=False,
         query_scale=None, sliding_window=None, sliding_layers=(), local_rope=None, embedding_scale=None,
         final_logit_softcap=None)
@@ -134,7 +134,7 @@ class Eagle3Head(nn.Module):
         cache.check_room(num_new)
         if attn_mask is None and num_new > 1:
             attn_mask = causal_attention_mask(cache.length, num_new, token_embeds.device)
-        cos, sin = rope_cos_sin(self.inv_freq, positions, token_embeds.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, positions, token_embeds.dtype, self.config.rope.attention_factor)
         x = self.layer(token_embeds, features, cos, sin, cache, attn_mask)
         cache.advance(num_new)
         return x

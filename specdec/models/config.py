@@ -9,6 +9,7 @@ picked experts only, biased experts with a clamped SwiGLU, and YaRN rope.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +96,13 @@ class ModelConfig:
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.0
     attention_sinks: bool = False
+
+    def dense(self) -> "ModelConfig":
+        """The same widths as a dense model: no experts, sinks or gpt-oss's clamped SwiGLU (a draft head's layer,
+        which is a plain Llama-style layer whatever its target)."""
+        return dataclasses.replace(self, num_experts=0, experts_per_token=0, moe_intermediate_size=0,
+                                   norm_topk_prob=False, moe_layers=(), router_bias=False, softmax_after_topk=False,
+                                   swiglu_limit=None, swiglu_alpha=1.0, attention_sinks=False)
 
     @property
     def attention_depth(self) -> float:
