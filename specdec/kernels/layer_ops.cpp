@@ -97,42 +97,49 @@ extern "C" void rope_qkv_to_cache(const float* qkv, const float* cos, const floa
     });
 }
 
-// The fused gate/up projection's rows (T, 2 I) -> silu(gate) * up (T, I).
-extern "C" void silu_mul(const float* gate_up, float* out, int64_t T, int64_t I) {
+namespace {
+
+// The fused gate/up projection's rows (T, 2 I) -> f(gate, up) (T, I): `vector` on 8 lanes at a time, `scalar`
+// on the columns past the last multiple of 8.
+template <typename Vector, typename Scalar>
+inline void gated_rows(const float* gate_up, float* out, int64_t T, int64_t I, Vector vector, Scalar scalar) {
     for (int64_t t = 0; t < T; t++) {
         const float* gate = gate_up + t * 2 * I;
         const float* up = gate + I;
         float* y = out + t * I;
         int64_t i = 0;
-        for (; i + 8 <= I; i += 8) {
-            const __m256 g = _mm256_loadu_ps(gate + i);
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-            const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-            _mm256_storeu_ps(y + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
-        }
-        for (; i < I; i++) y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+        for (; i + 8 <= I; i += 8) _mm256_storeu_ps(y + i, vector(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+        for (; i < I; i++) y[i] = scalar(gate[i], up[i]);
     }
 }
 
-// gpt-oss's experts: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g) with g = min(gate, limit), the
-// halves of gate_up as silu_mul takes them.
+}  // namespace
+
+// silu(gate) * up.
+extern "C" void silu_mul(const float* gate_up, float* out, int64_t T, int64_t I) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    gated_rows(
+        gate_up, out, T, I,
+        [&](__m256 g, __m256 u) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+            return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u);
+        },
+        [](float g, float u) { return g / (1.0f + expf(-g)) * u; });
+}
+
+// gpt-oss's experts: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha g) with g = min(gate, limit).
 extern "C" void clamped_swiglu_mul(const float* gate_up, float* out, int64_t T, int64_t I, float limit, float alpha) {
     const __m256 top = _mm256_set1_ps(limit), bottom = _mm256_set1_ps(-limit), one = _mm256_set1_ps(1.0f);
     const __m256 minus_alpha = _mm256_set1_ps(-alpha);
-    for (int64_t t = 0; t < T; t++) {
-        const float* gate = gate_up + t * 2 * I;
-        const float* up = gate + I;
-        float* y = out + t * I;
-        int64_t i = 0;
-        for (; i + 8 <= I; i += 8) {
-            const __m256 g = _mm256_min_ps(_mm256_loadu_ps(gate + i), top);
-            const __m256 u = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(up + i), top), bottom);
+    gated_rows(
+        gate_up, out, T, I,
+        [&](__m256 gate, __m256 up) {
+            const __m256 g = _mm256_min_ps(gate, top), u = _mm256_max_ps(_mm256_min_ps(up, top), bottom);
             const __m256 glu = _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_mul_ps(minus_alpha, g))));
-            _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_add_ps(u, one), glu));
-        }
-        for (; i < I; i++) {
-            const float g = fminf(gate[i], limit), u = fmaxf(fminf(up[i], limit), -limit);
-            y[i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
-        }
-    }
+            return _mm256_mul_ps(_mm256_add_ps(u, one), glu);
+        },
+        [&](float gate, float up) {
+            const float g = fminf(gate, limit), u = fmaxf(fminf(up, limit), -limit);
+            return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+        });
 }

@@ -116,7 +116,8 @@ class LayerPlan:
     def __init__(self, layers: Sequence[nn.Module], entries: ctypes.Array, keep: list, touched: list):
         self.entries = entries
         self.keep = keep  # the mixtures' C structures the entries point to
-        self.mixtures = [layer._modules["mlp"] for layer in layers]
+        self.mixtures = {index: layer._modules["mlp"] for index, layer in enumerate(layers)
+                         if "experts" in layer._modules["mlp"]._modules}  # layer index -> MixtureOfExperts
         self.touched = touched  # each mixture's distinct experts of the last run (c_int64 a layer)
         # the objects the entries point into, kept alive: a tensor replaced in a layer is not freed while the
         # plan exists, so no new object can take its id and pass for it in `matches`
@@ -155,9 +156,9 @@ class LayerPlan:
     def report_experts(self, first: int, stop: int) -> None:
         """The distinct experts each mixture of layers [first, stop) ran in the last call, into its `touched`
         (what MixtureOfExperts.forward records when it runs itself)."""
-        for index in range(first, stop):
-            if "experts" in self.mixtures[index]._modules:
-                self.mixtures[index].touched = self.touched[index].value
+        for index, mixture in self.mixtures.items():
+            if first <= index < stop:
+                mixture.touched = self.touched[index].value
 
     def matches(self, layers: Sequence[nn.Module]) -> bool:
         """Whether every module and buffer the plan points into is still the one in `layers`."""
