@@ -88,10 +88,13 @@ def test_forward_cost_table_times_runtimes_in_turns(tiny_dirs, capsys):
 
 
 def test_edit_and_longdoc_tasks_quote_real_code():
-    """The editing tasks' prompts hold a whole standard-library function (edit) or module (longdoc), so
-    the answer can repeat it; the limit applies per task."""
+    """The editing tasks' prompts hold a whole standard-library function (edit) or module (longdoc,
+    longedit), so the answer can repeat it; the limit applies per task."""
     edits, quotes = load_prompts(["edit"], 8), load_prompts(["longdoc"], 2)
+    long_edits = load_prompts(["longedit"], 4)
     assert len(edits) == 8 and len(quotes) == 2 and len({p.prompt_id for p in edits}) == 8
-    for prompt in edits + quotes:
+    assert len({p.prompt_id for p in long_edits}) == 4
+    for prompt in edits + quotes + long_edits:
         assert prompt.chat and "```python\n" in prompt.prompt and "def " in prompt.prompt
     assert all(len(p.prompt) > 6000 for p in quotes) and all(len(p.prompt) < 12000 for p in edits)
+    assert all(len(p.prompt) > 12000 for p in long_edits)  # whole modules of ~4k tokens

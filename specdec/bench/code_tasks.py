@@ -7,6 +7,9 @@ most, where a drafter that copies runs furthest. Ask for 256 or more new tokens 
 `longdoc`: a whole module (2-4k tokens) and a question whose answer quotes one of its functions: long
 prompts, where a draft model's own prefill of the context costs what lookup never pays.
 
+`longedit`: a whole module of ~4k tokens and an edit of one of its functions, answered with that function:
+an edit deep in a long file, where each verification attends over the whole context.
+
 The sources come from `inspect.getsource`, so the prompts follow the Python version that runs the bench
 (the report names it); each is fixed for a given version.
 """
@@ -15,13 +18,16 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import csv
 import difflib
 import glob
 import heapq
 import inspect
+import selectors
 import shlex
 import string
 import textwrap
+import warnings
 
 # (id, the object whose source is edited, the instruction)
 EDITS = (
@@ -52,6 +58,19 @@ QUOTES = (
     ("quote-string-safe-substitute", lambda: string, "Template.safe_substitute"),
 )
 
+# (id, module of ~4k tokens, the function edited, the instruction)
+LONG_EDITS = (
+    ("longedit-textwrap-hints", lambda: textwrap, "TextWrapper._wrap_chunks",
+     "Add type hints to the signature of this method. Keep the body, comments and docstring exactly as they are."),
+    ("longedit-csv-rename", lambda: csv, "Sniffer._guess_delimiter",
+     "Rename the local variable `charFrequency` to `char_frequency` everywhere in this method. "
+     "Change nothing else."),
+    ("longedit-warnings-french", lambda: warnings, "_formatwarnmsg_impl",
+     "Translate every comment in this function into French. Keep the code unchanged."),
+    ("longedit-selectors-docstring", lambda: selectors, "_PollLikeSelector.select",
+     "Add a docstring to this method that explains its parameter and what it returns. Keep the code unchanged."),
+)
+
 
 def edit_prompts() -> list[tuple[str, str]]:
     """(id, chat prompt) per edit whose function this Python version has."""
@@ -71,3 +90,15 @@ def longdoc_prompts() -> list[tuple[str, str]]:
     return [(name, f"```python\n{inspect.getsource(module())}```\n\nQuote the definition of `{function}` from the "
                    "file above exactly, in a Python code block, then explain in two sentences what it does.")
             for name, module, function in QUOTES]
+
+
+def long_edit_prompts() -> list[tuple[str, str]]:
+    """(id, chat prompt) per edit of one function inside a whole module, where this Python version has it."""
+    prompts = []
+    for name, module, function, instruction in LONG_EDITS:
+        source = inspect.getsource(module())
+        if f"def {function.rsplit('.', 1)[-1]}(" not in source:  # renamed or gone in this Python version
+            continue
+        prompts.append((name, f"```python\n{source}```\n\nIn the file above, edit `{function}`: {instruction} "
+                              "Reply with the whole edited function in one Python code block."))
+    return prompts

@@ -133,19 +133,23 @@ class LlamaCppPeer:
         return self.mode.name
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: tuple[int, ...]) -> PeerRun:
-        _, log = self.complete(self.tokenizer.decode(prompt_ids), max_new_tokens)
+        _, log = self.complete(self.tokenizer.decode(prompt_ids), max_new_tokens, len(prompt_ids))
         tokens, seconds = parse_timings(log, self.speculative, max_new_tokens)
         return PeerRun(tokens, seconds, None)
 
-    def complete(self, prompt_text: str, max_new_tokens: int) -> tuple[str, str]:
+    def complete(self, prompt_text: str, max_new_tokens: int, prompt_tokens: int = 0) -> tuple[str, str]:
         """llama.cpp's greedy continuation of prompt_text: (its text, the program's whole log). The text is
         what it printed after the prompt (plain mode: without the prompt and its end marker)."""
+        # a context for the prompt and the answer (with room for a round drafted past -n); its speculative
+        # program takes the whole prompt as one batch, so the logical batch is the context (the physical
+        # one, -ub, stays at its default: the prefill runs as it always does)
+        context = max(8192, prompt_tokens + max_new_tokens + 64)
         with tempfile.TemporaryDirectory() as folder:
             prompt = Path(folder) / "prompt.txt"
             prompt.write_text(prompt_text, encoding="utf-8")
             # -bf reads the file as it is; -f drops a final newline, which every chat prompt ends with
             command = [str(self.program), "-m", str(self.target), "-bf", str(prompt), "-n", str(max_new_tokens),
-                       "-t", str(self.threads), "--temp", "0", "-c", "8192"]
+                       "-t", str(self.threads), "--temp", "0", "-c", str(context), "-b", str(context)]
             if self.speculative:
                 command += ["--spec-type", ",".join(self.mode.spec_types)]
                 if self.mode.n_max:

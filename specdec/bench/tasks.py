@@ -1,5 +1,5 @@
 """Benchmark prompts: Spec-Bench questions (first turn), the code task, and the editing tasks
-(`edit`, `longdoc`: specdec.bench.code_tasks).
+(`edit`, `longdoc`, `longedit`: specdec.bench.code_tasks).
 
 Spec-Bench (question.jsonl) groups 480 questions into MT-bench (80, eight
 categories), translation, summarization, qa, math_reasoning and rag (80 each).
@@ -20,7 +20,7 @@ from specdec.errors import InvalidParameterError
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SPEC_BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
-TASKS = SPEC_BENCH_TASKS + ("code", "edit", "longdoc")
+TASKS = SPEC_BENCH_TASKS + ("code", "edit", "longdoc", "longedit")
 CODE_PROMPTS = Path(__file__).with_name("data") / "code_prompts.jsonl"
 
 
@@ -80,7 +80,8 @@ def load_prompts(tasks: list[str], limit: int, spec_bench: Path | None = None) -
         completion = [c for c in code if not c["chat"]]
         mixed = [c for pair in zip(chat, completion) for c in pair]
         prompts.extend(BenchPrompt("code", c["id"], c["prompt"], c["chat"]) for c in mixed[:limit])
-    for task, made in (("edit", code_tasks.edit_prompts), ("longdoc", code_tasks.longdoc_prompts)):
+    for task, made in (("edit", code_tasks.edit_prompts), ("longdoc", code_tasks.longdoc_prompts),
+                       ("longedit", code_tasks.long_edit_prompts)):
         if task in tasks:
             prompts.extend(BenchPrompt(task, name, prompt, True) for name, prompt in made()[:limit])
     return prompts
