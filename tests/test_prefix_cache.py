@@ -198,3 +198,24 @@ def test_a_prompt_rows_cost_grows_with_its_depth_by_the_models_shape(targets):
     model = targets["llama"].model
     depth = model.config.attention_depth
     assert model.prompt_row_cost(0) == 1 and model.prompt_row_cost(int(depth)) == pytest.approx(2, rel=1e-3)
+
+
+@pytest.mark.parametrize("name", ["llama", "gguf-q8_0"])
+def test_prefill_blocks_attend_with_grouped_heads_bit_identically(targets, small_limits, monkeypatch, name):
+    """Prefill blocks past the row limit attend with a KV group's query heads stacked as rows of one head
+    (models/grouped_attention.py): the cache and logits are those of torch's own grouped-query path."""
+    import specdec.models.grouped_attention as grouped_attention
+
+    model = targets[name].model
+    tokens = random_tokens(model, 90, seed=7)
+    calls = []
+    attend = grouped_attention.GroupedMask.attend
+    monkeypatch.setattr(grouped_attention.GroupedMask, "attend", lambda self, *a: calls.append(1) or attend(self, *a))
+    grouped, grouped_out, _ = prefill(model, tokens, [36])
+    assert calls  # the blocks past the limit took the grouped path
+    monkeypatch.setattr(grouped_attention, "MASK_BYTES", 0)  # every mask too large: torch's enable_gqa path
+    calls.clear()
+    plain, plain_out, _ = prefill(model, tokens, [36])
+    assert not calls
+    assert torch.equal(grouped.keys[:, :, :, :90], plain.keys[:, :, :, :90])
+    assert torch.equal(grouped_out.logits, plain_out.logits)

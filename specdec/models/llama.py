@@ -30,6 +30,7 @@ from specdec.models.base import (CausalLM, ForwardOutput, ForwardRequest, causal
                                  sliding_window_mask)
 from specdec.models.config import ModelConfig
 from specdec.models.cuda_graphs import CudaGraphs
+from specdec.models.grouped_attention import GroupedMask
 from specdec.models.kv_cache import KVCache
 from specdec.models.layer_plan import ExpertTable, LayerPlan, layer_plan, plan_applies
 from specdec.models.rope import apply_rope, rope_cos_sin, rope_inverse_frequencies
@@ -81,7 +82,8 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         cache: KVCache,
         layer: int,
-        attn_mask: torch.Tensor | None,  # (B or 1, T, S) bool, or None: causal (one token, or a first prefill)
+        # (B or 1, T, S) bool, or None: causal (one token, or a first prefill); or that mask grouped (the CPU)
+        attn_mask: torch.Tensor | GroupedMask | None,
         rows: RowAttention | None = None,  # attend row by row (decoding and verification)
     ) -> torch.Tensor:
         batch, num_new, _ = x.shape
@@ -97,6 +99,9 @@ class Attention(nn.Module):
         if rows is not None:
             return self.o_proj(rows.attend(q, keys, values, self.scale, self.sinks))
         keys, values = keys.to(q.dtype), values.to(q.dtype)  # a two-byte cache's values, widened
+        if isinstance(attn_mask, GroupedMask):
+            out = attn_mask.attend(q, keys, values, self.scale)
+            return self.o_proj(out.transpose(1, 2).reshape(batch, num_new, self.num_heads * self.head_dim))
         mask = None if attn_mask is None else attn_mask.unsqueeze(1)  # (B, 1, T, S)
         if self.sinks is not None:
             out = sink_attention(q, keys, values, mask, mask is None and num_new > 1, self.scale, self.sinks)
@@ -624,6 +629,7 @@ class LlamaForCausalLM(nn.Module, CausalLM):
             local = (local[0], local[1], *window)
         sliding = set(c.sliding_layers)
         wanted = set(hidden_layers)
+        layer_mask = self.layer_mask(attn_mask, rows)
         hidden: dict[int, torch.Tensor] = {}
         x = self.model.embed_tokens(tokens)  # (B, T, C)
         if c.embedding_scale is not None:  # as a tensor of x's dtype, as transformers multiplies
@@ -647,7 +653,7 @@ class LlamaForCausalLM(nn.Module, CausalLM):
                 if index in sliding:
                     x = layer(x, local[0], local[1], cache, index, local[2], local[3])
                 else:
-                    x = layer(x, cos, sin, cache, index, attn_mask, rows)
+                    x = layer(x, cos, sin, cache, index, layer_mask, rows)
                 if index in wanted:
                     hidden[index] = x
         if self.config.num_layers in wanted:  # every row's normed state, even when one row's logits are asked
@@ -661,6 +667,14 @@ class LlamaForCausalLM(nn.Module, CausalLM):
         if c.final_logit_softcap is not None:
             logits = torch.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
         return ForwardOutput(logits=logits, hidden_states=hidden, experts_per_layer=self.experts_touched())
+
+    def layer_mask(self, attn_mask: torch.Tensor | None, rows: RowAttention | None) -> torch.Tensor | GroupedMask | None:
+        """The mask the full-attention layers take: on the CPU a masked forward's grouped once for them all
+        (models/grouped_attention.py); elsewhere, and for sinks (their own torch attention), as it is."""
+        if attn_mask is None or rows is not None or self.device.type != "cpu" or self.config.attention_sinks:
+            return attn_mask
+        grouped = GroupedMask.of(attn_mask, self.config.num_heads // self.config.num_kv_heads, self.dtype)
+        return attn_mask if grouped is None else grouped
 
     def experts_touched(self) -> float | None:
         """The distinct experts the last forward ran, averaged over the mixture layers (None: a dense model)."""
