@@ -205,9 +205,10 @@ def attention_case(heads: int, kv_heads: int, dim: int, rows: int, prefix: int, 
     return q, cache_k[:, :, :prefix + rows], cache_v[:, :, :prefix + rows], visible
 
 
-# (12, 2, 128) and 40 rows over 70 cached keys: several key and value blocks, two row chunks (attention.cpp)
+# (12, 2, 128) and 40 rows over 70 cached keys: several key and value blocks, two row chunks (attention.cpp);
+# groups of 7 and 6 query rows: the last rows of phase 1 in threes and twos
 @pytest.mark.parametrize("heads,kv_heads,dim,rows,prefix", [
-    (4, 2, 16, 1, 11), (4, 2, 16, 8, 11), (9, 3, 64, 3, 11), (6, 6, 20, 8, 11), (12, 2, 128, 1, 11),
+    (4, 2, 16, 1, 11), (4, 2, 16, 8, 11), (9, 3, 64, 3, 11), (6, 6, 20, 8, 11), (12, 2, 128, 1, 11), (14, 2, 64, 1, 11),
     (12, 2, 128, 8, 11), (2, 1, 100, 3, 11), (12, 2, 128, 40, 70), (4, 2, 20, 40, 70)])
 def test_attention_rows_match_float64_reference_and_single_rows(heads, kv_heads, dim, rows, prefix):
     """Each row attends to the cached prefix and the new keys its mask shows (chain or tree rows), GQA

@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "vector_math.h"
@@ -54,7 +55,9 @@ constexpr int64_t VALUE_BLOCK = 32;       // keys of one block of phase 3 (16 KB
 #ifdef __AVX512VL__  // 32 vector registers: tiles twice as large (the same arithmetic: each row and column alone)
 constexpr int64_t SLICE = 64;     // value columns of one slice of phase 3 (8 registers a query row)
 constexpr int SCORE_ROWS = 4;     // query rows sharing each key's loads in phase 1 (16 accumulators)
+constexpr int VALUE_ROWS = 3;     // query rows sharing each value's loads in phase 3 (24 accumulators)
 #else
+constexpr int VALUE_ROWS = 2;
 constexpr int64_t SLICE = 32;
 constexpr int SCORE_ROWS = 2;
 #endif
@@ -189,30 +192,30 @@ inline float softmax_weights(float* scores, int64_t n, float sink) {
     return 1.0f / (lane_sum(total8) + expf(sink - top));
 }
 
-// o_a[c] += p_a[i] * value(i)[c] for i in [0, n) in order, one FMA at a time, for ROWS (1 or 2) query rows
+// o_a[c] += p_a[i] * value(i)[c] for i in [0, n) in order, one FMA at a time, for ROWS (1 to 3) query rows
 // sharing each value's loads, over REGS * 8 columns held in registers (REGS a constant, or the compiler keeps
 // the sums in memory). value(i) = values + index[i] * D (index null: i).
 template <int ROWS, int REGS, typename KV>
 inline void accumulate_vectors(float* const* o, const float* const* p, const KV* values, const int64_t* index,
                                int64_t n, int64_t D) {
     __m256 acc[ROWS][REGS];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int a = 0; a < ROWS; a++)
 #pragma GCC unroll 8
         for (int r = 0; r < REGS; r++) acc[a][r] = _mm256_loadu_ps(o[a] + 8 * r);
     for (int64_t i = 0; i < n; i++) {
         const KV* value = values + (index ? index[i] : i) * D;
         __m256 weight[ROWS];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int a = 0; a < ROWS; a++) weight[a] = _mm256_set1_ps(p[a][i]);
 #pragma GCC unroll 8
         for (int r = 0; r < REGS; r++) {
             const __m256 v = load8(value + 8 * r);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int a = 0; a < ROWS; a++) acc[a][r] = _mm256_fmadd_ps(weight[a], v, acc[a][r]);
         }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int a = 0; a < ROWS; a++)
 #pragma GCC unroll 8
         for (int r = 0; r < REGS; r++) _mm256_storeu_ps(o[a] + 8 * r, acc[a][r]);
@@ -244,7 +247,8 @@ inline void accumulate(float* const* o, const float* const* p, const KV* values,
 }
 
 // Phase 1: scores of shared keys [first, last) for every query row of KV head kv's group in the chunk, SCORE_ROWS
-// query rows at a time sharing each key's loads.
+// query rows at a time sharing each key's loads (the last three or two of a group together too: a group of 6
+// or 7 heads would otherwise load and widen each key once per leftover row).
 template <typename KV>
 void shared_scores(const Problem<KV>& p, const Chunk& c, int64_t kv, int64_t first, int64_t last) {
     const int64_t rows = c.rows() * p.group(), D = p.D;
@@ -259,14 +263,16 @@ void shared_scores(const Problem<KV>& p, const Chunk& c, int64_t kv, int64_t fir
             q[a] = p.q + (h * p.T + t) * D, scores[a] = scores_of(p, c, t, h) + first;
         }
         int64_t j = first;
-        if (count == SCORE_ROWS)
-            for (; j + 4 <= last; j += 4) {
-                if (r == 0)  // the first rows stream the block from memory: ask for the keys further on early
-                    for (int64_t at = 0; at < 4 * D; at += LINE / (int64_t)sizeof(KV))
-                        _mm_prefetch((const char*)(k + (j + PREFETCH_KEYS) * D + at), _MM_HINT_T0);
-                dot4_rows<SCORE_ROWS>(q, k + j * D, k + (j + 1) * D, k + (j + 2) * D, k + (j + 3) * D, D, p.scale, scores);
-                for (int64_t a = 0; a < count; a++) scores[a] += 4;
-            }
+        for (; count > 1 && j + 4 <= last; j += 4) {
+            if (r == 0)  // the first rows stream the block from memory: ask for the keys further on early
+                for (int64_t at = 0; at < 4 * D; at += LINE / (int64_t)sizeof(KV))
+                    _mm_prefetch((const char*)(k + (j + PREFETCH_KEYS) * D + at), _MM_HINT_T0);
+            const KV *k0 = k + j * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
+            if (count == SCORE_ROWS) dot4_rows<SCORE_ROWS>(q, k0, k1, k2, k3, D, p.scale, scores);
+            else if (count == 3) dot4_rows<3>(q, k0, k1, k2, k3, D, p.scale, scores);
+            else dot4_rows<2>(q, k0, k1, k2, k3, D, p.scale, scores);
+            for (int64_t a = 0; a < count; a++) scores[a] += 4;
+        }
         for (int64_t a = 0; a < count; a++) row_scores(q[a], k + j * D, nullptr, last - j, D, p.scale, scores[a]);
     }
 }
@@ -307,17 +313,17 @@ void weighted_values(const Problem<KV>& p, const Chunk& c, int64_t kv, int64_t c
                 for (int64_t i = 0; i < n; i++)
                     for (int64_t at = 0; at < width; at += LINE / (int64_t)sizeof(KV))
                         _mm_prefetch((const char*)(v + (first + VALUE_BLOCK + i) * D + col + at), _MM_HINT_T0);
+            auto sum_rows = [&](auto count, int64_t r) {  // `count` query rows from r sharing each value's loads
+                constexpr int ROWS = decltype(count)::value;
+                float* o[ROWS];
+                const float* w[ROWS];
+                for (int a = 0; a < ROWS; a++) o[a] = out_of(r + a) + start, w[a] = weights_of(r + a) + first;
+                accumulate<ROWS>(o, w, values, nullptr, n, D, vector, slice);
+            };
             int64_t r = 0;
-            for (; r + 2 <= rows; r += 2) {
-                float* o[2] = {out_of(r) + start, out_of(r + 1) + start};
-                const float* w[2] = {weights_of(r) + first, weights_of(r + 1) + first};
-                accumulate<2>(o, w, values, nullptr, n, D, vector, slice);
-            }
-            if (r < rows) {  // an odd query row goes alone
-                float* o[1] = {out_of(r) + start};
-                const float* w[1] = {weights_of(r) + first};
-                accumulate<1>(o, w, values, nullptr, n, D, vector, slice);
-            }
+            for (; r + VALUE_ROWS <= rows; r += VALUE_ROWS) sum_rows(std::integral_constant<int, VALUE_ROWS>(), r);
+            for (; r + 2 <= rows; r += 2) sum_rows(std::integral_constant<int, 2>(), r);
+            if (r < rows) sum_rows(std::integral_constant<int, 1>(), r);
         }
     }
     for (int64_t r = 0; r < rows; r++) {  // each row's own keys, then 1 / sum
