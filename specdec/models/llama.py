@@ -629,7 +629,6 @@ class LlamaForCausalLM(nn.Module, CausalLM):
             local = (local[0], local[1], *window)
         sliding = set(c.sliding_layers)
         wanted = set(hidden_layers)
-        layer_mask = self.layer_mask(attn_mask, rows)
         hidden: dict[int, torch.Tensor] = {}
         x = self.model.embed_tokens(tokens)  # (B, T, C)
         if c.embedding_scale is not None:  # as a tensor of x's dtype, as transformers multiplies
@@ -649,6 +648,7 @@ class LlamaForCausalLM(nn.Module, CausalLM):
                     hidden[stop - 1] = x
                 start = stop
         else:
+            layer_mask = self.layer_mask(attn_mask, rows)
             for index, layer in enumerate(self.model.layers):
                 if index in sliding:
                     x = layer(x, local[0], local[1], cache, index, local[2], local[3])
