@@ -9,7 +9,7 @@ unchanged (its scores, softmax and weighted values do not depend on which other 
 the output is bit-identical to `enable_gqa` over the same mask.
 
 The mask becomes the additive float mask torch would make of it anyway, built once per forward for every
-layer: building it per layer costs as much as a sixth of the attention it masks.
+layer: torch would build it again inside each layer's call, a pass over G x T x S floats each time.
 """
 
 from __future__ import annotations
