@@ -52,17 +52,21 @@ using vector_math::to_float;
 
 constexpr int64_t KEY_BLOCK = 32;         // keys of one block of phase 1 (16 KB at D = 128): stays in L1
 constexpr int64_t VALUE_BLOCK = 32;       // keys of one block of phase 3 (16 KB at D = 128): stays in L1
-#ifdef __AVX512VL__  // 32 vector registers: tiles twice as large (the same arithmetic: each row and column alone)
-constexpr int64_t SLICE = 64;     // value columns of one slice of phase 3 (8 registers a query row)
-constexpr int SCORE_ROWS = 4;     // query rows sharing each key's loads in phase 1 (16 accumulators)
-constexpr int VALUE_ROWS = 3;     // query rows sharing each value's loads in phase 3 (24 accumulators)
+#ifdef __AVX512VL__  // 32 vector registers: larger tiles (the same arithmetic: each row and column alone)
+// A whole group of 6 query heads (GQA's usual 12 on 2, or 6 on 1) shares each key's and each value's loads:
+// a step's key or value is loaded, and a two-byte one widened, once instead of once per 3 or 4 rows.
+constexpr int64_t SLICE = 32;     // value columns of one slice of phase 3 (4 registers a query row)
+constexpr int SCORE_ROWS = 6;     // query rows sharing each key's loads in phase 1 (24 accumulators)
+constexpr int VALUE_ROWS = 6;     // query rows sharing each value's loads in phase 3 (24 accumulators)
 #else
 constexpr int VALUE_ROWS = 2;
 constexpr int64_t SLICE = 32;
 constexpr int SCORE_ROWS = 2;
 #endif
-// Software prefetches, PREFETCH_KEYS keys ahead in phase 1 and a block ahead in phase 3: with only the
-// hardware's, a block's first loads waited on memory while the FMAs of the previous block sat idle.
+// Software prefetches, PREFETCH_KEYS keys ahead in phase 1 and two blocks ahead in phase 3, spread over the
+// block's work (a burst of a whole block's lines at once overran the queue of misses the core tracks): with
+// only the hardware's, a block's first loads waited on memory while the FMAs of the previous block sat idle.
+// Into the cache vector_math.h's SPECDEC_PREFETCH_HINT names (L2 on AMD, as the weight streams).
 constexpr int64_t PREFETCH_KEYS = 16;
 constexpr int64_t LINE = 64;  // bytes of a cache line
 constexpr int64_t ROW_CHUNK = 32;         // rows of one chunk at most: longer prefills share more keys
@@ -157,6 +161,16 @@ inline void dot4_rows(const float* const* q, const KV* k0, const KV* k1, const K
     }
 }
 
+// dot4_rows for `count` (2 to ROWS) query rows, as a constant.
+template <int ROWS, typename KV>
+inline void dot4_count(int64_t count, const float* const* q, const KV* k0, const KV* k1, const KV* k2, const KV* k3,
+                       int64_t D, float scale, float* const* out) {
+    if (count == ROWS)
+        dot4_rows<ROWS>(q, k0, k1, k2, k3, D, scale, out);
+    else if constexpr (ROWS > 2)
+        dot4_count<ROWS - 1>(count, q, k0, k1, k2, k3, D, scale, out);
+}
+
 // scores[i] for i in [0, n) = scale * q . key(i), key(i) = k_head + index[i] * D (index null: i): dot4 chains.
 template <typename KV>
 inline void row_scores(const float* q, const KV* k_head, const int64_t* index, int64_t n, int64_t D, float scale,
@@ -192,30 +206,30 @@ inline float softmax_weights(float* scores, int64_t n, float sink) {
     return 1.0f / (lane_sum(total8) + expf(sink - top));
 }
 
-// o_a[c] += p_a[i] * value(i)[c] for i in [0, n) in order, one FMA at a time, for ROWS (1 to 3) query rows
+// o_a[c] += p_a[i] * value(i)[c] for i in [0, n) in order, one FMA at a time, for ROWS (1 to 6) query rows
 // sharing each value's loads, over REGS * 8 columns held in registers (REGS a constant, or the compiler keeps
 // the sums in memory). value(i) = values + index[i] * D (index null: i).
 template <int ROWS, int REGS, typename KV>
 inline void accumulate_vectors(float* const* o, const float* const* p, const KV* values, const int64_t* index,
                                int64_t n, int64_t D) {
     __m256 acc[ROWS][REGS];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int a = 0; a < ROWS; a++)
 #pragma GCC unroll 8
         for (int r = 0; r < REGS; r++) acc[a][r] = _mm256_loadu_ps(o[a] + 8 * r);
     for (int64_t i = 0; i < n; i++) {
         const KV* value = values + (index ? index[i] : i) * D;
         __m256 weight[ROWS];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int a = 0; a < ROWS; a++) weight[a] = _mm256_set1_ps(p[a][i]);
 #pragma GCC unroll 8
         for (int r = 0; r < REGS; r++) {
             const __m256 v = load8(value + 8 * r);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int a = 0; a < ROWS; a++) acc[a][r] = _mm256_fmadd_ps(weight[a], v, acc[a][r]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int a = 0; a < ROWS; a++)
 #pragma GCC unroll 8
         for (int r = 0; r < REGS; r++) _mm256_storeu_ps(o[a] + 8 * r, acc[a][r]);
@@ -247,8 +261,7 @@ inline void accumulate(float* const* o, const float* const* p, const KV* values,
 }
 
 // Phase 1: scores of shared keys [first, last) for every query row of KV head kv's group in the chunk, SCORE_ROWS
-// query rows at a time sharing each key's loads (the last three or two of a group together too: a group of 6
-// or 7 heads would otherwise load and widen each key once per leftover row).
+// query rows at a time sharing each key's loads (the leftover rows together too, down to two).
 template <typename KV>
 void shared_scores(const Problem<KV>& p, const Chunk& c, int64_t kv, int64_t first, int64_t last) {
     const int64_t rows = c.rows() * p.group(), D = p.D;
@@ -266,11 +279,9 @@ void shared_scores(const Problem<KV>& p, const Chunk& c, int64_t kv, int64_t fir
         for (; count > 1 && j + 4 <= last; j += 4) {
             if (r == 0)  // the first rows stream the block from memory: ask for the keys further on early
                 for (int64_t at = 0; at < 4 * D; at += LINE / (int64_t)sizeof(KV))
-                    _mm_prefetch((const char*)(k + (j + PREFETCH_KEYS) * D + at), _MM_HINT_T0);
+                    _mm_prefetch((const char*)(k + (j + PREFETCH_KEYS) * D + at), SPECDEC_PREFETCH_HINT);
             const KV *k0 = k + j * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
-            if (count == SCORE_ROWS) dot4_rows<SCORE_ROWS>(q, k0, k1, k2, k3, D, p.scale, scores);
-            else if (count == 3) dot4_rows<3>(q, k0, k1, k2, k3, D, p.scale, scores);
-            else dot4_rows<2>(q, k0, k1, k2, k3, D, p.scale, scores);
+            dot4_count<SCORE_ROWS>(count, q, k0, k1, k2, k3, D, p.scale, scores);
             for (int64_t a = 0; a < count; a++) scores[a] += 4;
         }
         for (int64_t a = 0; a < count; a++) row_scores(q[a], k + j * D, nullptr, last - j, D, p.scale, scores[a]);
@@ -309,10 +320,12 @@ void weighted_values(const Problem<KV>& p, const Chunk& c, int64_t kv, int64_t c
         for (int64_t start = col; start < col + width; start += SLICE) {
             const int64_t slice = std::min(SLICE, col + width - start), vector = slice / 8 * 8;
             const KV* values = v + first * D + start;
-            if (start == col)  // ask for the next block's values while this one is summed
-                for (int64_t i = 0; i < n; i++)
-                    for (int64_t at = 0; at < width; at += LINE / (int64_t)sizeof(KV))
-                        _mm_prefetch((const char*)(v + (first + VALUE_BLOCK + i) * D + col + at), _MM_HINT_T0);
+            // ask for a later block's values while this one is summed, each slice its share of the keys
+            const int64_t slices = (width + SLICE - 1) / SLICE, slice_at = (start - col) / SLICE;
+            for (int64_t i = slice_at * n / slices; i < (slice_at + 1) * n / slices; i++)
+                for (int64_t at = 0; at < width; at += LINE / (int64_t)sizeof(KV))
+                    _mm_prefetch((const char*)(v + (first + 2 * VALUE_BLOCK + i) * D + col + at),
+                                 SPECDEC_PREFETCH_HINT);
             auto sum_rows = [&](auto count, int64_t r) {  // `count` query rows from r sharing each value's loads
                 constexpr int ROWS = decltype(count)::value;
                 float* o[ROWS];
@@ -322,6 +335,8 @@ void weighted_values(const Problem<KV>& p, const Chunk& c, int64_t kv, int64_t c
             };
             int64_t r = 0;
             for (; r + VALUE_ROWS <= rows; r += VALUE_ROWS) sum_rows(std::integral_constant<int, VALUE_ROWS>(), r);
+            if constexpr (VALUE_ROWS > 3)
+                for (; r + 3 <= rows; r += 3) sum_rows(std::integral_constant<int, 3>(), r);
             for (; r + 2 <= rows; r += 2) sum_rows(std::integral_constant<int, 2>(), r);
             if (r < rows) sum_rows(std::integral_constant<int, 1>(), r);
         }

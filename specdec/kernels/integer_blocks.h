@@ -18,14 +18,7 @@ namespace integer_blocks {
 // pass 27 -> 22 ms at one row and 104 -> 82 ms at eight (interleaved A/B over 112 distinct matrices;
 // 0.5, 1, 2, 8 and 16 KB measured too, 4 KB best).
 constexpr int64_t PREFETCH_BYTES = 4096;
-// Which cache the lines go to: L1 was measured best on an Intel Xeon. On AMD Zen 4 asking for L2 only
-// streamed a one-row pass faster (and was even at eight rows), so kernels/build.py defines
-// SPECDEC_PREFETCH_TO_L2 on AMD CPUs.
-#ifdef SPECDEC_PREFETCH_TO_L2
-#define SPECDEC_PREFETCH_HINT _MM_HINT_T1
-#else
-#define SPECDEC_PREFETCH_HINT _MM_HINT_T0
-#endif
+// Which cache the lines go to: vector_math.h's SPECDEC_PREFETCH_HINT.
 
 // Prefetch the cache lines of bytes [at + PREFETCH_BYTES, at + PREFETCH_BYTES + size).
 inline void prefetch_ahead(const uint8_t* at, int64_t size) {

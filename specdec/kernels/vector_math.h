@@ -4,6 +4,16 @@
 #include <stdint.h>
 #include <string.h>
 
+// Which cache software prefetches of a stream from memory (weights, a deep KV cache) go to: L1 was measured
+// best on an Intel Xeon. On AMD Zen 4 asking for L2 only streamed a one-row weight pass faster (and was even
+// at eight rows), and a deep cache's keys and values faster too, so kernels/build.py defines
+// SPECDEC_PREFETCH_TO_L2 on AMD CPUs.
+#ifdef SPECDEC_PREFETCH_TO_L2
+#define SPECDEC_PREFETCH_HINT _MM_HINT_T1
+#else
+#define SPECDEC_PREFETCH_HINT _MM_HINT_T0
+#endif
+
 namespace vector_math {
 
 // The largest of the 8 lanes of v (exact: no order to fix).
