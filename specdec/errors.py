@@ -28,3 +28,7 @@ class InvalidParameterError(SpecdecError):
 
 class ContextLengthError(SpecdecError):
     pass
+
+
+class PeerError(SpecdecError):
+    """A program a benchmark compares against (llama.cpp) failed, or printed what we cannot read."""

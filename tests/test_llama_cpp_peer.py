@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from specdec.bench.llama_cpp import LlamaCppMode, parse_peer, parse_timings
-from specdec.errors import InvalidParameterError
+from specdec.errors import InvalidParameterError, PeerError
 
 # Lines as llama.cpp 0c1e570 prints them (llama-completion, llama-speculative-simple).
 COMPLETION_LOG = """\
@@ -30,8 +30,8 @@ def test_parse_timings():
     assert tokens == 68 and seconds == pytest.approx(4.304)
     tokens, seconds = parse_timings(SPECULATIVE_LOG, True, 34)  # drafted past -n: counted to the limit
     assert tokens == 34 and seconds == pytest.approx(0.201 + 4.103 / 2)
-    with pytest.raises(RuntimeError, match="timings"):
-        parse_timings("error: something else", False, 64)
+    with pytest.raises(PeerError, match="timings.*error: something else$"):
+        parse_timings("main: loading\nerror: something else\n", False, 64)
 
 
 def test_peer_specs_name_llama_cpp_modes():
@@ -70,3 +70,26 @@ def test_missing_llama_cpp_is_one_clear_line(tiny_dirs, tmp_path, monkeypatch):
                           capture_output=True, text=True, env={**__import__("os").environ, "PATH": str(tmp_path)})
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "llama-completion" in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_failing_llama_cpp_ends_bench_with_one_clear_line(tmp_path):
+    """llama.cpp that exits non-zero (a file it cannot load, a flag it does not know) ends `specdec bench` with
+    one line naming the peer and llama.cpp's own last line, no traceback and no results file."""
+    from tiny_models import make_hf_model, write_tiny_gguf
+
+    target = write_tiny_gguf(tmp_path / "tiny.gguf", make_hf_model("llama", seed=3), "Q8_0")
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    program = folder / "llama-completion"
+    program.write_text("#!/bin/sh\necho 'llama_model_load: loading' >&2\n"
+                       "echo 'error: unknown model architecture' >&2\nexit 1\n")
+    program.chmod(0o755)
+    results = tmp_path / "results.json"
+    done = subprocess.run([sys.executable, "-m", "specdec.cli", "bench", "--target", str(target), "--peers", "llamacpp",
+                           "--drafters", "ngram", "--tasks", "code", "--limit", "1", "--max-new-tokens", "4",
+                           "--roofline-mb", "0", "--json", str(results)],
+                          capture_output=True, text=True, env={**__import__("os").environ, "SPECDEC_LLAMA_CPP": str(folder)})
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("specdec: error: peer llama.cpp: llama-completion exited with 1: "
+                                                     "error: unknown model architecture")
+    assert not results.exists()

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.bench.peers import PeerRun
-from specdec.errors import InvalidParameterError
+from specdec.errors import InvalidParameterError, PeerError
 
 NGRAM_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache")
 BEST_PREFIX = "llama.cpp"  # every llama.cpp method's name starts so; the report's best row reads them
@@ -160,7 +160,8 @@ class LlamaCppPeer:
                 command += ["-no-cnv", "--no-display-prompt"]
             done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
-            raise RuntimeError(f"{self.program.name} failed ({done.returncode}): {done.stderr.strip()[-300:]}")
+            raise PeerError(f"peer {self.name}: {self.program.name} exited with {done.returncode}: "
+                            f"{last_line(done.stderr)}")
         return done.stdout.replace(" [end of text]", ""), done.stderr + done.stdout
 
 
@@ -178,4 +179,10 @@ def parse_timings(log: str, speculative: bool, max_new_tokens: int) -> tuple[int
         generation = re.search(r"\seval time =\s+([\d.]+) ms /\s+(\d+) runs", log)
         if prompt and generation:  # the first new token comes from the prompt's logits
             return int(generation.group(2)) + 1, (float(prompt.group(1)) + float(generation.group(1))) / 1e3
-    raise RuntimeError(f"could not read llama.cpp's timings from its log: {log.strip()[-300:]}")
+    raise PeerError(f"could not read llama.cpp's timings from its log, which ends: {last_line(log)}")
+
+
+def last_line(log: str) -> str:
+    """A program's log as one line of an error: its last non-empty line (where llama.cpp says what failed)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return lines[-1][-300:] if lines else "(nothing)"
