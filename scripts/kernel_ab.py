@@ -6,10 +6,13 @@ only such ratios mean anything (docs/notes/benchmarks-diary-2026.md sections 20-
     cp -r specdec/kernels /tmp/variant   # then edit /tmp/variant/*.cpp
     python scripts/kernel_ab.py /tmp/variant --format int4 --rows 1
     python scripts/kernel_ab.py /tmp/variant --format gguf --rows 8 --threads 2
+    python scripts/kernel_ab.py /tmp/variant --format attention --depth 16384 --kv-dtype bfloat16 --rows 1
 
 int4 / int7 / float32: 18 random matrices of the 1.5B's shapes (8960 x 1536, 1536 x 8960, 2048 x 1536), 166 MB
 in int4: more than the last-level cache, so the weights stream from memory. gguf: the 1.5B's own GGUF blocks
-(layers, then the LM head). --cache repeats one matrix instead (compute-bound).
+(layers, then the LM head). --cache repeats one matrix instead (compute-bound). attention: `attention_rows`
+over 28 random layer caches of the 1.5B's attention (12 query heads on 2 KV heads of 128), `--depth` cached
+tokens each, then --rows chained new rows.
 """
 
 import argparse
@@ -87,6 +90,24 @@ def gguf_calls(rows: int, threads: int, cache: bool) -> dict[str, list]:
             "LM head": [call_for(m) for n, m in layers if "lm_head" in n]}
 
 
+def attention_calls(depth: int, rows: int, kv_dtype: str, cache: bool) -> list:
+    """Calls lib -> attention output over 28 layer caches of the 1.5B's attention shape (one, with --cache)."""
+    from specdec.kernels import attention_rows
+
+    heads, kv_heads, dim = 12, 2, 128
+    q = torch.randn(1, heads, rows, dim)
+    visible = torch.ones(rows, rows, dtype=torch.uint8).tril()  # a chain of drafted rows
+    calls = []
+    for _ in range(1 if cache else 28):
+        keys, values = (torch.randn(1, kv_heads, depth + rows, dim).to(getattr(torch, kv_dtype)) for _ in range(2))
+
+        def call(lib, keys=keys, values=values):
+            with kernels.using_kernel(lib):
+                return attention_rows(q, keys, values, visible, depth)
+        calls.append(call)
+    return calls * (28 if cache else 1)
+
+
 def race(label: str, calls: list, committed, variant, reps: int) -> None:
     first = [call(committed) for call in calls]
     second = [call(variant) for call in calls]
@@ -107,16 +128,22 @@ def race(label: str, calls: list, committed, variant, reps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variant", type=Path, help="a directory holding edited copies of specdec/kernels' sources")
-    parser.add_argument("--format", choices=["float32", "int4", "int7", "gguf"], default="int4")
+    parser.add_argument("--format", choices=["float32", "int4", "int7", "gguf", "attention"], default="int4")
     parser.add_argument("--rows", type=int, default=1)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--cache", action="store_true", help="one matrix over and over (from cache)")
+    parser.add_argument("--depth", type=int, default=4096, help="attention: cached tokens before the rows")
+    parser.add_argument("--kv-dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     args = parser.parse_args()
     torch.manual_seed(0)
     committed, variant = build_both(args.variant)
+    torch.set_num_threads(args.threads)  # the attention wrapper passes torch's thread count
     if args.format == "gguf":
         sets = gguf_calls(args.rows, args.threads, args.cache)
+    elif args.format == "attention":
+        sets = {f"attention at {args.depth}, {args.kv_dtype}": attention_calls(args.depth, args.rows, args.kv_dtype,
+                                                                              args.cache)}
     else:
         sets = {args.format: random_matrix_calls(args.format, args.rows, args.threads, args.cache)}
     for label, calls in sets.items():
