@@ -64,8 +64,8 @@ constexpr int64_t SLICE = 32;
 constexpr int SCORE_ROWS = 2;
 #endif
 // Software prefetches, PREFETCH_KEYS keys ahead in phase 1 and two blocks ahead in phase 3, spread over the
-// block's work (a burst of a whole block's lines at once overran the queue of misses the core tracks): with
-// only the hardware's, a block's first loads waited on memory while the FMAs of the previous block sat idle.
+// block's work (asking for a whole block's lines at once streamed slower): with only the hardware's, a
+// block's first loads waited on memory while the FMAs of the previous block sat idle.
 // Into the cache vector_math.h's SPECDEC_PREFETCH_HINT names (L2 on AMD, as the weight streams).
 constexpr int64_t PREFETCH_KEYS = 16;
 constexpr int64_t LINE = 64;  // bytes of a cache line
