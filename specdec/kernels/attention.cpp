@@ -114,6 +114,14 @@ inline __m128 lane_sums4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     return _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
 }
 
+// lane_sums4 of two rows' four vectors each, in one vector (row a's in the low half): the same additions.
+inline __m256 lane_sums4_pair(const __m256* a, const __m256* b) {
+    const __m256 pairs_a = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 pairs_b = _mm256_hadd_ps(_mm256_hadd_ps(b[0], b[1]), _mm256_hadd_ps(b[2], b[3]));
+    const __m256 lows = _mm256_permute2f128_ps(pairs_a, pairs_b, 0x20);
+    return _mm256_add_ps(lows, _mm256_permute2f128_ps(pairs_a, pairs_b, 0x31));
+}
+
 // out[0..3] = scale * (the dot products of q with keys k0..k3, D-vectors): each a chain of FMAs in 8 lanes in
 // k order, the lane sum, then the columns past the last multiple of 8 one FMA at a time (explicit fmaf:
 // inlining cannot round them otherwise), then the scale.
@@ -150,6 +158,19 @@ inline void dot4_rows(const float* const* q, const KV* k0, const KV* k1, const K
             acc[a][0] = _mm256_fmadd_ps(x, v0, acc[a][0]), acc[a][1] = _mm256_fmadd_ps(x, v1, acc[a][1]);
             acc[a][2] = _mm256_fmadd_ps(x, v2, acc[a][2]), acc[a][3] = _mm256_fmadd_ps(x, v3, acc[a][3]);
         }
+    }
+    if (k == D) {  // no columns past the last multiple of 8 (the head sizes models use): two rows at a time
+        const __m256 scale8 = _mm256_set1_ps(scale);
+        int a = 0;
+        for (; a + 2 <= ROWS; a += 2) {
+            const __m256 sums = _mm256_mul_ps(lane_sums4_pair(acc[a], acc[a + 1]), scale8);
+            _mm_storeu_ps(out[a], _mm256_castps256_ps128(sums));
+            _mm_storeu_ps(out[a + 1], _mm256_extractf128_ps(sums, 1));
+        }
+        if (a < ROWS)
+            _mm_storeu_ps(out[a], _mm_mul_ps(lane_sums4(acc[a][0], acc[a][1], acc[a][2], acc[a][3]),
+                                             _mm_set1_ps(scale)));
+        return;
     }
     for (int a = 0; a < ROWS; a++) {
         float* o = out[a];
