@@ -206,9 +206,11 @@ def attention_case(heads: int, kv_heads: int, dim: int, rows: int, prefix: int, 
 
 
 # (12, 2, 128) and 40 rows over 70 cached keys: several key and value blocks, two row chunks (attention.cpp);
-# groups of 7 and 6 query rows: the last rows of phase 1 in threes and twos
+# a KV head's query rows 6 at a time sharing key and value loads (AVX-512), then the leftover 1 to 5 together:
+# 7 (14 on 2), 5 (10 on 2), 9 (9 on 3, 3 rows), 16 (4 on 2, 8 rows), 8 (6 on 6, 8 rows)
 @pytest.mark.parametrize("heads,kv_heads,dim,rows,prefix", [
     (4, 2, 16, 1, 11), (4, 2, 16, 8, 11), (9, 3, 64, 3, 11), (6, 6, 20, 8, 11), (12, 2, 128, 1, 11), (14, 2, 64, 1, 11),
+    (10, 2, 64, 1, 11),
     (12, 2, 128, 8, 11), (2, 1, 100, 3, 11), (12, 2, 128, 40, 70), (4, 2, 20, 40, 70)])
 def test_attention_rows_match_float64_reference_and_single_rows(heads, kv_heads, dim, rows, prefix):
     """Each row attends to the cached prefix and the new keys its mask shows (chain or tree rows), GQA
