@@ -239,6 +239,47 @@ def test_attention_rows_match_float64_reference_and_single_rows(heads, kv_heads,
             assert torch.equal(attention_rows(q, keys, values, visible.to(torch.uint8), prefix), out)
 
 
+# (12, 2, 128): 6 query rows a tile (AVX-512), 4 key blocks of 32 over 100 cached keys; (14, 2, 64) 7 a group
+# (a tile of 6, then 1), blocks past some rows' last keys; (9, 3, 16): D under one value slice; (4, 1, 24) 3 slices
+# of 8; no cached keys at all (start 0)
+@pytest.mark.parametrize("heads,kv_heads,dim,rows,start", [
+    (12, 2, 128, 40, 100), (14, 2, 64, 37, 61), (9, 3, 16, 9, 33), (4, 1, 24, 12, 0)])
+def test_attention_block_matches_float64_reference_whatever_rows_share_its_call(heads, kv_heads, dim, rows, start):
+    """A prefill block's row t attends to keys [0, start + t] (sinks included); each row's bits do not depend on
+    which rows share its call (each row alone, the block split in two), on the build, or on a two-byte cache
+    read directly rather than widened first. Keys past the block (never written) are NaN: never read."""
+    from specdec.kernels import attention_block
+
+    gen = torch.Generator().manual_seed(heads * 100 + rows)
+    q = torch.randn(1, heads, rows, dim, generator=gen)
+    keys, values = (torch.randn(1, kv_heads, start + rows + 5, dim, generator=gen) for _ in range(2))
+    keys[:, :, start + rows:], values[:, :, start + rows:] = float("nan"), float("nan")
+    sinks = torch.randn(heads, generator=gen)
+    group = heads // kv_heads
+    for with_sinks in (None, sinks):
+        out = attention_block(q, keys, values, start, sinks=with_sinks)  # (1, T, H * D)
+        for t in range(rows):
+            k, v = keys[0, :, :start + t + 1].double(), values[0, :, :start + t + 1].double()
+            for h in range(heads):
+                scores = k[h // group] @ q[0, h, t].double() / dim ** 0.5
+                if with_sinks is not None:
+                    scores = torch.cat([scores, with_sinks[h:h + 1].double()])
+                weights = torch.softmax(scores, dim=0)[:start + t + 1]
+                assert torch.allclose(out[0, t, h * dim:(h + 1) * dim].double(), weights @ v[h // group], atol=1e-5)
+    out = attention_block(q, keys, values, start)
+    alone = torch.cat([attention_block(q[:, :, t:t + 1], keys, values, start + t) for t in range(rows)], dim=1)
+    half = rows // 2
+    split = torch.cat([attention_block(q[:, :, :half], keys, values, start),
+                       attention_block(q[:, :, half:], keys, values, start + half)], dim=1)
+    assert torch.equal(alone, out) and torch.equal(split, out)
+    short_keys, short_values = keys.bfloat16(), values.bfloat16()
+    wide = attention_block(q, short_keys.float(), short_values.float(), start)
+    for library in every_build():  # only 8-lane arithmetic: AVX-512's wider tiles change no bit
+        with kernels.using_kernel(library):
+            assert torch.equal(attention_block(q, keys, values, start), out)
+            assert torch.equal(attention_block(q, short_keys, short_values, start), wide)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_two_byte_kv_cache_is_read_and_written_as_torch_rounds_it(dtype):
     """Attention over a bf16/fp16 cache computes, bit for bit, what it computes over a float32 cache holding

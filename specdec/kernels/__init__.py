@@ -18,5 +18,5 @@ from specdec.kernels.build import (AMX_CPU_FLAGS, AMX_FLAGS, AVX512_CPU_FLAGS, A
 from specdec.kernels.layouts import (FLOAT_PANEL_DTYPES, GGUF_LAYOUTS, INTEGER_BLOCK, INTEGER_COLUMNS, PANEL, ZERO_POINTS,  # noqa: F401
                                      dequantize_grouped, grouped_bits, pack_codes, pack_weight,
                                      quantize_grouped, quantize_packed_int8, unpack_codes, unpack_rows)
-from specdec.kernels.ops import (SMALL_ROWS, add_rms_norm, attention_rows, gguf_matmul,  # noqa: F401
+from specdec.kernels.ops import (SMALL_ROWS, add_rms_norm, attention_block, attention_rows, gguf_matmul,  # noqa: F401
                                  integer_matmul, packed_matmul, packed_matmul_int8, rope_qkv_to_cache, silu_mul)

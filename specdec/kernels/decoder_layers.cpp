@@ -36,6 +36,9 @@ void int7_matmul(const float* x, const uint8_t* wq, const uint16_t* scales, floa
                  int64_t G, int num_threads);
 void gguf_matmul(const float* x, const uint8_t* codes, const int8_t* group_codes, const uint16_t* super, float* y,
                  int64_t T, int64_t K, int64_t N, int32_t layout, int64_t group, int64_t super_size, int num_threads);
+void attention_block(const float* q, const void* keys, const void* values, float* out, int64_t T, int64_t H,
+                     int64_t Hkv, int64_t D, int64_t start, int64_t head_stride, float scale, const float* sinks,
+                     int kv_type, int num_threads);
 void attention_rows(const float* q, const void* keys, const void* values, const uint8_t* visible, float* out,
                     int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t prefix, int64_t visible_width,
                     int64_t head_stride, float scale, const float* sinks, int kv_type, int num_threads);
@@ -126,6 +129,7 @@ void multiply(const PackedMatrix& w, const float* x, float* y, int64_t T, int th
 // values go to [start, start + rows).
 // Attention: each row sees the first `prefix` keys; visible (rows, start + rows - prefix) uint8 says which of
 // the others it sees; on sliding-window layers, none before first_key[row] (null: no window reached yet).
+// visible null: a prefill block, row r seeing keys [0, start + r] through block_attention.cpp.
 struct Segment {
     void* key_cache;
     void* value_cache;
@@ -254,7 +258,10 @@ void run_layers(const LayerWeights* layers, int64_t count, float* x, const float
             void* values = seg.layer_values(l);
             rope_qkv_to_cache(qkv.data() + row * width, cos + row * D, sin + row * D, q.data(), keys, values,
                               seg.rows, H, Hkv, D, seg.start, seg.head_stride, (int)seg.kv_type);
-            if (layer.sliding && seg.first_key != nullptr) {
+            if (seg.visible == nullptr) {
+                attention_block(q.data(), keys, values, attended.data() + row * H * D, seg.rows, H, Hkv, D, seg.start,
+                                seg.head_stride, attention_scale, layer.sinks, (int)seg.kv_type, num_threads);
+            } else if (layer.sliding && seg.first_key != nullptr) {
                 for (int64_t r = 0; r < seg.rows; r++)
                     windowed_row(seg, r, q.data(), keys, values, attended.data() + row * H * D, H, Hkv, D,
                                  attention_scale, layer.sinks, num_threads);

@@ -22,6 +22,7 @@ _int4_matmul = declare("integer_matmul.cpp", "int4_matmul", *_INTEGER)
 _int7_matmul = declare("integer_matmul.cpp", "int7_matmul", *_INTEGER)
 _gguf_matmul = declare("gguf_matmul.cpp", "gguf_matmul", P, P, P, P, P, I64, I64, I64, c_int32, I64, I64, c_int)
 _attention_rows = declare("attention.cpp", "attention_rows", P, P, P, P, P, *[I64] * 7, c_float, P, c_int, c_int)
+_attention_block = declare("block_attention.cpp", "attention_block", *[P] * 4, *[I64] * 6, c_float, P, c_int, c_int)
 _add_rms_norm = declare("layer_ops.cpp", "add_rms_norm", P, P, P, P, P, I64, I64, c_float)
 _rope_qkv_to_cache = declare("layer_ops.cpp", "rope_qkv_to_cache", *[P] * 6, *[I64] * 6, c_int)
 _silu_mul = declare("layer_ops.cpp", "silu_mul", P, P, I64, I64)
@@ -113,6 +114,23 @@ def attention_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, vi
                       heads, keys.shape[1], dim, prefix, visible.shape[1], keys.stride(1),
                       dim ** -0.5 if scale is None else scale, None if sinks is None else sinks.data_ptr(),
                       KV_TYPES[keys.dtype], torch.get_num_threads())
+    return out
+
+
+def attention_block(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q (1, H, T, D) of a prefill block after `start` cached tokens (D a multiple of 8), the cache's keys/values
+    views (1, Hkv, >= start + T, D; float32, bf16 or fp16) holding the block's own at [start, start + T) ->
+    (1, T, H * D) float32: row t attends to keys [0, start + t], each row's arithmetic its own whatever rows
+    share the call (block_attention.cpp). `scale` None: 1/sqrt(D); sinks (H,): each head's sink logit."""
+    _, heads, rows, dim = q.shape
+    q = q.contiguous()
+    if sinks is not None:
+        sinks = sinks.detach().to(torch.float32).contiguous()
+    out = torch.empty(1, rows, heads * dim, dtype=torch.float32)
+    _attention_block()(q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr(), rows, heads, keys.shape[1],
+                       dim, start, keys.stride(1), dim ** -0.5 if scale is None else scale,
+                       None if sinks is None else sinks.data_ptr(), KV_TYPES[keys.dtype], torch.get_num_threads())
     return out
 
 

@@ -169,14 +169,15 @@ class LayerPlan:
             rows, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
         """Layers [first, stop) over x (1, T, C): a new tensor (x is left as it was). The new tokens' keys and
         values go to cache slots [cache.length, cache.length + T); `rows` (llama.RowAttention) says which
-        cached keys each row sees, and on sliding-window layers from which slot on (rows.first_key)."""
+        cached keys each row sees, and on sliding-window layers from which slot on (rows.first_key); a
+        llama.CausalBlock (visible None) runs a prefill block through the block kernel."""
         out = x.contiguous().clone()
         first_key = None if rows.first_key is None else torch.tensor(rows.first_key, dtype=torch.int64)
         keys, values = cache.keys[first, 0], cache.values[first, 0]  # (Hkv, S_max, D)
         entry = ctypes.addressof(self.entries) + first * ctypes.sizeof(LayerWeights)
         decoder_layers()(
             entry, stop - first, out.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
-            cache.keys.stride(0), keys.stride(0), rows.visible.data_ptr(), rows.prefix, out.shape[1], heads,
+            cache.keys.stride(0), keys.stride(0), _pointer(rows.visible), rows.prefix, out.shape[1], heads,
             kv_heads, head_dim, cache.length, KV_TYPES[keys.dtype], _pointer(first_key), head_dim ** -0.5,
             torch.get_num_threads())
         self.report_experts(first, stop)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from specdec.kernels import SMALL_ROWS, attention_rows, packed_kernel
+from specdec.kernels import SMALL_ROWS, attention_block, attention_rows, packed_kernel
 from specdec.models.attention_sinks import sink_attention
 from specdec.models.base import (CausalLM, ForwardOutput, ForwardRequest, causal_attention_mask, forward_each,
                                  sliding_window_mask)
@@ -217,6 +217,31 @@ class RowAttention:
                                                         enable_gqa=True, scale=scale)
                          for t in range(rows)], dim=2)  # (1, H, T, D)
         return out.transpose(1, 2).reshape(1, rows, heads * dim)
+
+
+@dataclass(frozen=True)
+class CausalBlock:
+    """A prefill block's rows past PREFILL_ROW_LIMIT: row t sees the `prefix` cached keys and the block's own up
+    to itself, through the block kernel (kernels/block_attention.cpp: scores as a matrix product, an online
+    softmax over blocks of keys). Each row's arithmetic is its own whatever rows share the call (a prompt's
+    keys and values do not depend on how its prefill is split), but not its one-token step's: rows that must
+    equal their decoding step (verification) take RowAttention."""
+
+    prefix: int
+    visible = None  # the layer plan's marker for the block kernel (RowAttention's visible matrix)
+    first_key = None  # no sliding window: such models' prefill is not chunk-invariant
+
+    @staticmethod
+    def applies(x: torch.Tensor, head_dim: int) -> bool:
+        """Whether the block kernel serves rows of x at this head size (8-lane vectors over D)."""
+        return RowAttention.uses_kernel(x) and head_dim % 8 == 0
+
+    uses_kernel = staticmethod(RowAttention.uses_kernel)
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               scale: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """q (1, H, T, D) over the cache's (1, Hkv, S, D) -> (1, T, H * D), as RowAttention.attend."""
+        return attention_block(q, keys, values, self.prefix, scale, sinks)
 
 
 class MLP(nn.Module):
@@ -534,6 +559,8 @@ class LlamaForCausalLM(nn.Module, CausalLM):
             piece = slice(done, done + count)
             if position < PREFILL_ROW_LIMIT or count <= ROW_BY_ROW_MAX:
                 mask, rows = None, RowAttention.for_forward(None, position, count)
+            elif CausalBlock.applies(self.model.norm.weight, self.config.head_dim):
+                mask, rows = None, CausalBlock(position)
             else:
                 mask, rows = causal_attention_mask(position, count, tokens.device), None
             outs.append(self.run(tokens[:, piece], positions[:, piece], cache, mask, rows, hidden_layers,
