@@ -214,3 +214,19 @@ def test_prefill_blocks_take_the_block_kernel_close_to_torch_attention(targets, 
     assert torch.allclose(blocked.keys[:, :, :, :90], torch_path.keys[:, :, :, :90], atol=1e-4, rtol=1e-4)
     assert torch.allclose(blocked_out.logits, torch_out.logits, atol=1e-3, rtol=1e-3)
     assert not torch.equal(blocked.keys[:, :, :, :90], torch_path.keys[:, :, :, :90])
+
+
+def test_prefill_blocks_layer_by_layer_take_the_block_kernel_split_invariantly(targets, small_limits, monkeypatch):
+    """Architectures the layer plan has no step for (Gemma's norms, GELU) run their layers one by one: their
+    prefill blocks take the block kernel through CausalBlock.attend, split or whole alike, close to torch's."""
+    model = targets["llama"].model
+    monkeypatch.setattr(type(model), "layer_plan", lambda self, *args: None)
+    tokens = random_tokens(model, 90, seed=7)
+    whole, whole_out, _ = prefill(model, tokens, [])
+    split, split_out, _ = prefill(model, tokens, [36, 48])
+    assert torch.equal(whole.keys[:, :, :, :90], split.keys[:, :, :, :90])
+    assert torch.equal(whole_out.logits[:, -1], split_out.logits[:, -1])
+    monkeypatch.setattr(llama.CausalBlock, "applies", staticmethod(lambda x, head_dim: False))
+    torch_path, _, _ = prefill(model, tokens, [])
+    assert torch.allclose(whole.keys[:, :, :, :90], torch_path.keys[:, :, :, :90], atol=1e-4, rtol=1e-4)
+    assert not torch.equal(whole.keys[:, :, :, :90], torch_path.keys[:, :, :, :90])

@@ -132,7 +132,7 @@ ROW_BY_ROW_MAX = SMALL_ROWS
 # So the keys and values of a prompt's first n tokens come out bit-identical whether it is prefilled in one
 # forward, in chunks that end at `reusable_prefix` positions, or after a cached prefix: what chunked prefill
 # and prefix caching rest on. Why not row by row throughout: past about a thousand keys the row kernel costs
-# several times torch's attention per row, while below it costs about the same.
+# several times the block kernel's attention per row (CausalBlock), while below it costs about the same.
 PREFILL_ROW_LIMIT = 1024
 # Why blocks this small: a block is the least a chunked prefill can do in one step, and deep in a long
 # prompt a block's attention over every earlier key dominates its cost; a server interleaves other requests
