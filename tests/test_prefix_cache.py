@@ -230,3 +230,26 @@ def test_prefill_blocks_layer_by_layer_take_the_block_kernel_split_invariantly(t
     torch_path, _, _ = prefill(model, tokens, [])
     assert torch.allclose(whole.keys[:, :, :, :90], torch_path.keys[:, :, :, :90], atol=1e-4, rtol=1e-4)
     assert not torch.equal(whole.keys[:, :, :, :90], torch_path.keys[:, :, :, :90])
+
+
+def test_a_long_prompt_through_the_block_kernel_generates_plain_decodings_text_streamed_and_whole(targets,
+                                                                                                  small_limits,
+                                                                                                  monkeypatch):
+    """The user's calls: a prompt past the row limit (its blocks through the block kernel), generated whole and
+    streamed with n-gram speculation, gives plain decoding's tokens, chunked prefill included."""
+    from specdec import SpeculativeGenerator
+
+    target = targets["llama"]
+    prompt = "the cache keeps every key and value of the prompt " * 6
+    assert len(target.tokenizer.encode(prompt)) > small_limits + 2 * llama.PREFILL_BLOCK
+    taken = []
+    applies = llama.CausalBlock.applies
+    monkeypatch.setattr(llama.CausalBlock, "applies", staticmethod(lambda *args: taken.append(1) or applies(*args)))
+    plain = SpeculativeGenerator(target, None).generate(prompt, 24, chat=False)
+    assert taken  # the prompt's blocks past the limit went to the block kernel
+    speculative = SpeculativeGenerator(target, NgramDrafter(), 4)
+    whole = speculative.generate(prompt, 24, chat=False)
+    streamed = list(speculative.stream(prompt, 24, chat=False))
+    assert whole.token_ids == plain.token_ids and len(plain.token_ids) == 24
+    assert [t for chunk in streamed for t in chunk.token_ids] == plain.token_ids
+    assert "".join(chunk.text for chunk in streamed) == plain.text
