@@ -225,6 +225,10 @@ def add_train_parser(commands) -> None:
                        help="the target's weight format for computing the features and self-generated answers "
                        "(float32 by default; gguf: a GGUF model's own blocks, several times faster on a CPU); "
                        "the head drafts for the model whatever its format")
+    train.add_argument("--precision", default="auto", choices=["auto", "float32", "bfloat16"],
+                       help="the training steps' matrix products (weights, optimizer and losses stay float32); "
+                       "auto: bfloat16 where the hardware multiplies bf16 natively (AMX-BF16, AVX512-BF16, CUDA), "
+                       "float32 elsewhere")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -512,6 +516,7 @@ def cmd_train(args) -> int:
     from specdec.models.sources.loading import load_model
     from specdec.training.command import run_training
     from specdec.training.corpus import CorpusConfig
+    from specdec.training.precision import resolve_precision
     from specdec.training.train import TrainConfig
 
     numbers = {"--steps": args.steps, "--batch-windows": args.batch_windows, "--draft-vocab": args.draft_vocab,
@@ -532,10 +537,12 @@ def cmd_train(args) -> int:
         raise InvalidParameterError(f"{out}: exists and is not a head directory; choose a new --out")
     corpus = CorpusConfig(args.code_tokens, args.prose_tokens, args.generated, args.answer_tokens, window=args.window,
                           seed=args.seed)
+    precision, why = resolve_precision(args.precision, args.device)
     config = TrainConfig(args.kind, steps=args.steps, batch_windows=args.batch_windows,
                          learning_rate=args.learning_rate, draft_vocab_size=args.draft_vocab,
                          medusa_heads=args.medusa_heads, intermediate_size=args.intermediate_size,
-                         feature_layers=layers, seed=args.seed)
+                         feature_layers=layers, seed=args.seed, precision=precision)
+    print(f"specdec: training steps in {precision} ({why})", file=sys.stderr)
     target = load_model(args.target, device=args.device, backend="native", weights=args.weights)
     info = run_training(args.kind, target, out, corpus, config)
     validation = info.validation

@@ -236,8 +236,9 @@ def test_head_checkpoint_round_trip_and_target_check(tiny, tmp_path):
         load_head(tmp_path / "head", target)
 
 
-@pytest.mark.parametrize("kind,options", [("eagle", "@depth=3,topk=2,budget=6"), ("medusa", "@budget=6")])
-def test_cli_train_then_generate_with_the_head(tiny, tmp_path, kind, options):
+@pytest.mark.parametrize("kind,options,precision", [("eagle", "@depth=3,topk=2,budget=6", "float32"),
+                                                    ("medusa", "@budget=6", "bfloat16")])
+def test_cli_train_then_generate_with_the_head(tiny, tmp_path, kind, options, precision):
     out = tmp_path / f"{kind}-head"
     env_python = [sys.executable, "-m", "specdec.cli"]
     # the EAGLE head learns from the target in int8 (a cheaper format), then drafts for it in float32
@@ -246,10 +247,12 @@ def test_cli_train_then_generate_with_the_head(tiny, tmp_path, kind, options):
         env_python + ["train", kind, "--target", str(tiny["dir"]), "--out", str(out), "--steps", "4",
                       "--batch-windows", "2", "--code-tokens", "2000", "--prose-tokens", "1000", "--generated", "3",
                       "--answer-tokens", "40", "--window", "32", "--draft-vocab", "200", "--medusa-heads", "2",
-                      *weights],
+                      "--precision", precision, *weights],
         capture_output=True, text=True, timeout=600)
     assert train.returncode == 0, train.stderr[-2000:]
+    assert f"training steps in {precision}" in train.stderr
     info = json.loads((out / "head.json").read_text())
+    assert info["training"]["config"]["precision"] == precision
     assert info["training"]["validation"]["end_to_end"]["greedy_matches_plain"] is True
     assert info["draft_vocab_size"] <= 200 and info["training"]["steps"] == 4
     if kind == "medusa":
@@ -260,6 +263,62 @@ def test_cli_train_then_generate_with_the_head(tiny, tmp_path, kind, options):
                                        "12", "--json"], capture_output=True, text=True, timeout=300)
     assert gen.returncode == 0, gen.stderr[-2000:]
     assert json.loads(gen.stdout)["token_ids"] == plain(tiny["target"], "hello", 12)
+
+
+@pytest.mark.parametrize("flags,requested,expected,said", [
+    ({"avx2", "avx512_bf16"}, "auto", "bfloat16", "AVX512-BF16"),
+    ({"amx_bf16", "avx512_bf16"}, "auto", "bfloat16", "AMX-BF16"),
+    ({"avx2"}, "auto", "float32", "no native bf16"),
+    ({"avx2"}, "bfloat16", "bfloat16", "slower than float32"),
+    ({"avx512_bf16"}, "float32", "float32", "as asked"),
+])
+def test_training_precision_follows_the_cpus_native_bf16(monkeypatch, flags, requested, expected, said):
+    from specdec.training.precision import resolve_precision
+
+    monkeypatch.setattr("specdec.kernels.build.cpu_flags", lambda: set(flags))
+    precision, why = resolve_precision(requested, "cpu")
+    assert precision == expected and said in why
+    with pytest.raises(InvalidParameterError, match="--precision"):
+        resolve_precision("float16", "cpu")
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])  # EAGLE-3 fuses 3+ layers: the tiny target has 2
+def test_a_bfloat16_training_step_multiplies_in_bf16_and_keeps_float32_weights(tiny, kind):
+    """Under training_arithmetic('bfloat16') the step's loss moves by bf16 rounding only (the products ran in bf16:
+    the loss is not float32's) and its gradients land on float32 weights; float32's context changes nothing."""
+    from specdec.training.features import TOP_K, FeatureSet
+    from specdec.training.precision import training_arithmetic
+    from specdec.training.train import Objective, TrainConfig, feature_layers, new_head
+
+    model = tiny["target"].model
+    generator = torch.Generator().manual_seed(0)
+    config = TrainConfig(kind, draft_vocab_size=64, feature_noise=0.0)
+    width = model.hidden_size * len(feature_layers(config, model))
+    tokens = torch.randint(0, model.vocab_size, (2, 16), generator=generator)
+    probs = torch.rand(2, 16, TOP_K, generator=generator)
+    batch = FeatureSet(tokens, torch.randn(2, 16, width, generator=generator).half(),
+                       torch.randint(0, 64, (2, 16, TOP_K), generator=generator), probs / probs.sum(-1, keepdim=True))
+    objective = Objective(config, model, torch.arange(64))
+
+    def fresh_head():
+        torch.manual_seed(0)
+        return new_head(config, model)
+
+    def step(precision):
+        module = fresh_head()
+        with training_arithmetic(precision, "cpu"):
+            loss, _ = objective(module, batch)
+        loss.backward()
+        return loss.detach(), module
+
+    exact, _ = step("float32")
+    assert torch.equal(exact, objective(fresh_head(), batch)[0].detach())  # float32's context is no context
+    rounded, module = step("bfloat16")
+    assert rounded.dtype == torch.float32 and not torch.equal(rounded, exact)
+    assert torch.isclose(rounded, exact, rtol=0.05)
+    assert all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
+               for p in module.parameters() if p.requires_grad and p.grad is not None)
+    assert any(p.grad is not None for p in module.parameters())
 
 
 @pytest.mark.skipif(packed_kernel() is None, reason="int8 weights need the CPU kernel")

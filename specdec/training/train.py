@@ -27,6 +27,7 @@ from specdec.heads.eagle3 import Eagle3Head, Eagle3Shape, default_feature_layers
 from specdec.heads.medusa import MedusaHeads, MedusaShape
 from specdec.heads.target_parts import embed, lm_head_rows
 from specdec.training.features import FeatureSet
+from specdec.training.precision import training_arithmetic
 
 RANKS = 10  # Medusa rank accuracies recorded per head
 
@@ -47,6 +48,7 @@ class TrainConfig:
     feature_noise: float = 0.05  # std of the noise on input features, relative to their RMS
     checkpoint_every: int = 50
     seed: int = 0
+    precision: str = "float32"  # a step's matrix products: "float32" or "bfloat16" (training/precision.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -92,7 +94,7 @@ class Objective:
 
     def soft_ce(self, hidden: torch.Tensor, top_ids: torch.Tensor, top_probs: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of draft scores (..., N) against the target's top-8 law restricted to the draft vocab."""
-        logp = torch.log_softmax(hidden @ self.rows.T, dim=-1)  # (..., N)
+        logp = torch.log_softmax((hidden @ self.rows.T).float(), dim=-1)  # (..., N): float32 under autocast too
         index = self.index_of[top_ids]  # (..., 8), -1 outside the draft vocabulary
         probs = top_probs * (index >= 0)
         probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-6)
@@ -222,7 +224,8 @@ def fit(config: TrainConfig, target_model, train: FeatureSet, draft_vocab: torch
         batch = FeatureSet(train.tokens[picks], train.features[picks], train.top_ids[picks], train.top_probs[picks])
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(config, step)
-        loss, figures = objective(module, batch, generator)
+        with training_arithmetic(config.precision, next(module.parameters()).device.type):
+            loss, figures = objective(module, batch, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
