@@ -202,6 +202,8 @@ def add_export_parser(commands) -> None:
 
 def add_train_parser(commands) -> None:
     """`specdec train`: a head trained on this machine."""
+    from specdec.training.precision import PRECISIONS
+
     train = commands.add_parser("train", help="train an EAGLE, EAGLE-3 or Medusa head for a target on this machine")
     train.add_argument("kind", choices=["eagle", "eagle3", "medusa"])
     add_target_option(train)
@@ -225,7 +227,7 @@ def add_train_parser(commands) -> None:
                        help="the target's weight format for computing the features and self-generated answers "
                        "(float32 by default; gguf: a GGUF model's own blocks, several times faster on a CPU); "
                        "the head drafts for the model whatever its format")
-    train.add_argument("--precision", default="auto", choices=["auto", "float32", "bfloat16"],
+    train.add_argument("--precision", default="auto", choices=PRECISIONS,
                        help="the training steps' matrix products (weights, optimizer and losses stay float32); "
                        "auto: bfloat16 where the hardware multiplies bf16 natively (AMX-BF16, AVX512-BF16, CUDA), "
                        "float32 elsewhere")

@@ -316,9 +316,9 @@ def test_a_bfloat16_training_step_multiplies_in_bf16_and_keeps_float32_weights(t
     rounded, module = step("bfloat16")
     assert rounded.dtype == torch.float32 and not torch.equal(rounded, exact)
     assert torch.isclose(rounded, exact, rtol=0.05)
-    assert all(p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
-               for p in module.parameters() if p.requires_grad and p.grad is not None)
-    assert any(p.grad is not None for p in module.parameters())
+    assert all(p.dtype == torch.float32 for p in module.parameters())
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 for g in grads)
 
 
 @pytest.mark.skipif(packed_kernel() is None, reason="int8 weights need the CPU kernel")
