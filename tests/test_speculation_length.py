@@ -148,3 +148,40 @@ def test_verification_that_reads_more_experts_gets_a_shorter_k_and_never_loses(a
     settled = int(np.bincount(moe_ks).argmax())
     rates = [expected_rate(k, acceptance, 0.001, moe) for k in range(9)]
     assert rates[settled] >= 0.97 * rates[0] and rates[settled] >= 0.9 * max(rates)
+
+
+def test_a_source_with_a_start_up_price_starts_once_the_answer_has_forgone_it():
+    """Ski rental for a draft model's per-generation prefill: it starts once the tokens committed without it,
+    times the seconds a token its rounds save, reach the price. Unmeasured, it starts at once (and is
+    measured); a source measured to save nothing still starts, late, so a long answer renews its figures."""
+    from specdec.core.speculation_length import PROBE_SAVING, SourceLengths
+
+    lengths = SourceLengths(8)
+    assert lengths.start_pays("model", 0)  # nothing measured
+    lengths.observe_startup("model", 0.15)
+    assert lengths.start_pays("model", 0)  # the price measured, the rounds not yet
+    rng = np.random.default_rng(0)
+    for _ in range(60):  # a draft token 3 ms, a verification STEP + EXTRA a further row, 60% accepted
+        k = lengths.next_k_for("model")
+        accepted = 0
+        while accepted < k and rng.random() < 0.6:
+            accepted += 1
+        lengths.observe(k, accepted, 0.003 * k, STEP + EXTRA * k, "model")
+        lengths.observe(0, 0, 0.0, STEP)  # a round nobody drafted
+    rates = lengths.length("model").predicted_rates()
+    saved = 1 / rates[0] - 1 / rates.max()  # seconds a token its rounds save, as measured
+    assert 0.2 * STEP < saved < STEP
+    for price in (0.15, 0.05):  # the wait is the price over the saving
+        lengths.startup_seconds["model"] = price
+        repaid = int(np.ceil(price / saved))
+        assert not lengths.start_pays("model", repaid - 1) and lengths.start_pays("model", repaid)
+    # a model whose rounds save nothing: started once the answer is long beside the price
+    hopeless = SourceLengths(8)
+    hopeless.observe_startup("model", 0.15)
+    for _ in range(60):
+        k = hopeless.next_k_for("model")
+        hopeless.observe(k, 0, 0.003 * k, STEP + EXTRA * k, "model")
+        hopeless.observe(0, 0, 0.0, STEP)
+    assert hopeless.length("model").measured()
+    late = int(np.ceil(0.15 / (PROBE_SAVING * STEP)))
+    assert not hopeless.start_pays("model", late - 1) and hopeless.start_pays("model", late)

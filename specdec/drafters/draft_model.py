@@ -8,7 +8,9 @@ proposal, the prompt) together with the first draft step, then one token per ste
 
 Prompt window (`context=N`): the draft prefills only the prompt's last N tokens (at their true
 positions) and sees everything generated after them. A long prompt then costs the draft N tokens of
-prefill instead of all of them. Output stays exact (only the draft's proposals change); acceptance drops
+prefill instead of all of them. A draft first asked later (a combined drafter starts its model only once
+the answer has shown it is long enough to repay that prefill) prefills the context's last N tokens then,
+and one that sat out more than N tokens restarts from the last N instead of catching up on all of them. Output stays exact (only the draft's proposals change); acceptance drops
 where the answer needs the prompt's beginning (a summary: halved, benchmarks 13).
 
 Shared prompt cache (self-drafts): a quantized copy of the target has the target's layout, so instead of
@@ -107,8 +109,7 @@ class DraftModelDrafter(Drafter):
     def propose(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
                 noise: NoiseStream | None) -> Draft:
         device = self.model.device
-        seen = self.skipped + self.cache.length
-        pending = list(context[seen:])  # committed tokens the draft has not seen (>= 1)
+        pending = self._unseen(context)  # committed tokens the draft has not seen (>= 1)
         self.base_length = self.cache.length + len(pending)  # cache slots once they are fed
         greedy = params.greedy and params.repetition_penalty == 1.0
         noise = noise or unseeded_stream()
@@ -146,6 +147,18 @@ class DraftModelDrafter(Drafter):
             feed = [token]
         draft_probs = torch.stack(rows) if rows else None  # (K, V)
         return Draft.chain(tokens, draft_probs)
+
+    def _unseen(self, context: Sequence[int]) -> list[int]:
+        """The committed tokens to feed before drafting. With a window, never more than its N: a draft first
+        asked late in a generation, or after sitting out many rounds while lookup drafted, restarts from the
+        context's last N tokens (at their true positions) rather than catching up on everything since the
+        prompt's window; the restart costs fewer rows, and the draft still sees its N nearest tokens."""
+        pending = list(context[self.skipped + self.cache.length:])
+        if self.prompt_window is not None and len(pending) > self.prompt_window:
+            self.cache.truncate(0)
+            self.skipped = len(context) - self.prompt_window
+            pending = list(context[self.skipped:])
+        return pending
 
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
         if not draft.tokens:

@@ -1,0 +1,82 @@
+"""Interleaved A/B of the combined drafter's start rule (a draft model starts once the answer has run long
+enough to repay its prefill, which then covers the context's last N tokens): the default drafter with the
+rule against the same drafter started at once (the rule off, as before it), and plain decoding, on the same
+prompts in turn. Each generator keeps its measurements across prompts, as a script or a server does; tokens a
+second count the prompt's prefill (what a user waits for); greedy outputs are checked against plain.
+
+    python scripts/start_rule_ab.py --tasks translation,qa,mt_bench,math_reasoning --limit 8 \
+        --methods "default|off;default|on"
+
+Methods are separated by ";", each "DRAFTER|on" or "DRAFTER|off" (the drafter spec, `default` for the target's default; the rule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+
+from specdec.api.generator import SpeculativeGenerator, default_drafter
+from specdec.drafters import make_drafter
+from specdec.bench.tasks import load_prompts
+
+
+def rule_off(generator: SpeculativeGenerator) -> SpeculativeGenerator:
+    """The generator's combined drafter as it ran before the rule: every source starts at once, and a draft
+    model catches up on everything after the prompt's window."""
+    generator.engine.speculation.start_pays = lambda source, committed: True
+    for source in generator.drafter.sources:
+        if hasattr(source, "prompt_window"):
+            source._unseen = lambda context, source=source: list(context[source.skipped + source.cache.length:])
+    return generator
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--tasks", default="translation,qa,mt_bench,math_reasoning")
+    parser.add_argument("--limit", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--methods", default="default|off;default|on")
+    args = parser.parse_args()
+    plain = SpeculativeGenerator.from_pretrained(args.target, drafter="none")
+    methods = {"plain": plain}
+    for method in args.methods.split(";"):
+        spec, _, rule = method.rpartition("|")
+        spec = default_drafter(plain.target) if spec == "default" else spec
+        generator = SpeculativeGenerator(plain.target, make_drafter(spec, plain.target, "cpu", "float32"), "auto")
+        methods[method] = rule_off(generator) if rule == "off" else generator
+    for generator in methods.values():
+        generator.generate("Hello", 8)  # warm-up: kernels built, the drafter's costs first measured
+    seconds, tokens = defaultdict(float), defaultdict(int)  # (task, method) ->
+    ratios, mismatches = defaultdict(list), 0
+    for prompt in load_prompts(args.tasks.split(","), args.limit):
+        rates = {}
+        for name, generator in methods.items():
+            result = generator.generate(prompt.prompt, args.max_new_tokens, chat=prompt.chat)
+            seconds[prompt.task, name] += result.stats.seconds
+            tokens[prompt.task, name] += result.stats.new_tokens
+            rates[name] = result.stats.new_tokens / result.stats.seconds
+            if name == "plain":
+                plain_ids = result.token_ids
+            elif result.token_ids != plain_ids:
+                mismatches += 1
+        for name in methods:
+            ratios[prompt.task, name].append(rates[name] / rates["plain"])
+        print(f"{prompt.task} {prompt.prompt_id}: {len(plain_ids)} tokens, " + ", ".join(
+            f"{name} {rates[name]:.1f} tok/s ({rates[name] / rates['plain']:.2f}x)" for name in methods), flush=True)
+    tasks = list(dict.fromkeys(task for task, _ in seconds))
+    print("\n| method | " + " | ".join(tasks) + " | overall |\n|---|" + "---|" * (len(tasks) + 1))
+    for name in methods:
+        cells = []
+        for group in [[task] for task in tasks] + [tasks]:
+            rate = sum(tokens[t, name] for t in group) / sum(seconds[t, name] for t in group)
+            plain_rate = sum(tokens[t, "plain"] for t in group) / sum(seconds[t, "plain"] for t in group)
+            median = statistics.median(r for t in group for r in ratios[t, name])
+            cells.append(f"{rate:.2f} ({rate / plain_rate:.2f}x, median {median:.2f}x)")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(f"\noutputs different from plain: {mismatches}")
+
+
+if __name__ == "__main__":
+    main()
