@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from specdec.core.commit import StopCriteria
+from specdec.core.rounds import VerifyResult
 from specdec.drafters import REGISTRY, make_drafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
@@ -296,11 +297,23 @@ def test_ngram_drafter_proposes_the_continuation_of_the_latest_match():
 @pytest.mark.parametrize("k", [3, "auto"])
 def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
     target = models["target"]
-    spec = f"ngram+draft:{target.path}@weights=float32"
-    proposed = {"ngram": 0, f"draft:{target.path}@weights=float32": 0}
+    # a window of 3 tokens: the model restarts from the context's last 3 after lookup drafted a longer run
+    spec = f"ngram+draft:{target.path}@weights=float32,context=3"
+    proposed = {"ngram": 0, f"draft:{target.path}@weights=float32,context=3": 0}
     kinds: set = set()
+    restarts = 0
     for prompt in PROMPTS:
         drafter = make_drafter(spec, target, "cpu", "float32")
+        model = drafter.sources[1]
+        unseen = model._unseen
+
+        def counting_restarts(context, unseen=unseen, model=model):
+            nonlocal restarts
+            skipped = model.skipped
+            pending = unseen(context)
+            restarts += model.skipped != skipped
+            return pending
+        model._unseen = counting_restarts
 
         def counting(source, propose):
             def wrapped(*args):
@@ -317,6 +330,7 @@ def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
         if k == "auto":  # each kind of source drafts to its own K
             kinds |= set(generator.engine.speculation.lengths)
     assert all(proposed.values()), proposed
+    assert restarts, "no catch-up past the window: the restart went untested"
     if k == "auto":
         assert (1, "draft") in kinds and kinds & {(0, "verbatim"), (0, "guess")}, kinds
 
@@ -489,7 +503,7 @@ def test_draft_vocab_option_errors_are_clear(models):
 def test_prompt_window_prefills_only_the_last_tokens(models):
     """context=N: the draft's cache holds the prompt's last N tokens at their true positions, prefilled by
     the first proposal (not by `begin`: combined with lookup, a draft may never be asked); drafting then
-    runs on from there."""
+    runs on from there, and a catch-up longer than N restarts from the context's last N tokens."""
     target = models["target"]
     drafter = make_drafter(f"draft:{target.path}@context=4", target, "cpu", "float32")
     prompt = list(range(5, 25))
@@ -497,6 +511,16 @@ def test_prompt_window_prefills_only_the_last_tokens(models):
     assert (drafter.skipped, drafter.cache.length) == (16, 0)
     draft = drafter.propose(prompt, 3, SamplingParams(), None)
     assert len(draft.tokens) == 3 and drafter.cache.length == 4 + 2  # the window, 2 drafts (the last is not fed)
+    drafter.on_verified(prompt, draft, VerifyResult(3, [], [7]))  # none accepted: the window stays
+    assert drafter.cache.length == 4
+    # asked again 7 committed tokens later (another source drafted them): more than the window to catch up
+    # on, so it restarts from the context's last 4 tokens, at their true positions
+    context = prompt + [7, 8, 9, 10, 11, 12, 13]
+    draft = drafter.propose(context, 3, SamplingParams(), None)
+    assert (drafter.skipped, drafter.cache.length) == (len(context) - 4, 4 + 2)
+    fresh = make_drafter(f"draft:{target.path}@context=4", target, "cpu", "float32")
+    fresh.begin(context, SamplingParams(), 64)  # the same 4 tokens as a prompt's window: the same draft
+    assert fresh.propose(context, 3, SamplingParams(), None).tokens == draft.tokens
 
 
 @needs_kernel

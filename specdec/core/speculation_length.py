@@ -109,9 +109,6 @@ class FixedK:
         pass
 
 
-# A source whose rounds are predicted to save nothing starts as if it saved this share of a plain step per
-# token: late in an answer, once its start-up price is small beside the tokens already committed.
-PROBE_SAVING = 0.05
 PRIOR_ROUNDS = 2.0  # how many rounds' worth of evidence a prior (pooled, or prior_alpha for the pool) weighs
 
 
@@ -154,13 +151,8 @@ class AdaptiveK:
         seconds = (self.draft_per_token or 0.0) * ks + np.maximum(verify, 1e-9)
         return tokens / seconds
 
-    def measured(self) -> bool:
-        """Whether a draft token's and a verification's costs have been measured (predicted_rates then
-        rests on measurements, not only on priors)."""
-        return self.draft_per_token is not None and bool(self.verify_seconds)
-
     def next_k(self) -> int:
-        if self.measured():
+        if self.draft_per_token is not None and self.verify_seconds:
             self.k = int(np.argmax(self.predicted_rates()))
             # Keep measuring one longer K now and then, or a low start could never grow; but not for a
             # drafter whose draft token costs a whole plain step: no K pays then, even with every draft
@@ -214,32 +206,6 @@ class SourceLengths:
     def __init__(self, max_k: int):
         self.max_k = max_k
         self.lengths: dict[Hashable, AdaptiveK] = {}
-        self.startup_seconds: dict[Hashable, float] = {}  # per source: EMA of its first proposal's catch-up
-
-    def observe_startup(self, source: Hashable, seconds: float) -> None:
-        """A source's first proposal of a generation caught up on `seconds` of context (a draft model's
-        prefill of its window): the price it pays once per generation before its rounds can save anything."""
-        old = self.startup_seconds.get(source)
-        self.startup_seconds[source] = seconds if old is None else 0.8 * old + 0.2 * seconds
-
-    def start_pays(self, source: Hashable, committed: int) -> bool:
-        """Whether a source with a start-up price should start now, `committed` tokens into a generation.
-
-        Ski rental: whether the answer runs long enough to repay the price is unknown until it has, so the
-        source starts once the plain steps taken meanwhile have forgone what it would have saved, i.e.
-        committed x (seconds a token saved by its rounds) >= its start-up seconds. An answer shorter than
-        that never pays the price (answers of a sentence lost to plain decoding by about that price), and a
-        long one forgoes at most the price once. A source measured to save nothing is still started, later
-        (as if it saved PROBE_SAVING of a plain step a token), so a long answer renews its measurements.
-        Nothing measured yet: start (the first generation measures it)."""
-        startup = self.startup_seconds.get(source)
-        length = self.lengths.get(source)
-        if not startup or length is None or not length.measured():
-            return True
-        rates = length.predicted_rates()  # tokens a second at K = 0 (plain steps) .. max_k
-        plain_step = 1.0 / rates[0]
-        saved = max(plain_step - 1.0 / rates.max(), PROBE_SAVING * plain_step)
-        return committed * saved >= startup
 
     def length(self, source: Hashable) -> AdaptiveK:
         if source not in self.lengths:

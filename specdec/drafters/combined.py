@@ -14,11 +14,6 @@ passed over too when its rounds commit fewer tokens per second than rounds with 
 the model drafts badly), so a model only runs where it pays. A draft model prefills the prompt at its
 first proposal, so a generation that lookup drafts throughout never pays for the model.
 
-A draft model also pays a price once per generation: the prefill of the prompt (or its window) at its
-first proposal, which an answer of a sentence never repays. With `k="auto"` a model therefore starts only
-once the answer has run long enough to repay it, measured (SourceLengths.start_pays); until then lookup
-and plain steps carry the answer.
-
 With `k="auto"` each source drafts to its own length (speculation_length.SourceLengths): a lookup's verbatim
 copies, its weaker guesses and the model each have an AdaptiveK fitted to their own acceptance, so a copy
 that runs on is drafted long while the model's guesses stay short.
@@ -74,7 +69,6 @@ class CombinedDrafter(Drafter):
         self.verbatim = False  # the proposer's draft copied a long run of the context
         self.started = 0.0
         self.lengths: SourceLengths | None = None  # each source's K, when K is auto
-        self.prompt_length = 0
         self.begin_rates()
 
     def begin_rates(self) -> None:
@@ -97,7 +91,6 @@ class CombinedDrafter(Drafter):
         for source in self.sources:
             source.begin(prompt_ids, params, max_length)
         self.begin_rates()
-        self.prompt_length = len(prompt_ids)
 
     def use_source_lengths(self, lengths: SourceLengths) -> None:
         self.lengths = lengths
@@ -106,10 +99,8 @@ class CombinedDrafter(Drafter):
                 noise: NoiseStream | None) -> Draft:
         self.proposer = None
         self.started = time.perf_counter()
-        active = [index for index in range(len(self.sources)) if not self._waits_to_start(index, len(context))]
-        for index in active:
-            source = self.sources[index]
-            outpaced = self._outpaced(index, active)
+        for index, source in enumerate(self.sources):
+            outpaced = self._outpaced(index)
             lookup = isinstance(source, LookupSource)
             if outpaced and not lookup:
                 continue
@@ -144,27 +135,18 @@ class CombinedDrafter(Drafter):
         """How many tokens source kind `key` drafts this round: its own K when K is auto, else max_tokens."""
         return max_tokens if self.lengths is None else min(max_tokens, self.lengths.next_k_for(key))
 
-    def _waits_to_start(self, index: int, context_length: int) -> bool:
-        """Whether a source that pays a start-up price in each generation (a draft model's prefill) sits
-        this round out because the answer has not yet run long enough to repay it (SourceLengths.start_pays);
-        a lookup costs nothing to start. Without K auto nothing is measured, and every source starts at once."""
-        if self.lengths is None or isinstance(self.sources[index], LookupSource) or self.proposals[index]:
-            return False
-        return not self.lengths.start_pays((index, "draft"), context_length - self.prompt_length)
-
-    def _outpaced(self, index: int, active: list[int]) -> bool:
-        """Whether a later active source (for the last one: rounds without a draft) has measured a higher rate
-        than this one; then skip it, but not forever."""
-        later_sources = [later for later in active if later > index]
-        last = not later_sources
+    def _outpaced(self, index: int) -> bool:
+        """Whether a later source (for the last one: rounds without a draft) has measured a higher rate than
+        this one; then skip it, but not forever."""
+        last = index + 1 == len(self.sources)
         own = self.rates[index]
         if last and own is not None and self.undrafted_rate is None:
-            # the last source always proposes, so a round without a draft is measured by skipping it now and then
+            # the model always proposes, so a round without a draft is measured by skipping it now and then
             self.passed[index] += 1
             return self.passed[index] % RETRY_EVERY == 0
-        if isinstance(self.sources[index], LookupSource) and any(self.rates[later] is None for later in later_sources):
+        if isinstance(self.sources[index], LookupSource) and None in self.rates[index + 1:]:
             return True  # a lookup's weak guess waits until the model after it has been measured
-        later = [rate for rate in [*(self.rates[later] for later in later_sources), self.undrafted_rate if last else None]
+        later = [rate for rate in [*self.rates[index + 1:], self.undrafted_rate if last else None]
                  if rate is not None]
         if own is None or not later or own >= max(later):
             return False
@@ -183,9 +165,6 @@ class CombinedDrafter(Drafter):
             return
         self.sources[self.proposer].on_verified(context, draft, result)
         self.proposals[self.proposer] += 1
-        if (self.proposals[self.proposer] == 1 and self.lengths is not None and self.catch_up_seconds
-                and not isinstance(self.sources[self.proposer], LookupSource)):
-            self.lengths.observe_startup((self.proposer, "draft"), self.catch_up_seconds)
         if self.proposals[self.proposer] == 1 or self.verbatim:
             # A source's first round is cold (a draft model prefills the prompt in it). A verbatim copy is taken
             # whatever the rates say, and its high yield must not carry the same source's weak guesses.

@@ -1,13 +1,13 @@
-"""Interleaved A/B of the combined drafter's start rule (a draft model starts once the answer has run long
-enough to repay its prefill, which then covers the context's last N tokens): the default drafter with the
-rule against the same drafter started at once (the rule off, as before it), and plain decoding, on the same
-prompts in turn. Each generator keeps its measurements across prompts, as a script or a server does; tokens a
-second count the prompt's prefill (what a user waits for); greedy outputs are checked against plain.
+"""Interleaved A/B of a windowed draft model's catch-up (`draft:MODEL@context=N`): a draft that would feed
+more than N committed tokens before drafting (first asked late, or back after lookup drafted a long run)
+restarts from the context's last N tokens, against the old catch-up on everything since the prompt's window
+("|old"), and plain decoding, on the same prompts in turn. Each generator keeps its measurements across
+prompts, as a script or a server does; tokens a second count the prompt's prefill; greedy outputs are checked
+against plain.
 
-    python scripts/start_rule_ab.py --tasks translation,qa,mt_bench,math_reasoning --limit 8 \
-        --methods "default|off;default|on"
+    python scripts/draft_window_ab.py --tasks code,edit --limit 4 --max-new-tokens 256 --methods "default|old;default"
 
-Methods are separated by ";", each "DRAFTER|on" or "DRAFTER|off" (the drafter spec, `default` for the target's default; the rule).
+Methods are separated by ";": a drafter spec (`default`: the target's default), "|old" for the old catch-up.
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ from specdec.drafters import make_drafter
 from specdec.bench.tasks import load_prompts
 
 
-def rule_off(generator: SpeculativeGenerator) -> SpeculativeGenerator:
-    """The generator's combined drafter as it ran before the rule: every source starts at once, and a draft
-    model catches up on everything after the prompt's window."""
-    generator.engine.speculation.start_pays = lambda source, committed: True
-    for source in generator.drafter.sources:
+def old_catch_up(generator: SpeculativeGenerator) -> SpeculativeGenerator:
+    """The generator's draft model catching up on everything after the prompt's window, however long."""
+    for source in getattr(generator.drafter, "sources", [generator.drafter]):
         if hasattr(source, "prompt_window"):
             source._unseen = lambda context, source=source: list(context[source.skipped + source.cache.length:])
     return generator
@@ -37,15 +35,15 @@ def main() -> None:
     parser.add_argument("--tasks", default="translation,qa,mt_bench,math_reasoning")
     parser.add_argument("--limit", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--methods", default="default|off;default|on")
+    parser.add_argument("--methods", default="default|old;default")
     args = parser.parse_args()
     plain = SpeculativeGenerator.from_pretrained(args.target, drafter="none")
     methods = {"plain": plain}
     for method in args.methods.split(";"):
-        spec, _, rule = method.rpartition("|")
+        spec, _, old = method.partition("|")
         spec = default_drafter(plain.target) if spec == "default" else spec
         generator = SpeculativeGenerator(plain.target, make_drafter(spec, plain.target, "cpu", "float32"), "auto")
-        methods[method] = rule_off(generator) if rule == "off" else generator
+        methods[method] = old_catch_up(generator) if old == "old" else generator
     for generator in methods.values():
         generator.generate("Hello", 8)  # warm-up: kernels built, the drafter's costs first measured
     seconds, tokens = defaultdict(float), defaultdict(int)  # (task, method) ->
