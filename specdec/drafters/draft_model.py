@@ -8,9 +8,9 @@ proposal, the prompt) together with the first draft step, then one token per ste
 
 Prompt window (`context=N`): the draft prefills only the prompt's last N tokens (at their true
 positions) and sees everything generated after them. A long prompt then costs the draft N tokens of
-prefill instead of all of them. A draft first asked later (a combined drafter starts its model only once
-the answer has shown it is long enough to repay that prefill) prefills the context's last N tokens then,
-and one that sat out more than N tokens restarts from the last N instead of catching up on all of them. Output stays exact (only the draft's proposals change); acceptance drops
+prefill instead of all of them. A draft with more than N committed tokens to catch up on (first asked
+late in an answer, or back after a combined drafter's lookup drafted a long run) restarts from the
+context's last N instead. Output stays exact (only the draft's proposals change); acceptance drops
 where the answer needs the prompt's beginning (a summary: halved, benchmarks 13).
 
 Shared prompt cache (self-drafts): a quantized copy of the target has the target's layout, so instead of
