@@ -5,7 +5,7 @@ restarts from the context's last N tokens, against the old catch-up on everythin
 prompts, as a script or a server does; tokens a second count the prompt's prefill; greedy outputs are checked
 against plain.
 
-    python scripts/draft_window_ab.py --tasks code,edit --limit 4 --max-new-tokens 256 --methods "default|old;default"
+    python scripts/draft_window_ab.py   # code and edit tasks, 4 prompts each, 256 tokens: "default|old;default"
 
 Methods are separated by ";": a drafter spec (`default`: the target's default), "|old" for the old catch-up.
 """
@@ -32,9 +32,9 @@ def old_catch_up(generator: SpeculativeGenerator) -> SpeculativeGenerator:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--tasks", default="translation,qa,mt_bench,math_reasoning")
-    parser.add_argument("--limit", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--tasks", default="code,edit")
+    parser.add_argument("--limit", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--methods", default="default|old;default")
     args = parser.parse_args()
     plain = SpeculativeGenerator.from_pretrained(args.target, drafter="none")
