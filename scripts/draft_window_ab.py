@@ -7,7 +7,8 @@ against plain.
 
     python scripts/draft_window_ab.py   # code and edit tasks, 4 prompts each, 256 tokens: "default|old;default"
 
-Methods are separated by ";": a drafter spec (`default`: the target's default), "|old" for the old catch-up.
+Methods are separated by ";": a drafter spec (`default`: the target's default), then "|old" for the old
+catch-up and "|k=N" for a fixed K (default auto).
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ def main() -> None:
     plain = SpeculativeGenerator.from_pretrained(args.target, drafter="none")
     methods = {"plain": plain}
     for method in args.methods.split(";"):
-        spec, _, old = method.partition("|")
+        spec, *flags = method.split("|")
         spec = default_drafter(plain.target) if spec == "default" else spec
-        generator = SpeculativeGenerator(plain.target, make_drafter(spec, plain.target, "cpu", "float32"), "auto")
-        methods[method] = old_catch_up(generator) if old == "old" else generator
+        k = next((flag[2:] for flag in flags if flag.startswith("k=")), "auto")
+        generator = SpeculativeGenerator(plain.target, make_drafter(spec, plain.target, "cpu", "float32"), k)
+        methods[method] = old_catch_up(generator) if "old" in flags else generator
     for generator in methods.values():
         generator.generate("Hello", 8)  # warm-up: kernels built, the drafter's costs first measured
     seconds, tokens = defaultdict(float), defaultdict(int)  # (task, method) ->
