@@ -563,6 +563,27 @@ def test_draft_model_drafter_keeps_one_cache_per_interleaved_request(tiny_dirs, 
         running.stop()
 
 
+def test_lookup_with_a_windowed_draft_model_serves_plain_decodings_text_streamed_and_whole(tiny_dirs, tiny_generator):
+    """The default's shape (lookup + a draft model reading a window of the context) behind the server: a
+    completion streamed and whole returns plain decoding's text."""
+    target = str(tiny_dirs["llama"])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDEC_HOME", str(tiny_dirs["llama"].parent / "home-window"))
+        windowed = SpeculativeGenerator.from_pretrained(target, drafter=f"ngram+draft:{target}@context=2", k="auto")
+    running = RunningServer(windowed)
+    try:
+        prompt = "the cat sat on the mat, the cat sat on the"
+        expected = SpeculativeGenerator(tiny_generator.target, None).generate(prompt, 30, chat=False).text
+        kwargs = dict(model="tiny", prompt=prompt, max_tokens=30, temperature=0)
+        whole = running.client.completions.create(**kwargs)
+        parts = list(running.client.completions.create(stream=True, **kwargs))
+        assert whole.choices[0].text == expected == "".join(p.choices[0].text for p in parts)
+        assert whole.model_extra["specdec"]["drafter"].startswith("ngram+draft:")
+        assert whole.model_extra["specdec"]["drafted"] > 0
+    finally:
+        running.stop()
+
+
 def raw_request(port: int, method: str, path: str, body: bytes | str = b"", headers: dict | None = None):
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     connection.request(method, path, body=body, headers=headers or {})
