@@ -157,6 +157,7 @@ def test_a_head_predicting_the_true_features_is_accepted_to_full_depth(tiny):
     # (Wider trees rank by cumulative draft probability and may prune that path: EAGLE-2's trade-off.)
     drafter = eagle_drafter(target.model, TreeShape(depth=4, top_k=1, budget=4))
     drafter.head = OracleHead(drafter.head, target, "in the beginning", 40)
+    drafter.vocab.scorer = None  # float32 rows, as the target scores: its bf16 panels would break near-ties
     result = SpeculativeGenerator(target, drafter).generate("in the beginning", 30, chat=False)
     assert result.token_ids == plain(target, "in the beginning", 30)
     assert result.stats.tau >= 4.5  # 5 per round but the last (cut by max_new_tokens)
@@ -389,8 +390,27 @@ def test_drafting_runs_a_packed_copy_of_the_head_that_computes_the_same(tiny):
         tree.append(head(*step, torch.tensor([[5, 5, 6]]), cache, mask))
     assert drafter.head.__dict__.get("_layer_plan") is not None
     torch.testing.assert_close(tree[1], tree[0], rtol=1e-5, atol=1e-5)
-    vocab = drafter.vocab
-    torch.testing.assert_close(vocab.logits(outputs[0][0]), outputs[0][0] @ vocab.rows.T, rtol=1e-5, atol=1e-5)
+    vocab = drafter.vocab  # its rows scored in bf16 panels: the same rows, rounded
+    rounded_rows = vocab.rows.bfloat16().float()
+    torch.testing.assert_close(vocab.logits(outputs[0][0]), outputs[0][0] @ rounded_rows.T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_head_holding_bf16_values_drafts_from_bf16_panels_that_compute_the_same(tiny):
+    """A head loaded from disk holds bfloat16 values: its packed copy keeps them in two bytes a weight (half
+    the bytes a draft step streams), and computes what the float32 module computes."""
+    model = tiny["target"].model
+    loaded = random_eagle(model, seed=4)
+    with torch.no_grad():
+        for parameter in loaded.module.parameters():
+            parameter.copy_(parameter.bfloat16().float())  # as checkpoint.py saves and loads it
+    drafter = EagleDrafter(loaded, model, TreeShape(depth=3, top_k=2, budget=4), "eagle:random")
+    packed = [drafter.head.fc, drafter.head.layer.self_attn.qkv_proj, drafter.head.layer.mlp.down_proj]
+    assert all(linear.packed.dtype == torch.bfloat16 for linear in packed)
+    torch.manual_seed(0)
+    embeds, features = torch.randn(1, 5, model.hidden_size), torch.randn(1, 5, model.hidden_size)
+    positions = positions_after(0, 5, 1, "cpu")
+    outputs = [head(embeds, features, positions, head.new_cache(8), None) for head in (loaded.module, drafter.head)]
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-5)
 
 
 def test_request_engines_read_k_auto_as_the_cli_does_for_every_tree_drafter(tiny):

@@ -35,7 +35,8 @@ def packed_head_copy(head: nn.Module) -> nn.Module:
     """For drafting on the CPU kernel (float32): a copy of an EAGLE or EAGLE-3 head whose fc and layer
     projections are fused and packed as the target's are (stock torch linears cost ~4x more at a draft
     step's few rows). Else the head itself. A copy, so the trained module stays as it is (training saves
-    it afterwards)."""
+    it afterwards). A head loaded from disk holds bfloat16 values: its panels are then bf16, the same products
+    from half the bytes each draft step streams."""
     import copy
 
     from specdec.kernels import packed_kernel
@@ -44,8 +45,8 @@ def packed_head_copy(head: nn.Module) -> nn.Module:
     if head.fc.weight.device.type != "cpu" or head.fc.weight.dtype != torch.float32 or packed_kernel() is None:
         return head
     twin = copy.deepcopy(head)
-    twin.fc = PackedLinear.fuse([twin.fc])
-    twin.layer.pack_projections(lambda name, linears: PackedLinear.fuse(linears), "layer")
+    twin.fc = PackedLinear.fuse([twin.fc]).to_bf16_if_lossless_()
+    twin.layer.pack_projections(lambda name, linears: PackedLinear.fuse(linears).to_bf16_if_lossless_(), "layer")
     return twin.eval()
 
 

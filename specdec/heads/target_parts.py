@@ -49,8 +49,9 @@ class DraftVocabulary:
             rows = lm_head_rows(model, self.token_ids.to(model.device))
         self.rows = rows.float().to(model.device).contiguous()  # (N, C)
         # On the CPU the rows are also packed for the small-row kernel: ~2x faster than a stock matmul at
-        # a draft step's few rows.
-        self.scorer = (PackedLinear(self.rows, None, [len(self.token_ids)])
+        # a draft step's few rows. In bfloat16: scoring is most of the bytes a draft step streams, and rounding
+        # the rows moves a draft's scores, never what the target accepts.
+        self.scorer = (PackedLinear(self.rows, None, [len(self.token_ids)]).quantize_("bf16")
                        if self.rows.device.type == "cpu" and packed_kernel() is not None else None)
 
     def tensors(self) -> list[torch.Tensor]:

@@ -110,6 +110,13 @@ class PackedLinear(nn.Module):
             self.packed, self.scales = quantize_grouped(weight, group_size, GROUPED_FORMATS[kind])
         return self
 
+    def to_bf16_if_lossless_(self) -> "PackedLinear":
+        """Float32 panels whose every value is a bfloat16 (a head saved in bf16) become bf16 panels in place:
+        the kernel widens them back exactly, so the products are the same from half the bytes. Else as is."""
+        if self.packed.dtype == torch.float32 and torch.equal(self.packed, self.packed.bfloat16().float()):
+            self.packed = self.packed.bfloat16()
+        return self
+
     def quantized_copy(self, weights: str) -> "PackedLinear":
         """A copy in another weight format; this layer is left as it is (for a quantized self-draft)."""
         twin = copy.copy(self)
