@@ -33,7 +33,8 @@ FORMATS = ("float;int4:128;int3:32 sym;int3:32 sym+search;int3:64 sym+search;int
 
 
 def round_groups(weight: torch.Tensor, bits: int, group: int, symmetric: bool, search: bool) -> torch.Tensor:
-    """(N, K) -> the (N, K) values its b-bit codes stand for, each group's range chosen by least squares."""
+    """(N, K) -> the (N, K) values its b-bit codes stand for; with `search`, each group's range is the shrink
+    of least squared error."""
     rows, cols = weight.shape
     groups = weight.float().view(rows, cols // group, group)  # (N, K/G, G)
     if symmetric:

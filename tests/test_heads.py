@@ -237,6 +237,37 @@ def test_head_checkpoint_round_trip_and_target_check(tiny, tmp_path):
         load_head(tmp_path / "head", target)
 
 
+def test_a_saved_head_drafts_from_bf16_panels_through_the_cli_and_the_server_as_plain_decoding(tiny, tmp_path, capsys):
+    """A head as `specdec train` leaves it on disk (bf16), as users call it: `specdec generate` whole (--json,
+    compared with plain decoding) and streamed, and the server's completions whole and streamed."""
+    from specdec.cli import main
+    from test_server import RunningServer
+
+    target, prompt = tiny["target"], "in the beginning"
+    head = random_eagle(target.model, seed=5)
+    save_head(tmp_path / "head", "eagle", head.module, head.draft_vocab, TargetIdentity.of(target), {})
+    spec = f"eagle:{tmp_path / 'head'}@depth=3,topk=2,budget=4"
+    args = ["generate", prompt, "--target", str(tiny["dir"]), "--drafter", spec, "--max-new-tokens", "20", "--no-chat"]
+    assert main([*args, "--compare", "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert whole["compare"]["identical"] is True and whole["stats"]["drafted"] > 0
+    assert main(args) == 0
+    assert capsys.readouterr().out.strip() == whole["text"].strip()
+    generator = SpeculativeGenerator(target, EagleDrafter(load_head(tmp_path / "head", target, ("eagle",)), target.model,
+                                                          TreeShape(depth=3, top_k=2, budget=4), spec))
+    if packed_kernel() is not None:
+        assert generator.drafter.head.fc.packed.dtype == torch.bfloat16
+    running = RunningServer(generator)
+    try:
+        kwargs = dict(model="tiny", prompt=prompt, max_tokens=20, temperature=0)
+        served = running.client.completions.create(**kwargs)
+        parts = list(running.client.completions.create(stream=True, **kwargs))
+        assert served.choices[0].text == whole["text"] == "".join(part.choices[0].text for part in parts)
+        assert served.model_extra["specdec"]["drafted"] > 0
+    finally:
+        running.stop()
+
+
 @pytest.mark.parametrize("kind,options,precision", [("eagle", "@depth=3,topk=2,budget=6", "float32"),
                                                     ("medusa", "@budget=6", "bfloat16")])
 def test_cli_train_then_generate_with_the_head(tiny, tmp_path, kind, options, precision):
