@@ -24,6 +24,7 @@ from specdec.api.generator import SpeculativeGenerator
 from specdec.api.request import GenerationRequest
 from specdec.bench.tasks import load_prompts
 from specdec.kernels.layouts import dequantize_grouped, quantize_grouped
+from specdec.models.adapters import merge_lora
 from specdec.models.base import positions_after
 from specdec.models.sources.loading import load_model
 
@@ -104,6 +105,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--formats", default=FORMATS, help="separated by ';'")
+    parser.add_argument("--adapter", action="append", default=[],
+                        help="a LoRA adapter directory merged into the draft before quantizing; repeat to compare "
+                             "several (each format is measured without one, then with each)")
     args = parser.parse_args()
     plain = SpeculativeGenerator.from_pretrained(args.target, drafter="none")
     answers = []
@@ -112,13 +116,17 @@ def main() -> None:
         answers.append((prompt.task, plain.prompt_ids(request), plain.run(request).token_ids))
     del plain
     for form in args.formats.split(";"):
-        start = time.perf_counter()
-        draft = load_model(args.draft, kernels=False).model  # float32 torch layers, quantized below
-        quantize_layers(draft, form)
-        counts = agreement(draft, answers)
-        overall = sum(a for a, _ in counts.values()) / sum(n for _, n in counts.values())
-        print(f"{form}: {overall:.3f} (" + ", ".join(f"{task} {a / n:.3f}" for task, (a, n) in counts.items())
-              + f"; {time.perf_counter() - start:.0f} s)", flush=True)
+        for adapter in [None, *args.adapter]:
+            start = time.perf_counter()
+            draft = load_model(args.draft, kernels=False).model  # float32 torch layers, quantized below
+            if adapter is not None:
+                draft = merge_lora(draft, adapter)
+            quantize_layers(draft, form)
+            counts = agreement(draft, answers)
+            overall = sum(a for a, _ in counts.values()) / sum(n for _, n in counts.values())
+            label = form + (f" + {adapter}" if adapter else "")
+            print(f"{label}: {overall:.3f} (" + ", ".join(f"{task} {a / n:.3f}" for task, (a, n) in counts.items())
+                  + f"; {time.perf_counter() - start:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -201,16 +201,24 @@ def add_export_parser(commands) -> None:
 
 
 def add_train_parser(commands) -> None:
-    """`specdec train`: a head trained on this machine."""
+    """`specdec train`: a head, or a draft model's LoRA adapter, trained on this machine."""
     from specdec.training.precision import PRECISIONS
 
-    train = commands.add_parser("train", help="train an EAGLE, EAGLE-3 or Medusa head for a target on this machine")
-    train.add_argument("kind", choices=["eagle", "eagle3", "medusa"])
+    train = commands.add_parser("train", help="train an EAGLE, EAGLE-3 or Medusa head for a target, or distill a "
+                                "draft model toward it (a LoRA adapter), on this machine")
+    train.add_argument("kind", choices=["eagle", "eagle3", "medusa", "distill"])
     add_target_option(train)
-    train.add_argument("--out", required=True, help="directory for head.safetensors and head.json")
+    train.add_argument("--out", required=True, help="directory for head.safetensors and head.json (distill: the "
+                       "adapter's files and distill.json)")
     train.add_argument("--steps", type=int, default=600)
     train.add_argument("--batch-windows", type=int, default=8, help="token windows per step")
-    train.add_argument("--learning-rate", type=float, default=1e-3)
+    train.add_argument("--learning-rate", type=float, default=None, help="default: 1e-3 for heads, 2e-4 for distill")
+    train.add_argument("--draft", help="distill: the draft model to distill toward the target (zoo name or directory)")
+    train.add_argument("--lora-rank", type=int, default=16, help="distill: the adapter's rank")
+    train.add_argument("--head-vocab", type=int, default=0, help="distill: the draft drafts with vocab=N: score ids "
+                       "< N only (0: all)")
+    train.add_argument("--draft-weights", default="int4:128", help="distill: the draft's weight format when the "
+                       "adapter is measured drafting (as --drafter draft:MODEL@weights=FORMAT)")
     train.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head scores (most predicted first)")
     train.add_argument("--medusa-heads", type=int, default=4)
     train.add_argument("--intermediate-size", type=int, default=0, help="EAGLE layer MLP width (0: the target's)")
@@ -522,12 +530,16 @@ def cmd_train(args) -> int:
     from specdec.training.train import TrainConfig
 
     numbers = {"--steps": args.steps, "--batch-windows": args.batch_windows, "--draft-vocab": args.draft_vocab,
+               "--lora-rank": args.lora_rank,
                "--medusa-heads": args.medusa_heads, "--window": args.window, "--answer-tokens": args.answer_tokens}
     for flag, value in numbers.items():
         if value < 1 or (flag == "--window" and value < 8):
             raise InvalidParameterError(f"{flag} must be at least {8 if flag == '--window' else 1}")
-    if min(args.code_tokens, args.prose_tokens, args.generated, args.intermediate_size) < 0 or args.learning_rate <= 0:
-        raise InvalidParameterError("corpus sizes and --intermediate-size must be >= 0, --learning-rate > 0")
+    if min(args.code_tokens, args.prose_tokens, args.generated, args.intermediate_size, args.head_vocab) < 0 or (
+            args.learning_rate is not None and args.learning_rate <= 0):
+        raise InvalidParameterError("corpus sizes, --intermediate-size and --head-vocab must be >= 0, --learning-rate > 0")
+    if (args.kind == "distill") != (args.draft is not None):
+        raise InvalidParameterError("--draft names the draft model distill trains, and only distill takes it")
     try:
         layers = tuple(int(item) for item in args.feature_layers.split(",") if item.strip())
     except ValueError:
@@ -535,13 +547,17 @@ def cmd_train(args) -> int:
     if layers and args.kind != "eagle3":
         raise InvalidParameterError("--feature-layers applies to eagle3 heads only")
     out = Path(args.out)
-    if out.exists() and not (out / "head.json").exists() and any(out.iterdir()):
-        raise InvalidParameterError(f"{out}: exists and is not a head directory; choose a new --out")
+    written = "distill.json" if args.kind == "distill" else "head.json"
+    if out.exists() and not (out / written).exists() and any(out.iterdir()):
+        raise InvalidParameterError(f"{out}: exists and is not a{' distilled adapter' if args.kind == 'distill' else ' head'} "
+                                    "directory; choose a new --out")
     corpus = CorpusConfig(args.code_tokens, args.prose_tokens, args.generated, args.answer_tokens, window=args.window,
                           seed=args.seed)
     precision, why = resolve_precision(args.precision, args.device)
+    if args.kind == "distill":
+        return train_distill(args, out, corpus, precision, why)
     config = TrainConfig(args.kind, steps=args.steps, batch_windows=args.batch_windows,
-                         learning_rate=args.learning_rate, draft_vocab_size=args.draft_vocab,
+                         learning_rate=args.learning_rate or 1e-3, draft_vocab_size=args.draft_vocab,
                          medusa_heads=args.medusa_heads, intermediate_size=args.intermediate_size,
                          feature_layers=layers, seed=args.seed, precision=precision)
     print(f"specdec: training steps in {precision} ({why})", file=sys.stderr)
@@ -552,6 +568,26 @@ def cmd_train(args) -> int:
           + ", ".join(f"{k} {v}" for k, v in validation.items() if isinstance(v, float))
           + f"; end to end: tau {validation['end_to_end']['tau']}, greedy exact "
           f"{validation['end_to_end']['greedy_matches_plain']}")
+    return 0
+
+
+def train_distill(args, out, corpus, precision: str, why: str) -> int:
+    """`specdec train distill`: the draft's LoRA adapter toward the target (training/distill.py)."""
+    from specdec.models.sources.loading import load_model
+    from specdec.training.distill import DistillConfig, run_distillation
+
+    config = DistillConfig(steps=args.steps, batch_windows=args.batch_windows, learning_rate=args.learning_rate or 2e-4,
+                           rank=args.lora_rank, head_vocab=args.head_vocab or None, precision=precision, seed=args.seed,
+                           device=args.device)
+    print(f"specdec: distilling in {precision} ({why})", file=sys.stderr)
+    target = load_model(args.target, device=args.device, backend="native", weights=args.weights)
+    figures = run_distillation(target, args.draft, out, corpus, config, args.draft_weights)
+    before, after = figures["validation"]["before"], figures["validation"]["after"]
+    tau = figures["end_to_end"]
+    print(f"specdec: wrote {out} (a LoRA adapter of {figures['draft']} for {target.name}); held-out agreement "
+          f"{before['top1_agreement']} -> {after['top1_agreement']}, loss {before['loss']} -> {after['loss']}; "
+          f"tau {tau['without']['tau']} -> {tau['with']['tau']}, greedy exact {tau['with']['greedy_matches_plain']}; "
+          f"draft with --drafter draft:{args.draft}@adapter={out}")
     return 0
 
 

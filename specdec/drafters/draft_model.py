@@ -180,13 +180,13 @@ def build(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDraft
     # and on a GPU it replays CUDA graphs when the target does
     graphs = target.model.graphs is not None
     draft = load_model(model, device=device, dtype=dtype, weights=weights, cuda_graphs=graphs,
-                       ids_tokenizer=target.tokenizer)
+                       ids_tokenizer=target.tokenizer, adapter=draft_options.adapter)
     if not same_tokenizer(target, draft):  # drafts as text, re-tokenized for the target
         from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
 
         if draft_options.vocab or draft_options.context or draft_options.confidence:
-            raise InvalidParameterError(f"draft:{model}: its tokenizer differs from the target's; only weights=FORMAT "
-                                        "applies to such a draft")
+            raise InvalidParameterError(f"draft:{model}: its tokenizer differs from the target's; only weights=FORMAT and adapter=DIR "
+                                        "apply to such a draft")
         return CrossTokenizerDrafter(draft, target.tokenizer, target.model.vocab_size, name=spec.text)
     draft = with_head_vocab(draft, draft_options.vocab)
     return DraftModelDrafter(draft, target.model.vocab_size, draft_options.confidence, name=spec.text,

@@ -1,5 +1,5 @@
 """Options of a draft model after '@' (draft:MODEL@..., quant:FORMAT@...): confidence=C, vocab=N, context=N,
-and for draft models weights=FORMAT. The registry reads the keys and their types from these dataclasses."""
+and for draft models weights=FORMAT and adapter=DIR. The registry reads the keys and their types from these dataclasses."""
 
 from __future__ import annotations
 
@@ -29,9 +29,16 @@ class DraftModelOptions(DraftOptions):
     """draft:MODEL@...: a draft model's options."""
 
     weights: str | None = None  # weights=FORMAT: the draft's weight format, not the target's
+    # adapter=DIR: a LoRA adapter (PEFT's format; `specdec train distill` writes one) merged into the draft's
+    # float weights before they are quantized
+    adapter: str | None = None
 
     def __post_init__(self):
         super().__post_init__()
+        if self.adapter is not None:
+            from specdec.models.adapters import check_adapter_dir
+
+            check_adapter_dir(self.adapter)
         if self.weights is not None:
             from specdec.models.quantized.packed_linear import parse_weight_format
 

@@ -46,7 +46,7 @@ KINDS = [
     DrafterKind("ngram", "ngram[:MAX_N][@memory=TOKENS]", "lookup of the context's last tokens in prompt + "
                 "output (memory: and in earlier generations' outputs)", ngram.build,
                 options=ngram.NgramOptions, check=ngram.check, test_spec="ngram"),
-    DrafterKind("draft", "draft:MODEL[@confidence=C,vocab=N,context=N,weights=FORMAT]",
+    DrafterKind("draft", "draft:MODEL[@confidence=C,vocab=N,context=N,weights=FORMAT,adapter=DIR]",
                 "a smaller model (another tokenizer's drafts go through text)",
                 draft_model.build, needs_argument=True, test_spec="draft:{target}",
                 options=DraftModelOptions, bare_option="confidence"),

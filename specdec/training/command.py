@@ -15,7 +15,7 @@ from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import HeadInfo, LoadedHead, TargetIdentity, read_head_info, save_head
 from specdec.paths import specdec_home
 from specdec.training.corpus import CorpusConfig, build_corpus, generation_prompts
-from specdec.training.features import cache_features, concatenate, draft_vocabulary, pack_sequences
+from specdec.training.features import FeatureSet, cache_features, concatenate, draft_vocabulary, pack_sequences
 from specdec.training.self_generation import generated_features
 from specdec.training.train import TrainConfig, feature_layers, fit
 
@@ -71,15 +71,16 @@ def measure_end_to_end(target, head: LoadedHead, max_new_tokens: int = 64) -> di
             "prompts": len(VALIDATION_PROMPTS), "max_new_tokens": max_new_tokens}
 
 
-def run_training(kind: str, target, out_dir: Path, corpus: CorpusConfig, config: TrainConfig,
-                 progress: bool = True) -> HeadInfo:
-    """Train a head for `target` (a LoadedModel, native backend) and save it to out_dir."""
+def target_windows(target, corpus: CorpusConfig, layers: tuple[int, ...] | None = None,
+                   progress: bool = True) -> tuple[FeatureSet, FeatureSet]:
+    """(train, validation): the corpus and the target's own answers to it as windows with the target's features
+    at `layers` (None: the final normed state) and top-8 law, computed once and cached (feature_dir). The
+    held-out windows are the last ones: the target's own answers when there are any."""
     from specdec.heads.target_parts import native_model
 
     model = native_model(target.model)
-    identity = TargetIdentity.of(target)
-    layers = feature_layers(config, model)
-    directory = feature_dir(target, identity, corpus, layers)
+    layers = layers or (model.num_layers,)
+    directory = feature_dir(target, TargetIdentity.of(target), corpus, layers)
     windows = corpus_windows(target, corpus, directory, progress)
     text = cache_features(model, windows, directory / "shards", progress=progress, layers=layers) if windows else None
     parts = [text] if text is not None else []
@@ -92,8 +93,17 @@ def run_training(kind: str, target, out_dir: Path, corpus: CorpusConfig, config:
     if sum(map(len, parts)) < 2:
         raise InvalidParameterError("the corpus is too small: fewer than two training windows "
                                     "(raise --code-tokens, --prose-tokens or --generated, or lower --window)")
-    # The held-out windows are the last ones: the target's own answers when there are any.
-    train, validation = concatenate(parts).split(VALIDATION_FRACTION)
+    return concatenate(parts).split(VALIDATION_FRACTION)
+
+
+def run_training(kind: str, target, out_dir: Path, corpus: CorpusConfig, config: TrainConfig,
+                 progress: bool = True) -> HeadInfo:
+    """Train a head for `target` (a LoadedModel, native backend) and save it to out_dir."""
+    from specdec.heads.target_parts import native_model
+
+    model = native_model(target.model)
+    identity = TargetIdentity.of(target)
+    train, validation = target_windows(target, corpus, feature_layers(config, model), progress)
     vocab, coverage = draft_vocabulary(train, config.draft_vocab_size)
     checkpoint = specdec_home() / "training" / (
         hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:16] + f"-{kind}.pt")

@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 import torch
 
 from specdec.errors import CorruptModelError, InvalidParameterError, UnknownModelError, UnsupportedModelError
+from specdec.models.adapters import adapter_fingerprint, check_adapter_dir, merge_lora
 from specdec.models.base import CausalLM
 from specdec.models.config import NATIVE_MODEL_TYPES, ModelConfig
 from specdec.models.fused_checkpoints import split_fused_projections
@@ -105,13 +106,15 @@ def load_model(
     cuda_graphs: bool = True,
     ids_tokenizer=None,
     kv_dtype: str = "auto",
+    adapter: str | None = None,
 ) -> LoadedModel:
     """Load a model; `kernels=False` keeps stock torch matmuls instead of the packed CPU kernel.
     `ids_tokenizer`: for a model used only through token ids (a draft), a loaded tokenizer to reuse where
     this model's vocabulary file is the same (its chat template, never used by a draft, may differ).
     On a GPU the native runtime replays its decode and verify forwards as CUDA graphs unless
     `cuda_graphs=False` (models/cuda_graphs.py). kv_dtype: the KV cache's element type (a DTYPES name; "auto":
-    the model's dtype), native models only.
+    the model's dtype), native models only. adapter: a LoRA adapter directory (PEFT's format) merged into the
+    float weights before they are packed (native models only; not into a GGUF file's own blocks).
 
     weights="int8" (weight-only, per output channel) or "int4[:G]" (grouped 4-bit, see packed_linear)
     quantizes the linear layers at load: that quantized model is then the target, whose plain output
@@ -132,21 +135,24 @@ def load_model(
         raise InvalidParameterError(f"--weights {weights} needs the native backend; {name} loads with transformers")
     if backend == "transformers" and kv_dtype != "auto":
         raise InvalidParameterError(f"--kv-dtype {kv_dtype} needs the native backend; {name} loads with transformers")
+    adapter_key = checked_adapter_key(adapter, name, backend, weights)
     if backend == "native":
         # low-bit formats: the packing saved by an earlier load (models/quantized/packed_cache.py), else quantize and save
-        model = load_native_packed(model_dir, hf_config, weights) if is_cached_format(weights) else None
+        model = load_native_packed(model_dir, hf_config, weights, adapter_key) if is_cached_format(weights) else None
         if model is None and weights == "gguf":
             model = load_native_gguf(name, model_dir, hf_config)
         if model is None:
             # a float32 model maps its safetensors on every load; a quantized one is cached packed instead
             model = load_native(model_dir, hf_config, device, DTYPES[dtype], keep_float32=weights == "float32")
+            if adapter is not None:
+                model = merge_lora(model, adapter)
             if kernels and uses_packed_kernel(device, DTYPES[dtype]):
                 try:
                     model.pack_weights(weights, embedding_table=gguf_embedding_table(model_dir, hf_config, weights))
                 except ValueError as error:  # e.g. an int4 group size that does not divide a layer
                     raise InvalidParameterError(f"{name}: {error}") from None
                 if is_cached_format(weights):
-                    save_packed(model, packed_cache_path(model_dir, weights))
+                    save_packed(model, packed_cache_path(model_dir, weights, adapter_key))
         if kv_dtype != "auto":
             model.kv_dtype = DTYPES[kv_dtype]
         if cuda_graphs and torch.device(device).type == "cuda":
@@ -156,6 +162,16 @@ def load_model(
     tokenizer = ids_tokenizer if same_vocabulary(ids_tokenizer, model_dir) else load_tokenizer(model_dir)
     eos = eos_token_ids(model_dir, hf_config, tokenizer)
     return LoadedModel(name, model_dir, model, tokenizer, eos, backend)
+
+
+def checked_adapter_key(adapter: str | None, name: str, backend: str, weights: str) -> str | None:
+    """The fingerprint of the LoRA adapter to merge (None: no adapter), once it is known to apply."""
+    if adapter is None:
+        return None
+    if backend != "native" or weights == "gguf":
+        raise InvalidParameterError(f"{name}: a LoRA adapter merges into float weights before they are packed: "
+                                    f"not with {'weights gguf' if backend == 'native' else 'the transformers backend'}")
+    return adapter_fingerprint(check_adapter_dir(adapter))
 
 
 def check_load_options(device: str, dtype: str, backend: str, weights: str, kv_dtype: str = "auto") -> None:
@@ -313,11 +329,11 @@ def is_linear_weight(name: str) -> bool:
             or parts[-3:-1] in (["mlp", "gate"], ["mlp", "router"]))
 
 
-def load_native_packed(model_dir: Path, hf_config: dict, weights: str):
+def load_native_packed(model_dir: Path, hf_config: dict, weights: str, adapter_key: str | None = None):
     """A CPU model in a low-bit format from its cached packing plus the checkpoint's other tensors (norms,
     untied embeddings), or None where there is no cache (or it does not fit the checkpoint: then it is
-    discarded)."""
-    path = packed_cache_path(model_dir, weights)
+    discarded). adapter_key: the packing of the weights merged with that LoRA adapter."""
+    path = packed_cache_path(model_dir, weights, adapter_key)
     layers = load_packed(path)
     if layers is None:
         return None
