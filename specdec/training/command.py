@@ -53,15 +53,22 @@ def corpus_windows(target, corpus: CorpusConfig, directory: Path, progress: bool
 
 
 def measure_end_to_end(target, head: LoadedHead, max_new_tokens: int = 64) -> dict:
-    """tau and exactness of the new head drafting for the target, greedy, on VALIDATION_PROMPTS."""
+    """tau and exactness of the new head drafting for the target (drafting_figures)."""
     from specdec.drafters.eagle import EagleDrafter, TreeShape
     from specdec.drafters.medusa import MedusaDrafter
-    from specdec.api.generator import SpeculativeGenerator
 
     drafter = (EagleDrafter(head, target.model, TreeShape(), head.kind) if head.kind in ("eagle", "eagle3")
                else MedusaDrafter(head, target.model, 16, "medusa"))
+    return drafting_figures(target, drafter, max_new_tokens)
+
+
+def drafting_figures(target, drafter, max_new_tokens: int = 64) -> dict:
+    """tau and exactness of `drafter` (a head's, or a distilled draft model) drafting for the target, greedy, on
+    VALIDATION_PROMPTS, which training never saw."""
+    from specdec.api.generator import SpeculativeGenerator
+
     plain, speculative = SpeculativeGenerator(target, None), SpeculativeGenerator(target, drafter)
-    taus, matches, per_depth = [], [], []
+    taus, matches = [], []
     for prompt in VALIDATION_PROMPTS:
         reference = plain.generate(prompt, max_new_tokens=max_new_tokens)
         result = speculative.generate(prompt, max_new_tokens=max_new_tokens)

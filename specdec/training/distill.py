@@ -152,20 +152,12 @@ def check_same_vocabulary(target, draft_name: str, draft_dir: Path) -> None:
                                     "a draft that reads the target's token ids")
 
 
-def drafted_tau(target, spec: str, max_new_tokens: int = 64) -> dict:
-    """tau and exactness of `spec` drafting for the target, greedy, on the head trainers' validation prompts."""
-    from specdec.api.generator import SpeculativeGenerator
+def drafted_tau(target, spec: str) -> dict:
+    """tau and exactness of the draft `spec` drafting for the target, as a trained head is measured."""
     from specdec.drafters.registry import make_drafter
-    from specdec.training.command import VALIDATION_PROMPTS
+    from specdec.training.command import drafting_figures
 
-    plain = SpeculativeGenerator(target, None)
-    speculative = SpeculativeGenerator(target, make_drafter(spec, target, str(target.model.device), "float32"), k=4)
-    taus, exact = [], True
-    for prompt in VALIDATION_PROMPTS:
-        result = speculative.generate(prompt, max_new_tokens=max_new_tokens)
-        taus.append(result.stats.tau)
-        exact &= result.token_ids == plain.generate(prompt, max_new_tokens=max_new_tokens).token_ids
-    return {"tau": round(sum(taus) / len(taus), 3), "greedy_matches_plain": exact, "prompts": len(taus)}
+    return drafting_figures(target, make_drafter(spec, target, str(target.model.device), "float32"))
 
 
 def draft_spec(draft_name: str, draft_weights: str, head_vocab: int | None, adapter: Path | None) -> str:
