@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from specdec.cli_options import (OneLineParser, add_k_option, add_model_options, add_output_options,
                                  add_reasoning_format_option, use_threads,
@@ -92,6 +93,9 @@ def add_serve_parser(commands) -> None:
                        help="MiB of prompts' keys and values kept so that later prompts sharing a prefix "
                             "(a system prompt, a chat history) skip computing it; 0: off (default 512)")
     serve.add_argument("--default-max-tokens", type=int, default=512, help="when a request sets no max_tokens")
+    serve.add_argument("--max-tokens-cap", type=int, default=None, metavar="N",
+                       help="the most tokens one request may generate: a larger max_tokens gets HTTP 400, a larger "
+                            "n_predict (/infill) is cut to it (default: the model's context)")
     serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                        help="require 'Authorization: Bearer KEY' on every route (default: $SPECDEC_API_KEY; "
                             "/health and /metrics stay open)")
@@ -288,7 +292,7 @@ def cmd_generate(args) -> int:
     reasoning = answer_reasoning(generator, request, args.reasoning_format)
     printer = None if args.json else AnswerPrinter(reasoning, args.show_reasoning)
     with PrefillProgress() as progress:
-        result = generator.run(request, on_chunk=printer, on_prefill=progress.update if sys.stderr.isatty() else None)
+        result = generator.run(request, on_chunk=printer, on_prefill=progress.update)
     comparison = compare_with_plain(generator, request, result) if args.compare else None
     if args.json:
         out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
@@ -329,22 +333,40 @@ def answer_reasoning(generator, request, setting: str):
 
 
 class PrefillProgress:
-    """A progress bar on a terminal while a long prompt is prefilled (none for short prompts or when
-    standard error is not a terminal); closed when the first text arrives or on Ctrl-C."""
+    """While a long prompt is prefilled: a progress bar on a terminal, or off one (a pipe, a log) a line every
+    LINE_SECONDS, so a long wait never looks like a hang; nothing for short prompts. Closed when the first
+    text arrives or on Ctrl-C."""
 
-    MIN_TOKENS = 2048  # shorter prompts prefill in a second or two: no bar
+    MIN_TOKENS = 2048  # shorter prompts prefill in a second or two: nothing shown
+    LINE_SECONDS = 5.0
 
-    def __init__(self):
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
         self.bar = None
+        self.last_line: float | None = None
 
     def update(self, done: int, total: int) -> None:
+        if total < self.MIN_TOKENS:
+            return
+        if self.stream.isatty():
+            self._update_bar(done, total)
+        else:
+            self._update_lines(done, total)
+
+    def _update_bar(self, done: int, total: int) -> None:
         if self.bar is None:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc="prompt", unit="tok", leave=False, disable=total < self.MIN_TOKENS)
+            self.bar = tqdm(total=total, desc="prompt", unit="tok", leave=False, file=self.stream)
         self.bar.update(done - self.bar.n)
         if done >= total:
             self.close()
+
+    def _update_lines(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self.last_line is None or now - self.last_line >= self.LINE_SECONDS or done >= total:
+            print(f"specdec: reading the prompt: {done}/{total} tokens", file=self.stream, flush=True)
+            self.last_line = now
 
     def close(self) -> None:
         if self.bar is not None:
@@ -387,9 +409,10 @@ def cmd_serve(args) -> int:
     from specdec.server.guard import LOOPBACK_HOSTS, is_loopback
     from specdec.server.run import bind_socket, make_server, serve_forever
 
-    if args.max_active < 1 or args.max_queue < 0 or args.default_max_tokens < 1 or args.max_request_bytes < 1:
-        raise InvalidParameterError("--max-active, --default-max-tokens and --max-request-bytes must be >= 1, "
-                                    "--max-queue >= 0")
+    if (args.max_active < 1 or args.max_queue < 0 or args.default_max_tokens < 1 or args.max_request_bytes < 1
+            or (args.max_tokens_cap is not None and args.max_tokens_cap < 1)):
+        raise InvalidParameterError("--max-active, --default-max-tokens, --max-tokens-cap and --max-request-bytes "
+                                    "must be >= 1, --max-queue >= 0")
     if (args.kv_memory is not None and args.kv_memory <= 0) or args.prefix_cache < 0 or args.prefill_chunk < 1:
         raise InvalidParameterError("--kv-memory must be > 0 and --prefix-cache >= 0 (MiB), --prefill-chunk >= 1")
     if args.replicas < 0 or (args.autoscaling and not args.replicas):
@@ -405,7 +428,7 @@ def cmd_serve(args) -> int:
                               max_request_bytes=args.max_request_bytes,
                               allowed_hosts=LOOPBACK_HOSTS if loopback else None,
                               allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o),
-                              max_prompt_tokens=args.max_prompt_tokens,
+                              max_prompt_tokens=args.max_prompt_tokens, max_tokens_cap=args.max_tokens_cap,
                               kv_memory_bytes=None if args.kv_memory is None else int(args.kv_memory * 2**20),
                               prefix_cache_bytes=int(args.prefix_cache * 2**20),
                               prefill_tokens_per_step=args.prefill_chunk, tool_grammar=not args.no_tool_grammar,

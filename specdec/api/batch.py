@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from specdec.api.events import Chunk, Done, Event, Failed, Started
+from specdec.api.events import Chunk, Done, Event, Failed, Refused, Started
 from specdec.api.prefix_cache import PrefixCache
 from specdec.api.request import GenerationRequest
 from specdec.core.batch_drafts import PassCost
@@ -74,7 +74,8 @@ class BatchRunner:
         prompts with the fewest tokens left first; None: all of them), then one round of every prefilled
         generation, their verify forwards one pass. The events, each with its generation's key, in order:
         Started when a prompt is prefilled, Chunk for each round's new text, Done (the generation leaves),
-        Failed for a bug (the generations it hit leave; the others go on)."""
+        Refused for a request whose own input failed mid-output (a grammar the engine gave up on), Failed for a
+        bug (the generations it hit leave; the others go on)."""
         events: list[tuple[object, Event]] = []
         self._prefill_some(prefill_budget, events)
         ready = [entry for entry in self.running if entry[1].prefilled and not entry[1].finished]
@@ -85,7 +86,10 @@ class BatchRunner:
             self.on_round(batch)
         except Exception as exc:  # a bug, not bad input: the requests of this round fail
             return events + self._leave([(key, Failed(exc)) for key, _ in ready])
-        for (key, generation), outcome in zip(ready, batch.outcomes):
+        for index, ((key, generation), outcome) in enumerate(zip(ready, batch.outcomes)):
+            if index in batch.refused:
+                events += self._leave([(key, Refused(batch.refused[index]))])
+                continue
             chunk = outcome.stream_chunk()
             if chunk is not None:
                 events.append((key, Chunk(chunk)))
@@ -160,7 +164,7 @@ class BatchRunner:
                 index = waiting.popleft()
                 self.admit(index, requests[index])
             for index, event in self.step():
-                if isinstance(event, Failed):
+                if isinstance(event, (Failed, Refused)):
                     raise event.error
                 if isinstance(event, Done):
                     results[index] = event.result

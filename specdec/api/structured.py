@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from specdec.api.grammar_bounds import check_grammar_bounds, on_deep_stack
 from specdec.core.constraint import Constraint
 from specdec.errors import InvalidParameterError
 
@@ -57,26 +58,40 @@ class GrammarSpec:
 
 
 def compile_grammar(kind: str, source) -> str:
-    """llguidance's grammar for a spec, checked (InvalidParameterError with the compiler's first line)."""
-    from llguidance import LLMatcher
-
+    """llguidance's grammar for a spec, checked (InvalidParameterError with one line: a bound the grammar
+    breaks, a keyword refused, or the compiler's first line). Compiled on a deep stack (grammar_bounds.py)."""
     if kind not in GRAMMAR_KINDS:
         raise InvalidParameterError(f"unknown grammar kind {kind!r} (choose from {', '.join(GRAMMAR_KINDS)})")
+    if kind == "json_schema":
+        try:
+            source = json.loads(source) if isinstance(source, str) else source
+        except json.JSONDecodeError as error:
+            raise InvalidParameterError(f"{kind}: {first_line(error)}") from None
+        except RecursionError:
+            raise InvalidParameterError(f"{kind}: nested too deeply") from None
+        if not isinstance(source, dict):
+            raise InvalidParameterError("a JSON schema must be a JSON object")
+    elif kind != "json_object" and (not isinstance(source, str) or not source):
+        raise InvalidParameterError(f"a {kind} grammar must be non-empty text")
+    check_grammar_bounds(kind, source)
+    if kind == "json_schema":
+        check_json_schema(source)
+    return on_deep_stack(lambda: _compiled(kind, source))
+
+
+def _compiled(kind: str, source) -> str:
+    from llguidance import LLMatcher
+
     try:
         if kind == "json_object":
             grammar = LLMatcher.grammar_from_json_schema(with_json_options({"type": "object"}))
         elif kind == "json_schema":
-            schema = json.loads(source) if isinstance(source, str) else source
-            if not isinstance(schema, dict):
-                raise InvalidParameterError("a JSON schema must be a JSON object")
-            grammar = LLMatcher.grammar_from_json_schema(with_json_options(schema))
-        elif not isinstance(source, str) or not source:
-            raise InvalidParameterError(f"a {kind} grammar must be non-empty text")
+            grammar = LLMatcher.grammar_from_json_schema(with_json_options(source))
         elif kind == "regex":
             grammar = LLMatcher.grammar_from_regex(source)
         else:
             grammar = LLMatcher.grammar_from_lark(source if kind == "lark" else lark_of_gbnf(source))
-    except (ValueError, TypeError, json.JSONDecodeError) as error:  # the compilers' and json's refusals
+    except (ValueError, TypeError) as error:  # the compilers' refusals
         raise InvalidParameterError(f"{kind}: {first_line(error)}") from None
     except RecursionError:  # a schema or grammar nested past what the converters walk
         raise InvalidParameterError(f"{kind}: nested too deeply") from None
@@ -84,6 +99,53 @@ def compile_grammar(kind: str, source) -> str:
     if is_error:
         raise InvalidParameterError(f"{kind}: {first_line(messages[0])}")
     return grammar
+
+
+# Keywords the grammar engine accepts but cannot honour exactly: refused rather than ignored.
+# patternProperties: keys matching a pattern may repeat ({"a": 1, "a": 1}): no grammar of the text can
+# forbid a key it has already written when the keys are not a fixed list.
+REFUSED_KEYWORDS = {"patternProperties": "its keys could repeat in the output; list the keys under properties"}
+# Keywords whose values are subschemas (a map of them, a list of them, or one).
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONES = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+                "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+
+
+def check_json_schema(schema: dict) -> None:
+    """InvalidParameterError for a schema that is not a valid JSON Schema (its meta-schema, by the
+    jsonschema library: `multipleOf: -1`, `type: "integr"`), or that uses a keyword in REFUSED_KEYWORDS."""
+    from jsonschema import Draft202012Validator, SchemaError, validators
+
+    try:
+        validators.validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except SchemaError as error:
+        where = "/".join(str(part) for part in error.path)
+        raise InvalidParameterError(f"json_schema: {where + ': ' if where else ''}{first_line(error.message)}") from None
+    for node in subschemas(schema):
+        for keyword, why in REFUSED_KEYWORDS.items():
+            if keyword in node:
+                raise InvalidParameterError(f"json_schema: {keyword} is not supported: {why}")
+
+
+def subschemas(schema: dict):
+    """The schema and every schema inside it, by keyword position (a property named like a keyword is a
+    name, not a keyword)."""
+    pending = [schema]
+    while pending:
+        node = pending.pop()
+        if not isinstance(node, dict):
+            continue
+        yield node
+        for key in _SCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                pending.extend(node[key].values())
+        for key in _SCHEMA_LISTS:
+            if isinstance(node.get(key), list):
+                pending.extend(node[key])
+        for key in _SCHEMA_ONES:
+            value = node.get(key)
+            pending.extend(value if isinstance(value, list) else [value])
 
 
 def lark_of_gbnf(source: str) -> str:
@@ -119,6 +181,13 @@ def guidance_tokenizer(tokenizer, vocab_size: int):
             entry = (tokenizer, llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size))
             _tokenizers[id(tokenizer)] = entry
         return entry[1]
+
+
+def check_startable(spec: GrammarSpec, tokenizer, vocab_size: int) -> None:
+    """InvalidParameterError where a grammar cannot begin an output or the engine gives up within its first
+    tokens: what a request's own grammar is refused for when it starts (GrammarConstraint's probe), asked
+    of a grammar before it becomes part of another (a tool's parameters inside the call grammar)."""
+    GrammarConstraint(spec, tokenizer, vocab_size)
 
 
 class GrammarConstraint(Constraint):

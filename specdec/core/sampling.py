@@ -66,12 +66,27 @@ def repetition_penalized(
     chain: Sequence[int],  # tokens drafted before each position: row j also penalizes chain[:j]
     penalty: float,
 ) -> torch.Tensor:
+    """Seen tokens' logits moved away from zero by `penalty` (divided where positive, multiplied where
+    negative). A masked logit (-inf: a token a grammar forbids) stays -inf whatever the penalty, and an extreme
+    one cannot turn a logit into NaN (-inf x 0) or +inf (see finite_scaled)."""
     seen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)  # (T, V)
     seen[:, history] = True
     for row in range(1, logits.shape[0]):
         seen[row:, chain[row - 1]] = True
-    penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
-    return torch.where(seen, penalized, logits)
+    penalized = finite_scaled(torch.where(logits < 0, logits * penalty, logits / max(penalty, TINIEST)))
+    return torch.where(seen & torch.isfinite(logits), penalized, logits)
+
+
+TINIEST = float(torch.finfo(torch.float32).smallest_normal)  # a divisor float32 does not round to zero
+LARGEST = float(torch.finfo(torch.float32).max)
+
+
+def finite_scaled(logits: torch.Tensor) -> torch.Tensor:
+    """Logits after a scaling that may overflow: +inf (a large logit over a tiny temperature or penalty)
+    becomes the largest float, so that the tied largest logits share the mass as the limit does, instead of
+    softmax's NaN; -inf stays -inf (a masked token stays impossible); NaN, which no scaling of finite and
+    -inf logits by a positive number makes, is left as it is."""
+    return torch.nan_to_num(logits, nan=float("nan"), posinf=LARGEST, neginf=float("-inf"))
 
 
 def processed_probs(
@@ -85,7 +100,7 @@ def processed_probs(
         logits = repetition_penalized(logits, history, chain, params.repetition_penalty)
     if params.greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    logits = logits / params.temperature
+    logits = finite_scaled(logits / max(params.temperature, TINIEST))
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # (T, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))

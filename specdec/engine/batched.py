@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
@@ -12,13 +12,17 @@ from specdec.core.batch_drafts import PassCost, acceptance_rate, draft_caps
 from specdec.core.commit import CommitOutcome
 from specdec.core.rounds import StreamChunk
 from specdec.engine.generation import Generation
+from specdec.errors import SpecdecError
 
 
 @dataclass
 class BatchedRound:
-    outcomes: list[CommitOutcome]  # one per generation, in order
+    outcomes: list[CommitOutcome | None]  # one per generation, in order (None: refused, below)
     rows: int  # target rows verified, all generations together
     drafted: list[int]  # draft tokens each generation verified (its K this round), in order
+    # generations whose own input failed this round (their grammar's engine gave up mid-output): index ->
+    # the error; they commit nothing more and leave, the others' rounds are whole
+    refused: dict[int, SpecdecError] = field(default_factory=dict)
 
 
 def run_round_together(generations: Sequence[Generation], row_budget: int | None = None,
@@ -38,6 +42,7 @@ def run_round_together(generations: Sequence[Generation], row_budget: int | None
     caps = draft_caps(rates, wanted, row_budget, cost)
     rounds = [g.prepare_round(cap, k) for g, cap, k in zip(generations, caps, wanted)]
     outcomes: list[CommitOutcome | None] = [None] * len(generations)
+    refused: dict[int, SpecdecError] = {}
     groups: dict[tuple, list[int]] = {}  # generations asking for the same hidden layers share one pass
     for index, generation in enumerate(generations):
         groups.setdefault(generation.hidden_layers, []).append(index)
@@ -51,8 +56,12 @@ def run_round_together(generations: Sequence[Generation], row_budget: int | None
         if pass_cost is not None:
             pass_cost.observe(sum(rounds[i].request.tokens.shape[1] for i in members), ended - started)
         for index, out in zip(members, outs):
-            outcomes[index] = generations[index].finish_round(rounds[index], out, started, ended)
-    return BatchedRound(outcomes, sum(r.request.tokens.shape[1] for r in rounds), [len(r.draft) for r in rounds])
+            try:
+                outcomes[index] = generations[index].finish_round(rounds[index], out, started, ended)
+            except SpecdecError as error:  # this request's fault: it ends, the batch goes on
+                refused[index] = error
+    return BatchedRound(outcomes, sum(r.request.tokens.shape[1] for r in rounds), [len(r.draft) for r in rounds],
+                        refused)
 
 
 def verify_forwards(target, requests: Sequence, hidden_layers: tuple) -> list:
@@ -70,7 +79,10 @@ def run_alone(generation: Generation) -> Iterator[StreamChunk]:
     round's new text as it is committed."""
     generation.begin()
     while not generation.finished:
-        chunk = run_round_together([generation]).outcomes[0].stream_chunk()
+        batch = run_round_together([generation])
+        if batch.refused:
+            raise batch.refused[0]
+        chunk = batch.outcomes[0].stream_chunk()
         if chunk is not None:
             yield chunk
     generation.seconds = time.perf_counter() - generation.started

@@ -56,6 +56,8 @@ async def run_jobs(state: ServerState, request: Request, generation_request: Gen
             if await request.is_disconnected():  # nobody reads this reply: count it as nginx does, not a 503
                 return error(499, "the client closed the request", "invalid_request_error")
             return error(503, "generation cancelled: the server is shutting down", "server_error")
+        if isinstance(result, SpecdecError):  # the request's own input failed mid-output (Refused)
+            return error(400, str(result), "invalid_request_error")
         if isinstance(result, Exception):
             return error(500, f"generation failed: {result}", "server_error")
         results.append(result)
@@ -122,12 +124,13 @@ async def next_event(job: Job, request: Request) -> Event:
 
 
 async def finish(job: Job, request: Request) -> GenerationResult | Exception | None:
-    """The job's result, its failure, or None when it was cancelled."""
+    """The job's result, its failure (a SpecdecError where its own input was at fault), or None when it
+    was cancelled."""
     while True:
         event = await next_event(job, request)
         if isinstance(event, Done):
             return event.result
-        if isinstance(event, Failed):
+        if isinstance(event, (Failed, Refused)):
             return event.error
         if isinstance(event, Cancelled):
             return None
@@ -153,8 +156,9 @@ async def stream_events(state: ServerState, jobs: list[Job], reply, prompt_token
                 results[index] = event.result
                 for chunk in reply.closing(index, event.result):
                     yield sse(chunk)
-            else:  # failed or cancelled: tell the client in-band, the status line is already sent
-                yield sse(error_body(ended_text(event), "server_error"))
+            else:  # refused, failed or cancelled: tell the client in-band, the status line is already sent
+                kind = "invalid_request_error" if isinstance(event, Refused) else "server_error"
+                yield sse(error_body(ended_text(event), kind))
                 break
         if reply.include_usage and all(result is not None for result in results):
             yield sse(reply.usage_chunk(results, prompt_tokens))

@@ -13,7 +13,7 @@ from specdec.server.jobs import run_jobs
 from specdec.server.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, openapi_body, parse_request
 from specdec.server.replies import Reply
 from specdec.server.state import ServerState, server_state
-from specdec.server.tools import speaks_hermes
+from specdec.server.tools import check_tool_parameters, speaks_hermes
 
 router = APIRouter()
 
@@ -52,8 +52,16 @@ def make_request(state: ServerState, body) -> GenerationRequest:
     if isinstance(body, ChatCompletionRequest) and body.uses_tools and not speaks_hermes(tokenizer):
         raise BadRequest(f"model {settings.model_name!r}: its chat template does not list tools "
                          "(Hermes-style <tool_call> templates are supported)", "tools")
+    if isinstance(body, ChatCompletionRequest) and body.uses_tools:
+        try:
+            check_tool_parameters(list(body.tool_definitions()), tokenizer, state.generator.target.model.vocab_size)
+        except SpecdecError as exc:
+            raise BadRequest(str(exc), "tools") from None
+    if body.token_limit is not None and body.token_limit > state.max_tokens_cap:
+        raise BadRequest(f"max_tokens is {body.token_limit}; this server generates at most {state.max_tokens_cap} "
+                         "tokens a request", "max_tokens")
     try:
-        request = body.generation_request(settings.default_max_tokens, tokenizer, settings.tool_grammar)
+        request = body.generation_request(state.default_max_tokens, tokenizer, settings.tool_grammar)
     except SpecdecError as exc:
         raise BadRequest(str(exc), getattr(exc, "param", None)) from None
     if isinstance(body, CompletionRequest) and body.suffix is not None:

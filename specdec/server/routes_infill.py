@@ -26,7 +26,8 @@ async def infill(request: Request, state: ServerState = Depends(server_state)) -
         fim = require_fim(state.generator.target.tokenizer, settings.model_name, "input_prefix")
         prompt = fim.prompt(body.input_prefix, body.input_suffix,
                             [(chunk.filename, chunk.text) for chunk in body.input_extra], lead=body.prompt)
-        limit = body.n_predict if body.n_predict > 0 else settings.default_max_tokens
+        # as llama-server cuts n_predict to its own -n: a request never generates past the cap
+        limit = min(body.n_predict, state.max_tokens_cap) if body.n_predict > 0 else state.default_max_tokens
         generation_request = GenerationRequest(prompt, limit, body.sampling(), body.checked_stop(),
                                                None if body.seed in (None, -1) else body.seed, chat=False)
     except SpecdecError as exc:

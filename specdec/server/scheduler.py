@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specdec.api.batch import BatchRunner
+from specdec.api.grammar_bounds import start_deep_stack_thread
 from specdec.api.events import FINAL_EVENTS, Cancelled, Done, Event, Failed, Refused
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.prefix_cache import PrefixCache
@@ -99,11 +100,12 @@ class Scheduler:
         self.active: list[tuple[Job, object]] = []  # (job, its generation), prefilling or running
         self.wake = threading.Condition()
         self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="specdec-scheduler", daemon=True)
+        self.thread: threading.Thread | None = None
 
     # -- asyncio side ---------------------------------------------------------------------
     def start(self) -> None:
-        self.thread.start()
+        # a deep stack: the worker builds grammar matchers and computes their masks, native code that recurses
+        self.thread = start_deep_stack_thread(self._run, "specdec-scheduler")
 
     def submit(self, job: Job) -> None:
         job.loop = asyncio.get_running_loop()
@@ -129,7 +131,7 @@ class Scheduler:
         with self.wake:
             self.stopping = True
         self.cancel_all()
-        if self.thread.is_alive():
+        if self.thread is not None and self.thread.is_alive():
             self.thread.join(timeout)
 
     @property

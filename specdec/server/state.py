@@ -23,6 +23,7 @@ class ServerSettings:
     allowed_hosts: tuple[str, ...] | None = None  # Host names served (None: any); loopback binds set these
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed by CORS (none by default)
     max_prompt_tokens: int | None = None  # longer prompts get 400 (None: up to the model's context)
+    max_tokens_cap: int | None = None  # max_tokens above it get 400, n_predict is cut to it (None: the context)
     kv_memory_bytes: int | None = None  # running generations' KV caches at most (more wait); None: no limit
     prefix_cache_bytes: int = 512 << 20  # prompts' keys and values kept for later prompts; 0: off
     prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP  # prompt tokens prefilled per step
@@ -39,6 +40,16 @@ class ServerState:
     scheduler: Scheduler
     metrics: ServerMetrics
     reasoning: Reasoning | None = None  # how chat answers are split (reasoning_for)
+
+    @property
+    def max_tokens_cap(self) -> int:
+        """The most tokens one request may generate: --max-tokens-cap, by default the model's context."""
+        return self.settings.max_tokens_cap or self.generator.target.model.max_context
+
+    @property
+    def default_max_tokens(self) -> int:
+        """What a request that sets no limit generates at most."""
+        return min(self.settings.default_max_tokens, self.max_tokens_cap)
 
     def token_text(self, token: int) -> str:
         """How a token is spelled in `logprobs`."""

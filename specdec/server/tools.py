@@ -18,7 +18,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from specdec.api.structured import GrammarSpec, with_json_options
+from specdec.api.structured import GrammarSpec, check_startable, with_json_options
 from specdec.errors import InvalidParameterError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -40,6 +40,32 @@ def speaks_hermes(tokenizer) -> bool:
     """Whether the tokenizer's chat template lists tools and expects Hermes-style calls."""
     template = getattr(tokenizer, "chat_template", None) or ""
     return OPEN in template and "tools" in template
+
+
+def check_tool_parameters(tools: list[dict], tokenizer, vocab_size: int) -> None:
+    """Each function's parameter schema refused (InvalidParameterError naming the tool) exactly where the
+    same schema as a response format would be: bounds, keywords, the compiler, an output that cannot start
+    (a $ref cycle with no base case). Inside the call grammar such a schema would fail only once the model
+    wrote a call, mid-output. Schemas already checked are remembered."""
+    for index, tool in enumerate(tools):
+        function = tool["function"]
+        parameters = function.get("parameters")
+        if parameters is None:
+            continue
+        key = (json.dumps(parameters, sort_keys=True), id(tokenizer), vocab_size)
+        if key in _checked_parameters:
+            continue
+        try:
+            check_startable(GrammarSpec("json_schema", parameters), tokenizer, vocab_size)
+        except InvalidParameterError as error:
+            raise InvalidParameterError(f"tools[{index}] ({function['name']}): parameters: {error}") from None
+        if len(_checked_parameters) >= CHECKED_PARAMETERS_KEPT:
+            _checked_parameters.clear()
+        _checked_parameters.add(key)
+
+
+CHECKED_PARAMETERS_KEPT = 1024  # an agent sends the same tools every turn: their check is paid once
+_checked_parameters: set[tuple] = set()
 
 
 def tool_names(tools: list[dict]) -> list[str]:
@@ -129,7 +155,9 @@ def new_call_id() -> str:
 
 def parse_calls(text: str) -> tuple[str | None, list[ToolCall]]:
     """(the text outside the calls, or None when there is none; the calls). A call whose JSON does not read
-    as {"name": ..., "arguments": ...} stays in the text."""
+    as {"name": ..., "arguments": ...} stays in the text; an unfinished one at the end (max_tokens ran out
+    inside it) is neither a call nor content: it is dropped."""
+    text = without_unfinished_call(text)
     calls, kept, position = [], [], 0
     for match in _CALL.finditer(text):
         call = _read_call(match.group(1))
@@ -140,7 +168,13 @@ def parse_calls(text: str) -> tuple[str | None, list[ToolCall]]:
         calls.append(call)
     kept.append(text[position:])
     content = "".join(kept).strip()
-    return (content or None) if calls else text, calls
+    return (content or None) if calls else (text or None), calls
+
+
+def without_unfinished_call(text: str) -> str:
+    """The text without a call opened at its end and never closed."""
+    start = text.rfind(OPEN)
+    return text[:start] if start >= 0 and text.find(CLOSE, start) < 0 else text
 
 
 def _read_call(body: str) -> ToolCall | None:
@@ -187,6 +221,7 @@ class CallStream:
             self.pending = self.pending[end + len(CLOSE):].lstrip("\n") if call else self.pending[end + len(CLOSE):]
 
     def finish(self) -> str:
-        """What is still held (an unfinished call's text), as content."""
+        """What is still held, as content: the start of a marker that never came; an unfinished call is
+        dropped, as parse_calls drops it."""
         rest, self.pending = self.pending, ""
-        return rest
+        return without_unfinished_call(rest)
