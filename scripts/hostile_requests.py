@@ -57,6 +57,18 @@ FUNCTIONS = [FUNCTION, {**FUNCTION, "description": "\ud800"},
 CALL_WITH_SURROGATE = {"role": "assistant", "content": None, "tool_calls": [
     {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}]}
 DEEP_SCHEMA = '{"type": "object", "properties": {"a": ' * 1000 + "{}" + "}}" * 1000
+# grammar sizes around and past the bounds (api/grammar_bounds.py): rule chains, nesting, $ref chains
+SIZED_GRAMMARS = [f"root ::= r0\n" + "".join(f'r{i} ::= "x" r{i + 1}\n' for i in range(n)) + f'r{n} ::= "y"\n'
+                  for n in (100, 1000, 10_000)] + ["root ::= " + "(" * n + '"a"' + ")" * n for n in (100, 1000)]
+SIZED_SCHEMAS = [{"$ref": "#/$defs/a0", "$defs": {**{f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(n)},
+                                                  f"a{n}": {"type": "integer"}}} for n in (100, 1000, 3000)]
+KEYWORDS = [{"type": "object", "patternProperties": {"^a$": {"type": "integer"}}, "additionalProperties": False},
+            {"type": "integer", "multipleOf": -1}, {"type": "string", "format": "email"}]
+# repetition penalties and temperatures at float32's edges, with a grammar's mask on
+PENALTY_SWEEP = [{"repetition_penalty": penalty, "temperature": temperature, **constraint}
+                 for penalty in (2.66e-256, 1e-30, 0.5, 3.0, 1e30, 1e300) for temperature in (0, 1e-300, 0.7)
+                 for constraint in ({"response_format": {"type": "json_object"}},
+                                    {"tools": [{"type": "function", "function": FUNCTION}], "tool_choice": "auto"})]
 SPECIAL = [  # (path, body text)
     *[("/v1/completions", json.dumps({"prompt": "a", "max_tokens": 4, "json_schema": schema})) for schema in SCHEMAS],
     ("/v1/completions", '{"prompt": "a", "json_schema": ' + DEEP_SCHEMA + "}"),
@@ -66,6 +78,14 @@ SPECIAL = [  # (path, body text)
       for choice in ("auto", "required") for function in FUNCTIONS],
     ("/v1/chat/completions", json.dumps({**CHAT, "messages": [CALL_WITH_SURROGATE,
                                                              {"role": "user", "content": "hi"}]})),
+    *[("/v1/chat/completions", json.dumps({**CHAT, "grammar": grammar})) for grammar in SIZED_GRAMMARS],
+    *[("/v1/chat/completions", json.dumps({**CHAT, "json_schema": schema})) for schema in SIZED_SCHEMAS + KEYWORDS],
+    *[("/v1/chat/completions", json.dumps({**CHAT, "tools": [{"type": "function", "function": {
+        **FUNCTION, "parameters": schema}}], "tool_choice": choice}))
+      for schema in SIZED_SCHEMAS + KEYWORDS for choice in ("auto", "required")],
+    *[("/v1/chat/completions", json.dumps({**CHAT, "max_tokens": 16, **sweep})) for sweep in PENALTY_SWEEP],
+    ("/v1/chat/completions", json.dumps({**CHAT, "tools": [{"type": "function", "function": FUNCTION}],
+                                         "tool_choice": "required", "max_tokens": 1})),
 ]
 
 
