@@ -17,6 +17,7 @@ from specdec.core.commit import StopCriteria
 from specdec.drafters.combined import CombinedDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.recycle import RecycleDrafter, RecycleOptions
 from specdec.engine import SpeculativeEngine
 from specdec.core.speculation_length import KSetting
 from specdec.core.sampling import SamplingParams, processed_probs
@@ -76,6 +77,9 @@ def engine_for(drafter_kind: str, k, acceptance: str = "rejection") -> tuple[Spe
         drafter = DraftModelDrafter(mock_loaded(MockLM(salt=2, sharpness=1.0), "mock-draft"), VOCAB, min_confidence)
     elif drafter_kind == "ngram":
         drafter = NgramDrafter(max_ngram=2)
+    elif drafter_kind.startswith("recycle"):  # deterministic drafts from the target's own earlier rows
+        shape = "tree" if drafter_kind == "recycle-tree" else "chain"
+        drafter = RecycleDrafter(RecycleOptions(successors=3, shape=shape, width=2, levels=1, shared=0))
     else:
         return SpeculativeEngine(target, None, acceptance=acceptance), target
     return SpeculativeEngine(target, drafter, KSetting.parse(k).new_length(), acceptance), target
@@ -91,6 +95,8 @@ CONFIGS = [
     ("draft", "auto", SamplingParams(temperature=1.0), "rejection", 200_000),
     ("ngram", 2, SamplingParams(temperature=1.0), "rejection", 50_000),
     ("ngram+draft", 2, SamplingParams(temperature=1.0), "rejection", 50_000),
+    ("recycle", 2, SamplingParams(temperature=1.0), "rejection", 50_000),
+    ("recycle-tree", 3, SamplingParams(temperature=1.0), "rejection", 50_000),  # one-hot siblings
     ("draft-early-exit", 3, SamplingParams(temperature=1.0), "rejection", 50_000),
     ("draft", 2, SamplingParams(temperature=0.7, top_k=3, repetition_penalty=1.3), "rejection", 50_000),
     ("plain", 0, SamplingParams(temperature=1.0), "match", 50_000),

@@ -44,6 +44,9 @@ class Drafter(ABC):
         the per-token draft cost that `k="auto"` weighs.
       drafts_per_source: the drafter combines sources accepted at different rates; with `k="auto"` the engine
         hands it `SourceLengths` (`use_source_lengths`) and it drafts each source to that source's own K.
+      reads_logits: after every round the engine hands the drafter each verify row's logits (as the
+        acceptance rule read them: a grammar's mask applied) with the row's input token (`take_logits`):
+        the target's candidates, recycled (drafters/recycle.py).
     """
 
     name: str
@@ -52,6 +55,7 @@ class Drafter(ABC):
     side_capacity: int = 0
     catch_up_seconds: float = 0.0
     drafts_per_source: bool = False
+    reads_logits: bool = False
 
     @abstractmethod
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
@@ -91,6 +95,11 @@ class Drafter(ABC):
         """Called after the target's prefill, before `begin`: a drafter that shares the target's layout
         (a self-draft) may take the prompt's keys and values from the target's cache instead of its own
         prefill. Default: nothing."""
+
+    def take_logits(self, inputs: Sequence[int], logits: torch.Tensor) -> None:
+        """logits (R, V): a round's verify rows, row r computed with inputs[r] as its last input token.
+        Called only when reads_logits is set."""
+        raise NotImplementedError(f"{type(self).__name__} declares reads_logits but does not take logits")
 
     def take_features(self, features: torch.Tensor) -> None:
         """features (n, C x layers): the target's hidden states at `feature_layers` of the next n committed

@@ -65,6 +65,7 @@ class CombinedDrafter(Drafter):
                                             "only chain drafters (ngram, draft:, quant:, layerskip) combine with '+'")
         self.sources = list(sources)
         self.name = "+".join(source.name for source in self.sources)
+        self.reads_logits = any(source.reads_logits for source in self.sources)
         self.proposer: int | None = None
         self.verbatim = False  # the proposer's draft copied a long run of the context
         self.started = 0.0
@@ -86,6 +87,11 @@ class CombinedDrafter(Drafter):
     def take_prompt_cache(self, target_cache) -> None:
         for source in self.sources:
             source.take_prompt_cache(target_cache)
+
+    def take_logits(self, inputs: Sequence[int], logits) -> None:
+        for source in self.sources:  # every round's rows, whichever source proposed
+            if source.reads_logits:
+                source.take_logits(inputs, logits)
 
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         for source in self.sources:

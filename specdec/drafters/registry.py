@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from specdec.drafters import draft_model, heads, lookahead, ngram, retrieval, self_draft
+from specdec.drafters import draft_model, heads, lookahead, ngram, recycle, retrieval, self_draft
 from specdec.drafters.base import Drafter
 from specdec.drafters.draft_options import DraftModelOptions, DraftOptions
 from specdec.drafters.eagle import TreeOptions
@@ -46,6 +46,9 @@ KINDS = [
     DrafterKind("ngram", "ngram[:MAX_N][@memory=TOKENS]", "lookup of the context's last tokens in prompt + "
                 "output (memory: and in earlier generations' outputs)", ngram.build,
                 options=ngram.NgramOptions, check=ngram.check, test_spec="ngram"),
+    DrafterKind("recycle", "recycle[@successors=N,shape=chain|tree,width=W,levels=L,shared=0|1]",
+                "the target's own candidate tokens from earlier verify rows, recycled (no forward)", recycle.build,
+                options=recycle.RecycleOptions, test_spec="recycle"),
     DrafterKind("draft", "draft:MODEL[@confidence=C,vocab=N,context=N,weights=FORMAT,adapter=DIR]",
                 "a smaller model (another tokenizer's drafts go through text)",
                 draft_model.build, needs_argument=True, test_spec="draft:{target}",

@@ -39,6 +39,8 @@ def round_steps(drafter, hidden_layers: tuple[int, ...], params: SamplingParams,
         steps.append(Grammar(constraint, committer, forces_drafts=drafter is not None))
     if hidden_layers:
         steps.append(TargetFeatures(drafter, hidden_layers))
+    if drafter is not None and drafter.reads_logits:
+        steps.append(TargetCandidates(drafter))
     return steps
 
 
@@ -128,6 +130,22 @@ class Logprobs(RoundStep):
             outcome.logprobs = token_logprobs(round.logits[rows], outcome.tokens, self.params,
                                               context[:round.position], self.top)
             self.recorded.extend(outcome.logprobs)
+        return outcome
+
+
+class TargetCandidates(RoundStep):
+    """A drafter that recycles the target's candidates reads every verify row (masked as acceptance read it),
+    each with the token it was computed after: the root's row after the last committed token, a draft
+    node's row after that node's token."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+
+    def committed(self, round: Round, outcome: CommitOutcome, context: list[int]) -> CommitOutcome:
+        draft = round.draft
+        if draft.side is None and round.logits is not None:
+            inputs = [context[round.position - 1], *draft.tokens]
+            self.drafter.take_logits(inputs, round.logits[:len(inputs)])  # (1 + nodes, V)
         return outcome
 
 
