@@ -155,3 +155,23 @@ def test_messages_the_chat_template_cannot_render_get_a_400(server, monkeypatch)
                                   json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
     message = json.loads(text)["error"]["message"]
     assert status == 400 and "chat template cannot render" in message and "alternate" in message, text
+
+
+def test_ray_app_builder_keys_become_the_options_each_replica_loads(tiny_dirs):
+    """Issue 77: app_builder handed each replica a dict where it reads GeneratorOptions, so every replica
+    failed at start; without Ray installed, what a replica does with its spec runs here (the whole path through
+    Ray Serve: tests/test_ray_replicas.py)."""
+    from specdec.api.generator import SpeculativeGenerator
+    from specdec.api.options import GeneratorOptions
+    from specdec.errors import SpecdecError
+    from specdec.server.ray_app import replica_spec_of
+
+    spec = replica_spec_of({"target": str(tiny_dirs["llama"]), "drafter": "ngram", "k": "3", "replicas": "2",
+                            "max_active": "2", "api_key": "k"})
+    assert isinstance(spec.generator, GeneratorOptions) and spec.replicas == 2 and spec.settings.max_active == 2
+    generator = SpeculativeGenerator.from_options(spec.generator)  # what build_replica_app calls
+    assert generator.generate("hello", 4, chat=False).token_ids == SpeculativeGenerator(
+        generator.target, None).generate("hello", 4, chat=False).token_ids
+    for bad in ({"colour": "red"}, {"replicas": "two"}, {"drafter": "nope"}, {"target": "/no/such/model"}):
+        with pytest.raises(SpecdecError):  # one-line errors, before any model loads
+            replica_spec_of({"target": str(tiny_dirs["llama"]), **bad})

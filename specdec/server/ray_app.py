@@ -90,21 +90,34 @@ def application(spec: ReplicaSpec):
     return serve.deployment(serve.ingress()(SpecdecReplica), **options).bind(spec)
 
 
+APP_BUILDER_KEYS = ("target", "drafter", "k", "device", "weights", "replicas", "max_active", "max_queue",
+                    "model_name", "api_key")
+
+
 def app_builder(args: dict):
     """For Ray's own CLI: `serve run specdec.server.ray_app:app_builder target=NAME replicas=2 drafter=ngram`.
-    Keys: target, drafter, k, device, weights, replicas, max_active, max_queue, model_name, api_key."""
-    known = {"target", "drafter", "k", "device", "weights", "replicas", "max_active", "max_queue", "model_name",
-             "api_key"}
-    unknown = set(args) - known
+    Keys: APP_BUILDER_KEYS."""
+    return application(replica_spec_of(args))
+
+
+def replica_spec_of(args: dict) -> ReplicaSpec:
+    """app_builder's keys as the typed options every replica loads from (the same GeneratorOptions and
+    ServerSettings `specdec serve --replicas` builds from its flags), checked before Ray starts anything."""
+    unknown = set(args) - set(APP_BUILDER_KEYS)
     if unknown:
-        raise InvalidParameterError(f"unknown app_builder arguments {sorted(unknown)} (known: {sorted(known)})")
+        raise InvalidParameterError(f"unknown app_builder arguments {sorted(unknown)} (known: {list(APP_BUILDER_KEYS)})")
     from specdec.models.sources.zoo import DEFAULT_MODEL
 
-    generator = {"target": args.get("target", DEFAULT_MODEL), "drafter": args.get("drafter", "default"),
-                 "k": args.get("k", "auto"), "device": args.get("device", "cpu"), "weights": args.get("weights", "auto")}
-    settings = ServerSettings(args.get("model_name"), int(args.get("max_active", 4)), int(args.get("max_queue", 64)),
+    try:
+        numbers = {key: int(args.get(key, default)) for key, default in
+                   (("replicas", 2), ("max_active", 4), ("max_queue", 64))}
+    except ValueError as error:
+        raise InvalidParameterError(f"app_builder: {error}") from None
+    generator = GeneratorOptions(args.get("target", DEFAULT_MODEL), args.get("drafter", "default"),
+                                 args.get("k", "auto"), args.get("device", "cpu"), weights=args.get("weights", "auto"))
+    settings = ServerSettings(args.get("model_name"), numbers["max_active"], numbers["max_queue"],
                               api_key=args.get("api_key"))
-    return application(ReplicaSpec(generator, settings, int(args.get("replicas", 2))))
+    return ReplicaSpec(generator, settings, numbers["replicas"])
 
 
 def parse_autoscaling(text: str | None) -> dict | None:
