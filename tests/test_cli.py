@@ -100,6 +100,8 @@ def test_generate_with_lookup_and_a_windowed_draft_model_streams_what_json_retur
         (["generate", "hi", "--weights", "int4:48"], "int4 group size must be a positive multiple of 32"),
         (["serve", "--k", "0"], "k must be"),
         (["serve", "--port", "70000"], "cannot listen"),
+        (["serve", "--max-tokens-cap", "0"], "--max-tokens-cap"),
+        (["generate", "hi", "--drafter", "recycle@shape=forest"], "shape must be one of"),
         (["analyze", "--alpha", "0.5,2"], "acceptance rates"),
         (["bench", "--acceptance", "match,coupled"], "acceptance must be one of"),
         (["pull", "no-such-model"], "unknown zoo model"),
