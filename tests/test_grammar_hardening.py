@@ -6,6 +6,7 @@ not passed off as content; a cap on what one request may generate; a long prompt
 from __future__ import annotations
 
 import io
+from pathlib import Path
 import json
 import subprocess
 import sys
@@ -275,3 +276,51 @@ def test_a_long_prompts_prefill_prints_progress_lines_off_a_terminal():
     quiet = Pipe()
     PrefillProgress(quiet).update(100, 1000)  # a short prompt: nothing
     assert quiet.getvalue() == ""
+
+
+# -- calls a model wrote as text (issue 72 item 4) -----------------------------------------------------
+FIXTURES = next((folder / "shared" / "data" / "agents" / "fenced_tool_calls.jsonl" for folder in Path(__file__).resolve().parents
+                 if (folder / "shared" / "data" / "agents" / "fenced_tool_calls.jsonl").exists()), Path("absent"))
+GET_WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}]
+
+
+def streamed_calls(text: str, tools, piece: int = 3) -> tuple[str, list]:
+    """(content, calls) of `text` fed to a CallStream `piece` characters at a time, as rounds commit it."""
+    from specdec.server.tools import CallStream
+
+    stream, content, calls = CallStream(tools), "", []
+    for start in range(0, len(text), piece):
+        delta, found = stream.feed(text[start:start + piece])
+        content, calls = content + delta, calls + found
+    rest, found = stream.finish()
+    return content + rest, calls + found
+
+
+@pytest.mark.skipif(not FIXTURES.exists(), reason="shared/data/agents is not beside this checkout")
+def test_the_1_5bs_fenced_calls_are_read_as_tool_calls_whole_and_streamed():
+    """The six replies in which Qwen2.5-Coder-1.5B wrote its call in a code fence (javascript, plain, python,
+    plaintext, xml) instead of <tool_call>: the four whole ones become get_weather calls; the two cut short
+    (a stream's log stopped) and the one naming a file instead of a tool stay text."""
+    from specdec.server.tools import parse_calls
+
+    replies = [json.loads(line)["content"] for line in FIXTURES.read_text().splitlines()]
+    assert len(replies) == 6
+    for index, reply in enumerate(replies):
+        for content, calls in (parse_calls(reply, GET_WEATHER), streamed_calls(reply, GET_WEATHER)):
+            if index in (2, 3):  # cut short mid-arguments: not a call, and every character is kept
+                assert calls == [] and content == reply
+            else:
+                assert content is None or content == ""
+                assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+
+
+def test_text_that_only_looks_like_a_call_stays_text():
+    from specdec.server.tools import parse_calls
+
+    for text in ('```python\ndef f():\n    return {"name": 1}\n```',  # code, not a call
+                 '```json\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n```',  # arguments off-schema
+                 '{"name": "delete_everything", "arguments": {}}',  # not a declared tool
+                 'Call it like {"name": "get_weather", "arguments": {"city": "Paris"}}'):  # prose around it
+        assert parse_calls(text, GET_WEATHER) == (text, []) and streamed_calls(text, GET_WEATHER) == (text, [])
+    assert parse_calls('{"name": "get_weather", "arguments": {"city": "Oslo"}}', ())[1] == []  # no tools: text

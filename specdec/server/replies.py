@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Callable, Sequence
 
 from specdec.core.rounds import GenerationResult, TokenLogprob
 from specdec.server.protocol import new_id, now, usage
@@ -31,13 +31,13 @@ class Reply:
     goes to `reasoning_content` (api/reasoning.py)."""
 
     def __init__(self, chat: bool, model: str, include_usage: bool, token_text: Callable[[int], str],
-                 tools: bool = False, choices: int = 1, reasoning: Reasoning | None = None):
+                 tools: Sequence[dict] = (), choices: int = 1, reasoning: Reasoning | None = None):
         self.chat, self.model, self.include_usage, self.tools = chat, model, include_usage, tools
         self.token_text = token_text
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = now()
         self.reasoning = reasoning if chat else None
-        self.streams = [CallStream() for _ in range(choices)] if tools else []
+        self.streams = [CallStream(tools) for _ in range(choices)] if tools else []
         self.thoughts = [ReasoningStream(reasoning) for _ in range(choices)] if self.reasoning else []
         self.text_offsets = [0] * choices  # completions' logprobs: where each token's text starts
 
@@ -62,7 +62,7 @@ class Reply:
         if not self.chat:
             return {"index": index, "text": result.text, "finish_reason": result.finish_reason, "logprobs": logprobs}
         thought, text = split_reasoning(result.text, self.reasoning) if self.reasoning else (None, result.text)
-        content, calls = parse_calls(text) if self.tools else (text, [])
+        content, calls = parse_calls(text, self.tools) if self.tools else (text, [])
         message = {"role": "assistant", "content": content}
         if thought is not None:
             message["reasoning_content"] = thought
@@ -99,7 +99,9 @@ class Reply:
         calls: list[ToolCall] = []
         if self.streams:
             text, calls = self.streams[index].feed(text)
-            text += self.streams[index].finish() if last else ""
+            if last:
+                rest, written = self.streams[index].finish()
+                text, calls = text + rest, calls + written
         if text or entries:
             chunks.append(self._chunk(index, {"content": text}, logprobs=entries))
         chunks += [self._chunk(index, {"tool_calls": [call.to_openai(self.streams[index].calls - len(calls) + n)]})

@@ -36,7 +36,7 @@ async def complete(state: ServerState, request: Request, kind: type) -> Response
         generation_request = make_request(state, body)
     except SpecdecError as exc:
         return refused(exc)
-    tools = isinstance(body, ChatCompletionRequest) and body.uses_tools
+    tools = body.tool_definitions() if isinstance(body, ChatCompletionRequest) and body.uses_tools else ()
     reply = Reply(kind is ChatCompletionRequest, state.settings.model_name, body.include_usage, state.token_text,
                   tools=tools, choices=body.n, reasoning=state.reasoning)
     return await run_jobs(state, request, generation_request, body.n, body.stream, reply)

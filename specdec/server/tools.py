@@ -17,6 +17,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Sequence
 
 from specdec.api.structured import GrammarSpec, check_startable, with_json_options
 from specdec.errors import InvalidParameterError
@@ -153,11 +154,15 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+def parse_calls(text: str, tools: Sequence[dict] = ()) -> tuple[str | None, list[ToolCall]]:
     """(the text outside the calls, or None when there is none; the calls). A call whose JSON does not read
     as {"name": ..., "arguments": ...} stays in the text; an unfinished one at the end (max_tokens ran out
-    inside it) is neither a call nor content: it is dropped."""
+    inside it) is neither a call nor content: it is dropped. A reply with no marked call that is one call of
+    a declared tool written as text (`written_call`) is that call."""
     text = without_unfinished_call(text)
+    written = written_call(text, tools) if tools and OPEN not in text else None
+    if written is not None:
+        return None, [written]
     calls, kept, position = [], [], 0
     for match in _CALL.finditer(text):
         call = _read_call(match.group(1))
@@ -169,6 +174,59 @@ def parse_calls(text: str) -> tuple[str | None, list[ToolCall]]:
     kept.append(text[position:])
     content = "".join(kept).strip()
     return (content or None) if calls else (text or None), calls
+
+
+# One code fence of any language tag around the whole reply: ```javascript\n{...}\n```
+_FENCE = re.compile(r"\A```[^\n`]*\n(.*?)\s*```\Z", re.S)
+
+
+def written_call(text: str, tools: Sequence[dict]) -> ToolCall | None:
+    """The reply read as a call its model wrote as text instead of in its template's markers (small models
+    do, in a fence tagged javascript, python, plain, xml...): the whole reply, bare or in one code fence, is
+    one JSON object naming a declared tool, whose arguments its parameter schema allows. Else None: the
+    reply stays text."""
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    body = fenced.group(1).strip() if fenced else body
+    if not body.startswith("{"):
+        return None
+    try:
+        value = json.loads(body)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    declared = {tool["function"]["name"]: tool["function"] for tool in tools}
+    if not isinstance(value, dict) or set(value) - {"name", "arguments", "parameters"} \
+            or value.get("name") not in declared:
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if not isinstance(arguments, dict) or not _allowed(arguments, declared[value["name"]].get("parameters")):
+        return None
+    return ToolCall(new_call_id(), value["name"], json.dumps(arguments))
+
+
+def _allowed(arguments: dict, schema: dict | None) -> bool:
+    from jsonschema import Draft202012Validator, validators
+    from jsonschema.exceptions import SchemaError
+
+    if not schema:
+        return True
+    try:
+        return validators.validator_for(schema, default=Draft202012Validator)(schema).is_valid(arguments)
+    except SchemaError:
+        return False
+
+
+def could_be_written_call(text: str) -> bool:
+    """Whether a reply that begins with `text` may still turn out to be a written call (`written_call`):
+    nothing but blanks yet, a "{", or a fence whose first line is not finished or whose body opens with "{"."""
+    start = text.lstrip()
+    if not start or start.startswith("{"):
+        return True
+    if not (start.startswith("```") or "```".startswith(start)):
+        return False
+    newline = start.find("\n")
+    body = start[newline + 1:].lstrip() if newline >= 0 else ""
+    return newline < 0 or not body or body.startswith("{")
 
 
 def without_unfinished_call(text: str) -> str:
@@ -190,13 +248,22 @@ def _read_call(body: str) -> ToolCall | None:
 
 class CallStream:
     """Streamed text split into content deltas and whole tool calls: text before a call streams as content;
-    from `<tool_call>` on it is held until its `</tool_call>` arrives and the call is read."""
+    from `<tool_call>` on it is held until its `</tool_call>` arrives and the call is read. With `tools`, a
+    reply that may still be a call written as text (`could_be_written_call`) is held until it is one (at
+    its end) or cannot be."""
 
-    def __init__(self):
+    def __init__(self, tools: Sequence[dict] = ()):
         self.pending = ""  # text not yet handed out: a possible call or the start of a marker
         self.calls = 0
+        self.tools = tuple(tools)
+        self.maybe_written = bool(self.tools)  # nothing handed out yet, and the reply may be a written call
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        if self.maybe_written:
+            self.pending += text
+            if could_be_written_call(self.pending):
+                return "", []
+            self.maybe_written, text, self.pending = False, self.pending, ""
         self.pending += text
         content, calls = "", []
         while True:
@@ -220,8 +287,12 @@ class CallStream:
                 self.calls += 1
             self.pending = self.pending[end + len(CLOSE):].lstrip("\n") if call else self.pending[end + len(CLOSE):]
 
-    def finish(self) -> str:
-        """What is still held, as content: the start of a marker that never came; an unfinished call is
-        dropped, as parse_calls drops it."""
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """What is still held: a written call, or content (the start of a marker that never came); an
+        unfinished call is dropped, as parse_calls drops it."""
         rest, self.pending = self.pending, ""
-        return without_unfinished_call(rest)
+        written = written_call(rest, self.tools) if self.maybe_written else None
+        if written is not None:
+            self.calls += 1
+            return "", [written]
+        return without_unfinished_call(rest), []
