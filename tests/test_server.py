@@ -598,11 +598,13 @@ def test_api_key_hosts_content_type_size_and_cors(tiny_generator):
     body = json.dumps({"prompt": "a", "max_tokens": 2})
     good = {"Content-Type": "application/json", "Authorization": "Bearer s3cret"}
     try:
+        anthropic = {"Content-Type": "application/json", "x-api-key": "s3cret"}  # how Anthropic's clients send it
         for headers in ({"Content-Type": "application/json"}, {**good, "Authorization": "Bearer wrong"},
-                        {**good, "Authorization": "s3cret"}):
+                        {**good, "Authorization": "s3cret"}, {**anthropic, "x-api-key": "wrong"}):
             status, reply_headers, text = raw_request(running.port, "POST", "/v1/completions", body, headers)
             assert status == 401 and json.loads(text)["error"]["code"] == "invalid_api_key", headers
         assert raw_request(running.port, "POST", "/v1/completions", body, good)[0] == 200
+        assert raw_request(running.port, "POST", "/v1/completions", body, anthropic)[0] == 200
         assert raw_request(running.port, "GET", "/health")[0] == 200  # probes need no key
         # a cross-origin form POST (no preflight in a browser) is refused whatever it carries
         for media_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):

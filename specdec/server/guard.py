@@ -31,6 +31,15 @@ class GuardSettings:
     allowed_hosts: tuple[str, ...] | None = None  # host names served (None: any)
 
 
+def key_matches(headers: dict[str, str], api_key: str) -> bool:
+    """Whether a request carries the key: as OpenAI's clients send it (`Authorization: Bearer KEY`) or as
+    Anthropic's do (`x-api-key: KEY`); compared in constant time."""
+    scheme, _, given = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), api_key.encode()):
+        return True
+    return "x-api-key" in headers and hmac.compare_digest(headers["x-api-key"].strip().encode(), api_key.encode())
+
+
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
@@ -70,9 +79,8 @@ class RequestGuard:
         if settings.allowed_hosts is not None and host_name(headers.get("host", "")) not in settings.allowed_hosts:
             return 400, "this server does not answer for that Host header", "host_not_allowed", []
         if settings.api_key is not None and path not in OPEN_PATHS:
-            scheme, _, given = headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), settings.api_key.encode()):
-                return (401, "missing or incorrect API key (send it as 'Authorization: Bearer KEY')",
+            if not key_matches(headers, settings.api_key):
+                return (401, "missing or incorrect API key (send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
                         "invalid_api_key", [(b"www-authenticate", b"Bearer")])
         if scope["method"] == "POST":
             length = headers.get("content-length")
