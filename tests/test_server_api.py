@@ -233,3 +233,43 @@ def test_auto_tool_choice_allows_text_or_well_formed_calls_never_bare_json(coder
         assert not (message.content or "").lstrip().startswith(("{", "```json"))
         for call in message.tool_calls or []:
             jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_llama_servers_own_routes_answer_as_llama_server_does(coder):
+    """Issue 72 item 5: /completion (text or ids, whole and streamed, timings with the draft counts),
+    /tokenize (with pieces), /detokenize, /apply-template and /props, each answered as llama-server
+    answers; the completion's text equals the OpenAI route's (greedy)."""
+    tokenizer = coder.generator.target.tokenizer
+    status, text = coder.request("POST", "/tokenize", json.dumps({"content": "def add(a, b):", "with_pieces": True}))
+    pieces = json.loads(text)["tokens"]
+    assert status == 200 and "".join(p["piece"] for p in pieces) == "def add(a, b):"
+    ids = [p["id"] for p in pieces]
+    status, text = coder.request("POST", "/tokenize", json.dumps({"content": "def add(a, b):"}))
+    assert json.loads(text)["tokens"] == ids == tokenizer.encode("def add(a, b):", add_special_tokens=False)
+    status, text = coder.request("POST", "/detokenize", json.dumps({"tokens": ids}))
+    assert status == 200 and json.loads(text)["content"] == "def add(a, b):"
+    status, text = coder.request("POST", "/apply-template", json.dumps({"messages": MESSAGES}))
+    assert status == 200 and json.loads(text)["prompt"] == tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=False)
+    status, text = coder.request("GET", "/props")
+    props = json.loads(text)
+    assert status == 200 and props["default_generation_settings"]["n_ctx"] == 2048 and props["chat_template"]
+
+    openai_text = coder.client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=24,
+                                                  temperature=0).choices[0].text
+    for prompt in ("def add(a, b):", tokenizer.encode("def add(a, b):")):
+        status, text = coder.request("POST", "/completion", json.dumps({"prompt": prompt, "n_predict": 24}))
+        reply = json.loads(text)
+        assert status == 200 and reply["stop"] is True and reply["content"] == openai_text
+        assert reply["timings"]["predicted_n"] == reply["tokens_predicted"] == 24
+        assert reply["timings"]["draft_n"] >= reply["timings"]["draft_n_accepted"] >= 0
+    status, text = coder.request("POST", "/completion", json.dumps({"prompt": "def add(a, b):", "n_predict": 24,
+                                                                    "stream": True}))
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1]["stop"] is True and all(not e["stop"] for e in events[:-1])
+    assert "".join(e["content"] for e in events) == openai_text
+    for path, body in (("/detokenize", {"tokens": [10**9]}), ("/tokenize", {"content": 5}),
+                       ("/completion", {"prompt": ""}), ("/completion", {"prompt": "a", "n_predict": -2}),
+                       ("/apply-template", {"messages": []}), ("/completion", {"prompt": [10**9]})):
+        status, text = coder.request("POST", path, json.dumps(body))
+        assert status == 400 and "error" in json.loads(text), (path, body, text)

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.prefix_cache import PrefixCache
-from specdec.server import routes_completions, routes_infill, routes_info
+from specdec.server import routes_completions, routes_infill, routes_info, routes_llama_server
 from specdec.server.guard import GuardSettings, RequestGuard
 from specdec.server.http_errors import error
 from specdec.server.metrics import ResponseCounter, ServerMetrics
@@ -23,7 +23,8 @@ from specdec.server.state import ServerSettings, ServerState
 
 __all__ = ["ServerSettings", "create_app", "endpoint_label"]
 
-KNOWN_ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/infill")
+KNOWN_ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/infill",
+                   "/completion", "/tokenize", "/detokenize", "/apply-template", "/props")
 
 
 def endpoint_label(path: str) -> str:
@@ -54,7 +55,7 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
     async def validation_error(request: Request, exc: RequestValidationError):
         return error(400, str(exc.errors()[0].get("msg")), "invalid_request_error")
 
-    for routes in (routes_info, routes_completions, routes_infill):
+    for routes in (routes_info, routes_completions, routes_infill, routes_llama_server):
         app.include_router(routes.router)
     return app
 

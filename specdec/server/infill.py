@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specdec.core.sampling import SamplingParams
-from specdec.server.protocol import BadRequest, MAX_STOP_CHARS
+from specdec.server.llama_server import LlamaSampling
+from specdec.server.protocol import BadRequest
 
 REPOSITORY = "myproject"  # the repository name llama.cpp puts before the files, when the model has the token
 
@@ -73,28 +73,10 @@ class ExtraChunk(BaseModel):
     text: str
 
 
-class InfillRequest(BaseModel):
+class InfillRequest(LlamaSampling):
     """llama.cpp's `/infill` body (the fields editors send; others are ignored)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
     input_prefix: str = ""
     input_suffix: str = ""
     input_extra: list[ExtraChunk] = Field(default_factory=list)
     prompt: str = ""  # text after the middle marker: what is already typed on the cursor's line
-    n_predict: int = Field(default=-1, ge=-1)
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    top_k: int = Field(default=0, ge=0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    min_p: float = Field(default=0.0, ge=0.0, lt=1.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0, alias="repeat_penalty")  # llama-server's name
-    seed: int | None = Field(default=None, ge=-1)
-    stop: list[str] = Field(default_factory=list, max_length=4)
-    stream: bool = False
-
-    def sampling(self) -> SamplingParams:
-        return SamplingParams.of(self)
-
-    def checked_stop(self) -> tuple[str, ...]:
-        if any(not s or len(s) > MAX_STOP_CHARS for s in self.stop):
-            raise BadRequest(f"stop strings must be 1 to {MAX_STOP_CHARS} characters", "stop")
-        return tuple(self.stop)

@@ -26,9 +26,9 @@ DISCONNECT_POLL_SECONDS = 0.25
 
 
 async def run_jobs(state: ServerState, request: Request, generation_request: GenerationRequest, n: int,
-                   stream: bool, reply, infill: bool = False) -> Response:
+                   stream: bool, reply, llama_stream: bool = False) -> Response:
     """Submit the request's `n` choices (seeds seed, seed + 1, ...), wait until they start, then answer
-    whole or as a stream."""
+    whole or as a stream (`llama_stream`: llama-server's event shape, one choice)."""
     arrived = time.perf_counter()
     jobs = await submit(state, generation_request, n)
     if isinstance(jobs, Response):
@@ -42,7 +42,7 @@ async def run_jobs(state: ServerState, request: Request, generation_request: Gen
             return await not_started(first, request)
         prompt_tokens = first.prompt_tokens
     if stream:  # the status goes out now; a non-streamed reply's status is known at its end
-        events = infill_events(jobs[0], reply) if infill else stream_events(state, jobs, reply, prompt_tokens,
+        events = llama_events(jobs[0], reply) if llama_stream else stream_events(state, jobs, reply, prompt_tokens,
                                                                           arrived)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -168,7 +168,7 @@ async def stream_events(state: ServerState, jobs: list[Job], reply, prompt_token
             job.cancel()  # no-op when finished; frees the slots when the client disconnected
 
 
-async def infill_events(job: Job, reply) -> AsyncIterator[str]:
+async def llama_events(job: Job, reply) -> AsyncIterator[str]:
     """llama-server's stream: `data: {"content": ..., "stop": false}` per round, a last one with stop true."""
     try:
         while True:
