@@ -102,6 +102,9 @@ def test_generate_with_lookup_and_a_windowed_draft_model_streams_what_json_retur
         (["serve", "--port", "70000"], "cannot listen"),
         (["serve", "--max-tokens-cap", "0"], "--max-tokens-cap"),
         (["generate", "hi", "--drafter", "recycle@shape=forest"], "shape must be one of"),
+        (["generate", "hi", "--drafter", "lookahead:4,3"], "is not W,N,G"),  # before the target loads
+        (["generate", "hi", "--drafter", "lookahead:99,3,4"], "1 <= W <= 16"),
+        (["generate", "hi", "--drafter", "layerskip:banana"], "cannot read 'banana'"),
         (["analyze", "--alpha", "0.5,2"], "acceptance rates"),
         (["bench", "--acceptance", "match,coupled"], "acceptance must be one of"),
         (["pull", "no-such-model"], "unknown zoo model"),

@@ -16,6 +16,7 @@ they are never verified nor kept in the KV cache, so the output stays exact.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -107,11 +108,35 @@ class LookaheadDrafter(Drafter):
                 del bucket[self.pool_size:]
 
 
+@dataclass(frozen=True)
+class LookaheadShape:
+    """`lookahead:W,N,G`, read and range-checked when the spec is parsed (before any model loads)."""
+
+    window: int = 4
+    ngram: int = 3
+    pool: int = 4
+
+    def __post_init__(self):
+        if not (1 <= self.window <= 16 and 2 <= self.ngram <= 8 and 1 <= self.pool <= 32):
+            raise InvalidParameterError("lookahead drafter: need 1 <= W <= 16, 2 <= N <= 8, 1 <= G <= 32")
+
+    @classmethod
+    def parse(cls, argument: str) -> "LookaheadShape":
+        if not argument:
+            return cls()
+        try:
+            window, ngram, pool = (int(value) for value in argument.split(","))
+        except ValueError:
+            raise InvalidParameterError(f"lookahead drafter: {argument!r} is not W,N,G (e.g. 4,3,4)") from None
+        return cls(window, ngram, pool)
+
+
+def check(spec) -> None:
+    """The registry's check at spec parse: a bad W,N,G is refused before the target loads."""
+    LookaheadShape.parse(spec.argument)
+
+
 def build(spec, target, device: str, dtype: str) -> LookaheadDrafter:
     """`lookahead[:W,N,G]` (a spec.DrafterSpec)."""
-    arg = spec.argument
-    try:
-        window, ngram, pool = (int(v) for v in arg.split(",")) if arg else (4, 3, 4)
-    except ValueError:
-        raise InvalidParameterError(f"lookahead drafter: {arg!r} is not W,N,G (e.g. 4,3,4)") from None
-    return LookaheadDrafter(window, ngram, pool)
+    shape = LookaheadShape.parse(spec.argument)
+    return LookaheadDrafter(shape.window, shape.ngram, shape.pool)

@@ -58,7 +58,7 @@ KINDS = [
                 needs_argument=True, test_spec="quant:int8", options=DraftOptions, bare_option="confidence",
                 check=self_draft.check_quant_spec),
     DrafterKind("layerskip", "layerskip[:SUBSET]", "the target running a subset of its layers",
-                self_draft.build_layer_skip, test_spec="layerskip:first:1"),
+                self_draft.build_layer_skip, test_spec="layerskip:first:1", check=self_draft.check_layer_skip_spec),
     DrafterKind("eagle", "eagle[:HEAD_DIR][@depth=D,topk=W,budget=N]", "an EAGLE head, dynamic trees",
                 heads.build_eagle, options=TreeOptions),
     DrafterKind("medusa", "medusa[:HEAD_DIR][@budget=N]", "Medusa heads, a static tree",
@@ -66,7 +66,7 @@ KINDS = [
     DrafterKind("retrieval", "retrieval:DATASTORE_DIR[@budget=N,depth=D]", "continuations found in a datastore",
                 retrieval.build, needs_argument=True, options=retrieval.RetrievalOptions),
     DrafterKind("lookahead", "lookahead[:W,N,G]", "Jacobi iterations riding along in the verify forward",
-                lookahead.build, test_spec="lookahead:4,3,4"),
+                lookahead.build, test_spec="lookahead:4,3,4", check=lookahead.check),
 ]
 REGISTRY: dict[str, DrafterKind] = {kind.name: kind for kind in KINDS}
 

@@ -136,6 +136,16 @@ def layer_skip_draft(target: LoadedModel, spec: str) -> DraftModelDrafter:
     return DraftModelDrafter(draft, model.vocab_size, name=f"layerskip:{spec}", shares_with=model)
 
 
+def check_layer_skip_spec(spec) -> None:
+    """The registry's check at spec parse: a SUBSET that cannot be read is refused before the target loads
+    (whether its layers exist is known only once the target has loaded)."""
+    if spec.argument:
+        parse_layer_subset(spec.argument, ANY_DEPTH)
+
+
+ANY_DEPTH = 1 << 20  # a model depth no subset can reach: only the subset's syntax is checked
+
+
 def check_quant_spec(spec) -> None:
     """InvalidParameterError for a quant:FORMAT spec whose format or options are wrong."""
     try:
