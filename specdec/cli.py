@@ -7,6 +7,7 @@ they never show a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -409,30 +410,23 @@ def cmd_serve(args) -> int:
     from specdec.server.guard import LOOPBACK_HOSTS, is_loopback
     from specdec.server.run import bind_socket, make_server, serve_forever
 
-    if (args.max_active < 1 or args.max_queue < 0 or args.default_max_tokens < 1 or args.max_request_bytes < 1
-            or (args.max_tokens_cap is not None and args.max_tokens_cap < 1)):
-        raise InvalidParameterError("--max-active, --default-max-tokens, --max-tokens-cap and --max-request-bytes "
-                                    "must be >= 1, --max-queue >= 0")
-    if (args.kv_memory is not None and args.kv_memory <= 0) or args.prefix_cache < 0 or args.prefill_chunk < 1:
-        raise InvalidParameterError("--kv-memory must be > 0 and --prefix-cache >= 0 (MiB), --prefill-chunk >= 1")
     if args.replicas < 0 or (args.autoscaling and not args.replicas):
         raise InvalidParameterError("--replicas must be >= 0, and --autoscaling needs --replicas")
     generator_options = generator_options_from_args(args)  # checked before the port is taken
-    sock = bind_socket(args.host, args.port)
-    loopback = is_loopback(args.host)
-    if not loopback and not args.api_key:
-        print(f"specdec: warning: serving on {args.host}, reachable from other machines, without an API key "
-              "(--api-key or SPECDEC_API_KEY)", file=sys.stderr)
-    settings = ServerSettings(args.model_name, args.max_active, args.max_queue,
-                              args.default_max_tokens, api_key=args.api_key or None,
-                              max_request_bytes=args.max_request_bytes,
-                              allowed_hosts=LOOPBACK_HOSTS if loopback else None,
+    settings = ServerSettings(args.model_name, args.max_active, args.max_queue, args.default_max_tokens,
+                              api_key=args.api_key or None, max_request_bytes=args.max_request_bytes,
+                              allowed_hosts=LOOPBACK_HOSTS if is_loopback(args.host) else None,
                               allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o),
                               max_prompt_tokens=args.max_prompt_tokens, max_tokens_cap=args.max_tokens_cap,
                               kv_memory_bytes=None if args.kv_memory is None else int(args.kv_memory * 2**20),
                               prefix_cache_bytes=int(args.prefix_cache * 2**20),
                               prefill_tokens_per_step=args.prefill_chunk, tool_grammar=not args.no_tool_grammar,
                               reasoning_format=args.reasoning_format)
+    sock = bind_socket(args.host, args.port)
+    loopback = is_loopback(args.host)
+    if not loopback and not args.api_key:
+        print(f"specdec: warning: serving on {args.host}, reachable from other machines, without an API key "
+              "(--api-key or SPECDEC_API_KEY)", file=sys.stderr)
     if args.replicas:  # Ray's proxy listens instead: the socket only checked that the port is free
         from specdec.server.ray_app import ReplicaSpec, parse_autoscaling, run_replicas
 
@@ -440,7 +434,7 @@ def cmd_serve(args) -> int:
         spec = ReplicaSpec(generator_options, settings, args.replicas, parse_autoscaling(args.autoscaling))
         return run_replicas(spec, args.host, args.port)
     generator = SpeculativeGenerator.from_options(generator_options)
-    settings.model_name = settings.model_name or generator.target.name
+    settings = dataclasses.replace(settings, model_name=settings.model_name or generator.target.name)
     server = make_server(create_app(generator, settings), args.shutdown_grace)
     host, port = sock.getsockname()[:2]
     print(f"specdec: serving {settings.model_name!r} (drafter {generator.engine.drafter_name}) "

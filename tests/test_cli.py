@@ -101,6 +101,8 @@ def test_generate_with_lookup_and_a_windowed_draft_model_streams_what_json_retur
         (["serve", "--k", "0"], "k must be"),
         (["serve", "--port", "70000"], "cannot listen"),
         (["serve", "--max-tokens-cap", "0"], "--max-tokens-cap"),
+        (["serve", "--prefill-chunk", "0"], "--prefill-chunk"),
+        (["serve", "--max-queue", "-1"], "--max-queue"),
         (["generate", "hi", "--drafter", "recycle@shape=forest"], "shape must be one of"),
         (["generate", "hi", "--drafter", "lookahead:4,3"], "is not W,N,G"),  # before the target loads
         (["generate", "hi", "--drafter", "lookahead:99,3,4"], "1 <= W <= 16"),

@@ -175,3 +175,19 @@ def test_ray_app_builder_keys_become_the_options_each_replica_loads(tiny_dirs):
     for bad in ({"colour": "red"}, {"replicas": "two"}, {"drafter": "nope"}, {"target": "/no/such/model"}):
         with pytest.raises(SpecdecError):  # one-line errors, before any model loads
             replica_spec_of({"target": str(tiny_dirs["llama"]), **bad})
+
+
+def test_server_settings_are_frozen_and_checked_at_construction():
+    """Issue 77 item 2: whoever builds the settings (the CLI, Ray's replicas, a test) gets the same checks."""
+    import dataclasses
+
+    from specdec.errors import InvalidParameterError
+    from specdec.server.state import ServerSettings
+
+    settings = ServerSettings("m")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.max_active = 0
+    for field, value in (("max_active", 0), ("max_queue", -1), ("default_max_tokens", 0), ("max_tokens_cap", 0),
+                         ("kv_memory_bytes", 0), ("prefill_tokens_per_step", 0), ("reasoning_format", "loud")):
+        with pytest.raises(InvalidParameterError, match=field):
+            ServerSettings("m", **{field: value})

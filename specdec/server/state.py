@@ -8,12 +8,16 @@ from fastapi import Request
 
 from specdec.api.generator import SpeculativeGenerator
 from specdec.server.metrics import ServerMetrics
-from specdec.api.reasoning import Reasoning
+from specdec.api.reasoning import REASONING_FORMATS, Reasoning
+from specdec.errors import InvalidParameterError
 from specdec.server.scheduler import PREFILL_TOKENS_PER_STEP, Scheduler
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServerSettings:
+    """What one server is allowed to do, checked at construction (InvalidParameterError naming the field and
+    its `specdec serve` flag), whoever builds it: the CLI, Ray's replicas, a test, a Python user."""
+
     model_name: str  # the id clients send as `model`
     max_active: int = 16  # generations whose rounds run batched together
     max_queue: int = 64  # requests waiting beyond those; more get HTTP 503
@@ -31,6 +35,25 @@ class ServerSettings:
     # a thinking model's <think> block as reasoning_content: "auto" (where its chat template writes one),
     # "deepseek" (always), "none" (left in content)
     reasoning_format: str = "auto"
+
+    def __post_init__(self):
+        checks = [
+            (self.max_active >= 1, "max_active (--max-active) must be >= 1"),
+            (self.max_queue >= 0, "max_queue (--max-queue) must be >= 0"),
+            (self.default_max_tokens >= 1, "default_max_tokens (--default-max-tokens) must be >= 1"),
+            (self.max_request_bytes >= 1, "max_request_bytes (--max-request-bytes) must be >= 1"),
+            (self.max_prompt_tokens is None or self.max_prompt_tokens >= 1,
+             "max_prompt_tokens (--max-prompt-tokens) must be >= 1"),
+            (self.max_tokens_cap is None or self.max_tokens_cap >= 1, "max_tokens_cap (--max-tokens-cap) must be >= 1"),
+            (self.kv_memory_bytes is None or self.kv_memory_bytes > 0, "kv_memory_bytes (--kv-memory) must be > 0"),
+            (self.prefix_cache_bytes >= 0, "prefix_cache_bytes (--prefix-cache) must be >= 0"),
+            (self.prefill_tokens_per_step >= 1, "prefill_tokens_per_step (--prefill-chunk) must be >= 1"),
+            (self.reasoning_format in REASONING_FORMATS,
+             f"reasoning_format (--reasoning-format) must be one of {', '.join(REASONING_FORMATS)}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidParameterError(message)
 
 
 @dataclass
