@@ -173,11 +173,16 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--grace", type=float, default=5.0)
     parser.add_argument("--log", default="hostile-serve.log")
+    parser.add_argument("--max-prompt-tokens", type=int, default=None,
+                        help="the server's --max-prompt-tokens: a slower model refuses the 100,000-character prompts "
+                             "instead of spending minutes on each")
     args = parser.parse_args()
     log = open(args.log, "w")
     server = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--target", args.target, "--port",
                                str(args.port), "--api-key", KEY, "--default-max-tokens", "8",
-                               "--shutdown-grace", str(args.grace)], stdout=log, stderr=subprocess.STDOUT)
+                               "--shutdown-grace", str(args.grace),
+                               *(["--max-prompt-tokens", str(args.max_prompt_tokens)] if args.max_prompt_tokens else [])],
+                              stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while True:
         try:
