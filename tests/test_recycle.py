@@ -110,3 +110,15 @@ def test_the_server_shares_one_table_across_requests_and_answers_as_plain(tiny_g
         assert running.generator.drafter.table.next is not None  # the requests' rows filled the shared table
     finally:
         running.stop()
+
+
+def test_specdec_generate_with_recycle_gives_plain_decodings_tokens(tiny_dirs, capsys):
+    from specdec.cli import main
+
+    outputs = {}
+    for drafter in ("none", "recycle"):
+        assert main(["generate", PROMPTS[0], "--target", str(tiny_dirs["llama"]), "--drafter", drafter, "--no-chat",
+                     "--max-new-tokens", "24", "--json"]) == 0
+        outputs[drafter] = json.loads(capsys.readouterr().out)
+    assert outputs["recycle"]["token_ids"] == outputs["none"]["token_ids"]
+    assert outputs["recycle"]["stats"]["drafter"].startswith("recycle")
