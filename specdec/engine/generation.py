@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 import torch
 
 from specdec.core.commit import Committer, CommitOutcome, StopCriteria
@@ -45,8 +46,10 @@ class Generation:
         self.token_logprobs: list[TokenLogprob] | None = None if logprobs is None else []
         self.steps = round_steps(self.drafter, self.hidden_layers, self.params, self.committer, constraint,
                                  logprobs, self.token_logprobs)
-        self.prefill = PromptPrefill(target, self.cache, prompt_ids, self.hidden_layers, self._prefill_output,
-                                     prompt_cache)
+        # The prefill's callback reaches the steps, not this generation: a bound method here would make a
+        # reference cycle, and the KV cache would outlive the generation until the cyclic collector ran.
+        self.prefill = PromptPrefill(target, self.cache, prompt_ids, self.hidden_layers,
+                                     partial(prefill_output, self.steps), prompt_cache)
         self.rounds: list[RoundStats] = []
         self.started = time.perf_counter()
         self.prefill_seconds = 0.0
@@ -88,10 +91,6 @@ class Generation:
                 step.prefill_done()
             self.prefill_seconds = time.perf_counter() - self.started
         return done
-
-    def _prefill_output(self, out) -> None:
-        for step in self.steps:
-            step.prefill_output(out)
 
     # -- a round: draft -> verify -> accept -> commit ---------------------------------------------
     def plan_k(self) -> int:
@@ -152,3 +151,9 @@ class Generation:
         if round.proposed and outcome.finish_reason is None:
             self.drafter.on_verified(self.context, round.draft, round.result)
         return outcome
+
+
+def prefill_output(steps, out) -> None:
+    """Each round step sees each prefill chunk's forward output (features for the drafters that read them)."""
+    for step in steps:
+        step.prefill_output(out)

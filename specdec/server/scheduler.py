@@ -45,6 +45,7 @@ from specdec.api.generator import SpeculativeGenerator
 from specdec.api.prefix_cache import PrefixCache
 from specdec.api.request import GenerationRequest
 from specdec.errors import SpecdecError
+from specdec.server.memory import release_free_memory
 
 
 class QueueFullError(SpecdecError):
@@ -151,7 +152,13 @@ class Scheduler:
 
     # -- worker thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        busy = False  # work done since the allocator's free memory was last returned
         while True:
+            with self.wake:
+                idle = not self.waiting and not self.active
+            if idle and busy:  # the last generation has just ended
+                release_free_memory()
+                busy = False
             with self.wake:
                 while not self.stopping and not self.waiting and not self.active:
                     self.wake.wait()
@@ -159,6 +166,7 @@ class Scheduler:
                     return
             self._admit_some()
             self._step()
+            busy = True
 
     def _admit_some(self) -> None:
         """Start waiting requests, first come first served, while a slot is free and the next one's KV cache
