@@ -13,7 +13,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.prefix_cache import PrefixCache
-from specdec.server import routes_completions, routes_infill, routes_info, routes_llama_server
+from specdec.server import (routes_anthropic, routes_completions, routes_infill, routes_info,
+                            routes_llama_server)
+from specdec.server.dialect_errors import DialectErrors
 from specdec.server.guard import GuardSettings, RequestGuard
 from specdec.server.http_errors import error
 from specdec.server.metrics import ResponseCounter, ServerMetrics
@@ -24,7 +26,8 @@ from specdec.server.state import ServerSettings, ServerState
 __all__ = ["ServerSettings", "create_app", "endpoint_label"]
 
 KNOWN_ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/infill",
-                   "/completion", "/tokenize", "/detokenize", "/apply-template", "/props")
+                   "/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/v1/messages",
+                   "/v1/messages/count_tokens", "/v1/responses")
 
 
 def endpoint_label(path: str) -> str:
@@ -55,7 +58,7 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
     async def validation_error(request: Request, exc: RequestValidationError):
         return error(400, str(exc.errors()[0].get("msg")), "invalid_request_error")
 
-    for routes in (routes_info, routes_completions, routes_infill, routes_llama_server):
+    for routes in (routes_info, routes_completions, routes_infill, routes_llama_server, routes_anthropic):
         app.include_router(routes.router)
     return app
 
@@ -81,8 +84,9 @@ def add_middleware(app: FastAPI, state: ServerState) -> None:
     settings, metrics = state.settings, state.metrics
     app.add_middleware(RequestGuard, settings=GuardSettings(settings.api_key, settings.max_request_bytes,
                                                             settings.allowed_hosts))
+    app.add_middleware(DialectErrors)  # outside the guard: its refusals too take each dialect's shape
     app.add_middleware(ResponseCounter, count=lambda endpoint, status: metrics.requests.labels(endpoint, status).inc(),
                        label=endpoint_label)
     if settings.allowed_origins:  # outermost: a browser's preflight is answered before the guard
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version", "anthropic-beta"])

@@ -138,31 +138,32 @@ async def finish(job: Job, request: Request) -> GenerationResult | Exception | N
 
 async def stream_events(state: ServerState, jobs: list[Job], reply, prompt_tokens: int, arrived: float
                         ) -> AsyncIterator[str]:
-    """The choices' chunks as their rounds commit text, interleaved (each chunk names its choice)."""
+    """The choices' events as their rounds commit text, interleaved, in the reply's dialect: `reply` writes
+    the server-sent events (stream_start / stream_text / stream_done / stream_failed / stream_end; the
+    OpenAI chat and completions Reply, Responses, Anthropic Messages)."""
     first_text = True
     results: list[GenerationResult | None] = [None] * len(jobs)
     try:
-        for index in range(len(jobs)):
-            yield sse(reply.opening(index))
+        for frame in reply.stream_start(prompt_tokens):
+            yield frame
         async for index, event in merged_events(jobs):
             if isinstance(event, Chunk):
-                chunks = reply.delta(index, event.chunk.text, event.chunk.logprobs)
-                if chunks and first_text:
+                frames = reply.stream_text(index, event.chunk.text, event.chunk.logprobs)
+                if frames and first_text:
                     state.metrics.time_to_first_token.observe(time.perf_counter() - arrived)
                     first_text = False
-                for chunk in chunks:
-                    yield sse(chunk)
             elif isinstance(event, Done):
                 results[index] = event.result
-                for chunk in reply.closing(index, event.result):
-                    yield sse(chunk)
+                frames = reply.stream_done(index, event.result)
             else:  # refused, failed or cancelled: tell the client in-band, the status line is already sent
                 kind = "invalid_request_error" if isinstance(event, Refused) else "server_error"
-                yield sse(error_body(ended_text(event), kind))
+                frames = reply.stream_failed(ended_text(event), kind)
+            for frame in frames:
+                yield frame
+            if not isinstance(event, (Chunk, Done)):
                 break
-        if reply.include_usage and all(result is not None for result in results):
-            yield sse(reply.usage_chunk(results, prompt_tokens))
-        yield "data: [DONE]\n\n"
+        for frame in reply.stream_end(results, prompt_tokens):
+            yield frame
     finally:
         for job in jobs:
             job.cancel()  # no-op when finished; frees the slots when the client disconnected

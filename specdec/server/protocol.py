@@ -415,7 +415,7 @@ def _check_text(text: str) -> None:
                              "\\ud800)") from None
 
 
-def parse_request(body: bytes, kind: type[_Common]) -> _Common:
+def parse_request(body: bytes, kind: type[BaseModel]) -> BaseModel:
     """Bytes -> a validated request, or BadRequest with one readable line."""
     data = load_json(body)
     if not isinstance(data, dict):

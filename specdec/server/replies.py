@@ -7,9 +7,9 @@ import json
 from typing import Callable, Sequence
 
 from specdec.core.rounds import GenerationResult, TokenLogprob
-from specdec.server.protocol import new_id, now, usage
-from specdec.api.reasoning import Reasoning, ReasoningStream, split_reasoning
-from specdec.server.tools import CallStream, ToolCall, parse_calls
+from specdec.server.protocol import error_body, new_id, now, usage
+from specdec.api.reasoning import Reasoning
+from specdec.server.answer import AnswerPart, AnswerStream, whole_answer
 
 
 def sse(payload: dict) -> str:
@@ -37,8 +37,8 @@ class Reply:
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = now()
         self.reasoning = reasoning if chat else None
-        self.streams = [CallStream(tools) for _ in range(choices)] if tools else []
-        self.thoughts = [ReasoningStream(reasoning) for _ in range(choices)] if self.reasoning else []
+        self.answers = [AnswerStream(tools, self.reasoning) for _ in range(choices)] if chat else []
+        self.choices = choices
         self.text_offsets = [0] * choices  # completions' logprobs: where each token's text starts
 
     def _envelope(self, obj: str, choices: list) -> dict:
@@ -61,8 +61,7 @@ class Reply:
         logprobs = None if result.logprobs is None else self.logprobs(result.logprobs, index)
         if not self.chat:
             return {"index": index, "text": result.text, "finish_reason": result.finish_reason, "logprobs": logprobs}
-        thought, text = split_reasoning(result.text, self.reasoning) if self.reasoning else (None, result.text)
-        content, calls = parse_calls(text, self.tools) if self.tools else (text, [])
+        thought, content, calls = whole_answer(result.text, self.tools, self.reasoning)
         message = {"role": "assistant", "content": content}
         if thought is not None:
             message["reasoning_content"] = thought
@@ -84,37 +83,30 @@ class Reply:
         entries = None if logprobs is None else self.logprobs(logprobs, index)
         if not self.chat:
             return [self._chunk(index, text=text, logprobs=entries)] if text or entries else []
-        thought = ""
-        if self.thoughts:
-            thought, text = self.thoughts[index].feed(text)
-        return self._chat_chunks(index, thought, text, entries)
+        return self._chat_chunks(index, self.answers[index].feed(text), entries)
 
-    def _chat_chunks(self, index: int, thought: str, text: str, entries: dict | None, last: bool = False
-                     ) -> list[dict]:
-        """Reasoning, then content, then the tool calls completed (`last`: the held text too)."""
+    def _chat_chunks(self, index: int, parts: list[AnswerPart], entries: dict | None) -> list[dict]:
+        """Reasoning, then content, then the tool calls completed; the round's logprobs on the first chunk."""
         chunks: list[dict] = []
-        if thought:
-            chunks.append(self._chunk(index, {"reasoning_content": thought}, logprobs=entries))
-            entries = None
-        calls: list[ToolCall] = []
-        if self.streams:
-            text, calls = self.streams[index].feed(text)
-            if last:
-                rest, written = self.streams[index].finish()
-                text, calls = text + rest, calls + written
-        if text or entries:
-            chunks.append(self._chunk(index, {"content": text}, logprobs=entries))
-        chunks += [self._chunk(index, {"tool_calls": [call.to_openai(self.streams[index].calls - len(calls) + n)]})
-                   for n, call in enumerate(calls)]
+        calls_before = self.answers[index].call_count - sum(part.kind == "call" for part in parts)
+        for part in parts:
+            if part.kind == "call":
+                chunks.append(self._chunk(index, {"tool_calls": [part.call.to_openai(calls_before)]}))
+                calls_before += 1
+            else:
+                field = "reasoning_content" if part.kind == "reasoning" else "content"
+                chunks.append(self._chunk(index, {field: part.text}, logprobs=entries))
+                entries = None
+        if entries:
+            chunks.append(self._chunk(index, {"content": ""}, logprobs=entries))
         return chunks
 
     def closing(self, index: int, result: GenerationResult) -> list[dict]:
         """A choice's last chunks: held text, then its finish_reason (with the speculation figures)."""
         chunks = []
         if self.chat:
-            thought, rest = self.thoughts[index].finish() if self.thoughts else ("", "")
-            chunks = self._chat_chunks(index, thought, rest, None, last=True)
-        reason = "tool_calls" if self.streams and self.streams[index].calls else result.finish_reason
+            chunks = self._chat_chunks(index, self.answers[index].finish(), None)
+        reason = "tool_calls" if self.chat and self.answers[index].call_count else result.finish_reason
         last = self._chunk(index, {} if self.chat else None, text="" if not self.chat else None,
                            finish_reason=reason)
         last["specdec"] = speculative_stats(result)
@@ -132,6 +124,25 @@ class Reply:
             return self._envelope("chat.completion.chunk", [choice])
         choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": logprobs}
         return self._envelope("text_completion", [choice])
+
+    # -- the stream as server-sent events (jobs.stream_events drives every dialect's reply this way) ----
+    def stream_start(self, prompt_tokens: int) -> list[str]:
+        return [sse(self.opening(index)) for index in range(self.choices)]
+
+    def stream_text(self, index: int, text: str, logprobs: list[TokenLogprob] | None) -> list[str]:
+        return [sse(chunk) for chunk in self.delta(index, text, logprobs)]
+
+    def stream_done(self, index: int, result: GenerationResult) -> list[str]:
+        return [sse(chunk) for chunk in self.closing(index, result)]
+
+    def stream_failed(self, message: str, kind: str) -> list[str]:
+        return [sse(error_body(message, kind))]
+
+    def stream_end(self, results: list[GenerationResult | None], prompt_tokens: int) -> list[str]:
+        """The usage chunk when asked for (all choices done), then [DONE]."""
+        ended = all(result is not None for result in results)
+        return ([sse(self.usage_chunk(results, prompt_tokens))] if self.include_usage and ended else []) + \
+            ["data: [DONE]\n\n"]
 
     # -- logprobs ----------------------------------------------------------------------------------
     def logprobs(self, entries: list[TokenLogprob], index: int = 0) -> dict:
