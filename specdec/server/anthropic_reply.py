@@ -11,7 +11,7 @@ from specdec.api.reasoning import Reasoning
 from specdec.core.rounds import GenerationResult, TokenLogprob
 from specdec.server.answer import AnswerPart, AnswerStream, whole_answer
 from specdec.server.protocol import new_id
-from specdec.server.replies import speculative_stats
+from specdec.server.replies import named_sse, speculative_stats
 from specdec.server.tools import ToolCall
 
 # HTTP status -> Anthropic's error type.
@@ -22,11 +22,6 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 def anthropic_error(status: int, message: str) -> dict:
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def named_sse(payload: dict) -> str:
-    """A server-sent event named by its payload's type, as Anthropic's (and Responses') streams are."""
-    return f"event: {payload['type']}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
 def stop_reason(result: GenerationResult, stops: Sequence[str], called: bool,

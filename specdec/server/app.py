@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.prefix_cache import PrefixCache
 from specdec.server import (routes_anthropic, routes_completions, routes_infill, routes_info,
-                            routes_llama_server)
+                            routes_llama_server, routes_responses)
 from specdec.server.dialect_errors import DialectErrors
 from specdec.server.guard import GuardSettings, RequestGuard
 from specdec.server.http_errors import error
@@ -58,7 +58,8 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
     async def validation_error(request: Request, exc: RequestValidationError):
         return error(400, str(exc.errors()[0].get("msg")), "invalid_request_error")
 
-    for routes in (routes_info, routes_completions, routes_infill, routes_llama_server, routes_anthropic):
+    for routes in (routes_info, routes_completions, routes_infill, routes_llama_server, routes_anthropic,
+                   routes_responses):
         app.include_router(routes.router)
     return app
 
@@ -88,5 +89,5 @@ def add_middleware(app: FastAPI, state: ServerState) -> None:
     app.add_middleware(ResponseCounter, count=lambda endpoint, status: metrics.requests.labels(endpoint, status).inc(),
                        label=endpoint_label)
     if settings.allowed_origins:  # outermost: a browser's preflight is answered before the guard
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version", "anthropic-beta"])

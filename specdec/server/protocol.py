@@ -116,7 +116,8 @@ class ChatMessage(BaseModel):
 
     def for_template(self) -> dict:
         """The message as chat templates read it: tool calls' arguments as objects, not JSON text."""
-        message: dict = {"role": self.role, "content": self.content}
+        # open-weight chat templates know "system", not OpenAI's newer name for it
+        message: dict = {"role": "system" if self.role == "developer" else self.role, "content": self.content}
         if self.tool_calls:
             message["tool_calls"] = [{"id": call.id, "type": "function", "function": {
                 "name": call.function.name, "arguments": _json_or_text(call.function.arguments)}}
@@ -423,12 +424,19 @@ def parse_request(body: bytes, kind: type[BaseModel]) -> BaseModel:
     try:
         return kind.model_validate(data)
     except ValidationError as exc:
-        error = exc.errors()[0]
+        error = most_specific(exc.errors())
         param = ".".join(str(part) for part in error["loc"]) or None
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "missing":
             message = "is required"
         raise BadRequest(f"{param}: {message}" if param else message, param) from None
+
+
+def most_specific(errors: list[dict]) -> dict:
+    """The error to report of several (a value matching no member of a union gets one per member): the one
+    found deepest in the value, where a value is a list or an object (its `str` alternative's complaint
+    says less than what was wrong inside it)."""
+    return max(errors, key=lambda error: len([part for part in error["loc"] if part not in ("str", "int")]))
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,

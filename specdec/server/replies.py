@@ -16,6 +16,11 @@ def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
+def named_sse(payload: dict) -> str:
+    """A server-sent event named by its payload's type, as the Responses and Anthropic streams are."""
+    return f"event: {payload['type']}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
 def speculative_stats(result: GenerationResult) -> dict:
     """The extension field with this request's speculation figures."""
     s = result.stats

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
@@ -10,6 +10,7 @@ from specdec.api.generator import SpeculativeGenerator
 from specdec.server.metrics import ServerMetrics
 from specdec.api.reasoning import REASONING_FORMATS, Reasoning
 from specdec.errors import InvalidParameterError
+from specdec.server.response_store import ResponseStore
 from specdec.server.scheduler import PREFILL_TOKENS_PER_STEP, Scheduler
 
 
@@ -63,6 +64,7 @@ class ServerState:
     scheduler: Scheduler
     metrics: ServerMetrics
     reasoning: Reasoning | None = None  # how chat answers are split (reasoning_for)
+    responses: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's stored responses
 
     @property
     def max_tokens_cap(self) -> int:
