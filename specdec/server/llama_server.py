@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from specdec.core.rounds import GenerationResult
 from specdec.core.sampling import SamplingParams
 from specdec.server.protocol import MAX_STOP_CHARS, BadRequest, ChatMessage
-from specdec.server.replies import speculative_stats
+from specdec.server.replies import speculative_stats, timings
 
 
 class LlamaSampling(BaseModel):
@@ -72,19 +72,6 @@ class DetokenizeBody(BaseModel):
 class ApplyTemplateBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     messages: list[ChatMessage] = Field(min_length=1)
-
-
-def timings(result: GenerationResult) -> dict:
-    """llama-server's `timings` object, from the generation's statistics; draft_n / draft_n_accepted are
-    what llama.cpp reports for its speculative modes, so a tool that reads them sees the speculation."""
-    s = result.stats
-    decode_seconds = max(s.seconds - s.prefill_seconds, 1e-9)
-    return {"prompt_n": s.prompt_tokens, "prompt_ms": s.prefill_seconds * 1000,
-            "prompt_per_second": s.prompt_tokens / max(s.prefill_seconds, 1e-9),
-            "predicted_n": s.new_tokens, "predicted_ms": decode_seconds * 1000,
-            "predicted_per_token_ms": decode_seconds * 1000 / max(s.new_tokens, 1),
-            "predicted_per_second": s.decode_tokens_per_second,
-            "draft_n": s.drafted, "draft_n_accepted": s.accepted}
 
 
 class LlamaReply:

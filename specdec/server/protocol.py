@@ -176,6 +176,7 @@ class _Common(BaseModel):
     response_format: ResponseFormat | None = None
     json_schema: dict | None = None  # llama-server's extension: the output's JSON schema
     grammar: str | None = None  # llama-server's extension: a GBNF grammar
+    timings_per_token: bool = False  # llama-server's extension: its `timings` object on the reply
 
     @field_validator("seed")
     @classmethod

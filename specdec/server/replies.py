@@ -29,14 +29,29 @@ def speculative_stats(result: GenerationResult) -> dict:
             "tokens_per_second": round(s.decode_tokens_per_second, 2)}
 
 
+def timings(result: GenerationResult) -> dict:
+    """llama-server's `timings` object, from the generation's statistics; draft_n / draft_n_accepted are
+    what llama.cpp reports for its speculative modes, so a tool that reads them sees the speculation."""
+    s = result.stats
+    decode_seconds = max(s.seconds - s.prefill_seconds, 1e-9)
+    return {"prompt_n": s.prompt_tokens, "prompt_ms": s.prefill_seconds * 1000,
+            "prompt_per_second": s.prompt_tokens / max(s.prefill_seconds, 1e-9),
+            "predicted_n": s.new_tokens, "predicted_ms": decode_seconds * 1000,
+            "predicted_per_token_ms": decode_seconds * 1000 / max(s.new_tokens, 1),
+            "predicted_per_second": s.decode_tokens_per_second,
+            "draft_n": s.drafted, "draft_n_accepted": s.accepted}
+
+
 class Reply:
     """Builds the response objects of one request (chat.completion or text_completion), its `n` choices
     included. token_text(id) spells a token for `logprobs`; with `tools` a chat answer's tool calls are
     read back into `tool_calls` (finish_reason "tool_calls"); with `reasoning` a chat answer's <think> block
-    goes to `reasoning_content` (api/reasoning.py)."""
+    goes to `reasoning_content` (api/reasoning.py); with `timings` llama-server's timings object goes beside
+    `usage`, as llama-server writes it for clients that read its speculation figures."""
 
     def __init__(self, chat: bool, model: str, include_usage: bool, token_text: Callable[[int], str],
-                 tools: Sequence[dict] = (), choices: int = 1, reasoning: Reasoning | None = None):
+                 tools: Sequence[dict] = (), choices: int = 1, reasoning: Reasoning | None = None,
+                 timings: bool = False):
         self.chat, self.model, self.include_usage, self.tools = chat, model, include_usage, tools
         self.token_text = token_text
         self.id = new_id("chatcmpl" if chat else "cmpl")
@@ -44,6 +59,7 @@ class Reply:
         self.reasoning = reasoning if chat else None
         self.answers = [AnswerStream(tools, self.reasoning) for _ in range(choices)] if chat else []
         self.choices = choices
+        self.timings = timings  # llama-server's `timings` beside `usage` (timings_per_token), per choice
         self.text_offsets = [0] * choices  # completions' logprobs: where each token's text starts
 
     def _envelope(self, obj: str, choices: list) -> dict:
@@ -60,6 +76,8 @@ class Reply:
         body["usage"] = usage(prompt_tokens, sum(len(result.token_ids) for result in results))
         body["specdec"] = speculative_stats(results[0]) if len(results) == 1 else [
             speculative_stats(result) for result in results]
+        if self.timings:
+            body["timings"] = timings(results[0]) if len(results) == 1 else [timings(result) for result in results]
         return body
 
     def _choice(self, index: int, result: GenerationResult) -> dict:
@@ -115,6 +133,8 @@ class Reply:
         last = self._chunk(index, {} if self.chat else None, text="" if not self.chat else None,
                            finish_reason=reason)
         last["specdec"] = speculative_stats(result)
+        if self.timings:
+            last["timings"] = timings(result)
         return chunks + [last]
 
     def usage_chunk(self, results: list[GenerationResult], prompt_tokens: int) -> dict:
