@@ -58,6 +58,12 @@ def test_system_blocks_and_a_stop_sequence(coder, client):  # noqa: F811
         model="tiny", messages=[{"role": "system", "content": "You are terse."}] + TEXT, max_tokens=8,
         temperature=0)
     assert with_system.content[0].text == reply.choices[0].message.content
+    # a system turn mid-conversation, as Claude Code sends one
+    turns = TEXT + [{"role": "assistant", "content": "abc"}, {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "abc abc"}]
+    midway = client.messages.create(model="tiny", max_tokens=8, messages=turns, extra_body=GREEDY)
+    assert midway.content[0].text == coder.client.chat.completions.create(
+        model="tiny", messages=turns, max_tokens=8, temperature=0).choices[0].message.content
 
 
 def test_a_tool_use_round_trip_whole_and_streamed(coder, client):  # noqa: F811

@@ -68,7 +68,8 @@ def _known_blocks(content):
 
 class AnthropicMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
-    role: Literal["user", "assistant"]
+    # "system" mid-conversation: Claude Code sends one (a beta) and falls back without it when refused
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
     @field_validator("content", mode="before")
@@ -82,6 +83,10 @@ class AnthropicMessage(BaseModel):
         if isinstance(self.content, str):
             return [{"role": self.role, "content": self.content}]
         text = "".join(block.text for block in self.content if isinstance(block, TextBlock))
+        if self.role == "system":
+            if any(not isinstance(block, TextBlock) for block in self.content):
+                raise ValueError("a system message holds text blocks only")
+            return [{"role": "system", "content": text}]
         if self.role == "assistant":
             if any(isinstance(block, ToolResultBlock) for block in self.content):
                 raise ValueError("tool_result blocks belong in a user message")
