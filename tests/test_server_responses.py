@@ -72,6 +72,25 @@ def test_a_function_call_round_trip_whole_and_streamed(coder):  # noqa: F811
     assert all(item.type == "message" for item in followed.output)
 
 
+def test_namespace_tools_are_called_by_namespace_and_hosted_tools_left_out(coder):  # noqa: F811
+    """As Codex CLI lists its tools: functions inside a namespace, and web_search (OpenAI's own)."""
+    tools = [{"type": "namespace", "name": "weather", "description": "Weather tools.",
+              "tools": [{**FUNCTION, "name": "today"}]}, {"type": "web_search", "external_web_access": True}]
+    response = coder.client.responses.create(model="tiny", input=MESSAGES, tools=tools, tool_choice="required",
+                                             parallel_tool_calls=False, max_output_tokens=512, temperature=0)
+    call = response.output[-1]
+    assert call.type == "function_call" and (call.namespace, call.name) == ("weather", "today")
+    chat_call = chat(coder, MESSAGES, tools=[{"type": "function", "function": {**WEATHER["function"],
+                                                                                 "name": "weather.today"}}],
+                     tool_choice="required", parallel_tool_calls=False, max_tokens=512).choices[0].message
+    assert json.loads(call.arguments) == json.loads(chat_call.tool_calls[0].function.arguments)
+    again = coder.client.responses.create(  # the call goes back with its namespace, as Codex sends it
+        model="tiny", input=MESSAGES + [call.model_dump(exclude_none=True),
+                                        {"type": "function_call_output", "call_id": call.call_id, "output": "18C"}],
+        tools=tools, tool_choice="none", max_output_tokens=4, temperature=0)
+    assert again.status in ("completed", "incomplete")
+
+
 def test_a_json_schema_format_is_followed(coder):  # noqa: F811
     import jsonschema
 
@@ -100,7 +119,7 @@ def test_previous_response_id_continues_the_stored_conversation(coder):  # noqa:
 
 
 @pytest.mark.parametrize("body, words", [
-    ({"input": "x", "tools": [{"type": "web_search"}]}, "'web_search' tools are not supported"),
+    ({"input": "x", "tools": [{"type": "custom", "name": "patch"}]}, "'custom' tools are not supported"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "'input_image' content parts are not supported"),
     ({"input": "x", "background": True}, "background=true is not supported"),

@@ -3,8 +3,10 @@ the one chat request the server runs (ChatCompletionRequest), so that sampling, 
 and the bounds are exactly chat's.
 
 Input items read: messages (text parts: input_text / output_text), function_call and function_call_output;
-reasoning items are skipped (chat templates drop earlier reasoning). Only function tools; built-in tools
-(web_search, file_search, ...) and image or file inputs are a 400 naming them. OpenAI fields this server
+reasoning items are skipped (chat templates drop earlier reasoning). Function tools and namespace tools (their
+functions listed as "namespace.name", called back with `namespace` set); hosted tools (web_search,
+file_search, ...) are left out of what the model sees; custom free-form tools and image or file inputs are a
+400 naming them. OpenAI fields this server
 does not implement are accepted at their neutral value only, as in chat.
 """
 
@@ -51,6 +53,11 @@ class FunctionCallItem(_Item):
     call_id: str
     name: str
     arguments: str
+    namespace: str | None = None
+
+    @property
+    def listed_name(self) -> str:
+        return f"{self.namespace}.{self.name}" if self.namespace else self.name
 
 
 class FunctionCallOutputItem(_Item):
@@ -90,7 +97,7 @@ def chat_messages(items: list) -> list[dict]:
         if isinstance(item, MessageItem):
             messages.append({"role": item.role, "content": item.content})
         elif isinstance(item, FunctionCallItem):
-            call = {"id": item.call_id, "type": "function", "function": {"name": item.name,
+            call = {"id": item.call_id, "type": "function", "function": {"name": item.listed_name,
                                                                         "arguments": item.arguments}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
@@ -109,20 +116,40 @@ class FunctionTool(BaseModel):
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = None
+    namespace: str | None = None  # set for a function of a `namespace` tool
+
+    @property
+    def listed_name(self) -> str:
+        """The name the model sees and calls: a namespace's functions as "namespace.name"."""
+        return f"{self.namespace}.{self.name}" if self.namespace else self.name
 
     def as_chat_tool(self) -> dict:
-        function = {"name": self.name} | {key: value for key, value in
-                                           [("description", self.description), ("parameters", self.parameters)]
-                                           if value is not None}
+        function = {"name": self.listed_name} | {key: value for key, value in
+                                                  [("description", self.description),
+                                                   ("parameters", self.parameters)] if value is not None}
         return {"type": "function", "function": function}
 
 
+# Tools OpenAI runs on its side; a client that lists them (Codex CLI lists web_search) still works here, with
+# the model not told of them.
+HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use_preview",
+                "image_generation", "mcp", "local_shell", "tool_search")
+
+
 def _function_tools(tools):
+    """Function tools, those of `namespace` tools among them (flattened, each knowing its namespace); hosted
+    tools left out; any other kind (custom free-form tools) refused."""
+    functions = []
     for tool in tools or []:
         kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
-            raise ValueError(f"{kind!r} tools are not supported (only function tools)")
-    return tools
+        if kind == "namespace":
+            functions += [{**inner, "namespace": tool.get("name")} for inner in _function_tools(tool.get("tools"))]
+        elif kind == "function":
+            functions.append(tool)
+        elif kind not in HOSTED_TOOLS:
+            raise ValueError(f"{kind!r} tools are not supported (function and namespace tools are; hosted tools "
+                             "are left out)")
+    return functions
 
 
 class TextFormat(BaseModel):
@@ -195,6 +222,10 @@ class ResponsesRequest(BaseModel):
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
         return chat_messages(self.input)
+
+    def namespaces(self) -> dict[str, tuple[str, str]]:
+        """Listed name -> (namespace, name) of the namespaced functions."""
+        return {tool.listed_name: (tool.namespace, tool.name) for tool in self.tools or [] if tool.namespace}
 
     def chat_request(self, history: tuple[dict, ...] = ()) -> ChatCompletionRequest:
         """The chat request this body means after `history` (a previous response's conversation); BadRequest

@@ -36,9 +36,13 @@ def reasoning_item(text: str, status: str = "completed", identifier: str | None 
             "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
 
 
-def call_item(call: ToolCall, status: str = "completed", identifier: str | None = None) -> dict:
-    return {"id": identifier or item_id("fc"), "type": "function_call", "status": status, "call_id": call.id,
-            "name": call.name, "arguments": call.arguments if status == "completed" else ""}
+def call_item(call: ToolCall, status: str = "completed", identifier: str | None = None,
+              namespaces: dict[str, tuple[str, str]] | None = None) -> dict:
+    """A function_call item; a namespaced function's call names its namespace and its own name."""
+    namespace, name = (namespaces or {}).get(call.name, (None, call.name))
+    item = {"id": identifier or item_id("fc"), "type": "function_call", "status": status, "call_id": call.id,
+            "name": name, "arguments": call.arguments if status == "completed" else ""}
+    return item | ({"namespace": namespace} if namespace else {})
 
 
 class ResponsesReply:
@@ -52,6 +56,7 @@ class ResponsesReply:
         self.id = item_id("resp")
         self.created = time.time()
         self.answer = AnswerStream(tools, reasoning)
+        self.namespaces = body.namespaces()
         self.items: list[dict] = []  # output items finished so far (the stream's)
         self.open: dict | None = None  # the item being streamed: reasoning or message
         self.open_text = ""
@@ -94,8 +99,9 @@ class ResponsesReply:
     def conversation(self, output: list[dict]) -> list[dict]:
         """The history, this request's input and its answer, as chat messages (what a later request continues)."""
         text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
-        calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"],
-                                                                         "arguments": item["arguments"]}}
+        calls = [{"id": item["call_id"], "type": "function", "function": {
+                  "name": f"{item['namespace']}.{item['name']}" if item.get("namespace") else item["name"],
+                  "arguments": item["arguments"]}}
                  for item in output if item["type"] == "function_call"]
         answer = {"role": "assistant", "content": text or (None if calls else "")} | (
             {"tool_calls": calls} if calls else {})
@@ -106,7 +112,7 @@ class ResponsesReply:
         thought, text, calls = whole_answer(result.text, self.tools, self.reasoning)
         output = [reasoning_item(thought)] if thought else []
         output += [message_item(text)] if text else []
-        output += [call_item(call) for call in calls]
+        output += [call_item(call, namespaces=self.namespaces) for call in calls]
         return self.finished(result, prompt_tokens, output)
 
     # -- the stream ------------------------------------------------------------------------------------
@@ -178,8 +184,8 @@ class ResponsesReply:
         return frames + [self._event("response.output_item.done", output_index=index, item=done)]
 
     def _call_events(self, call: ToolCall) -> list[str]:
-        index, started = len(self.items), call_item(call, "in_progress")
-        done = call_item(call, identifier=started["id"])
+        index, started = len(self.items), call_item(call, "in_progress", namespaces=self.namespaces)
+        done = call_item(call, identifier=started["id"], namespaces=self.namespaces)
         self.items.append(done)
         return [self._event("response.output_item.added", output_index=index, item=started),
                 self._event("response.function_call_arguments.delta", item_id=started["id"], output_index=index,
