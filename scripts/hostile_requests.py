@@ -1,7 +1,7 @@
 """Send hostile requests to a real `specdec serve` and count what comes back (issue 52's check, repeatable).
 
 Starts the server on a loopback port with an API key (its log to a file), then sends: every field of every
-POST endpoint's body (chat, completions, /infill; read from the request models) set to each of a list of
+POST endpoint's body (chat, completions, /infill, responses, messages; read from the request models) set to each of a list of
 hostile values (wrong types, extremes, integers past 4,300 digits, NaN and 1e999 literals, lone surrogates,
 deep nesting, huge strings and lists); schemas and grammars that are cyclic, unsatisfiable or too big for
 the grammar engine; surrogates in tools; every route without the key and every POST without JSON; bodies
@@ -25,9 +25,12 @@ import time
 from collections import Counter
 
 from specdec.server.infill import InfillRequest
+from specdec.server.anthropic_messages import MessagesRequest
 from specdec.server.protocol import ChatCompletionRequest, CompletionRequest
+from specdec.server.responses_api import ResponsesRequest
 
 KEY = "hostile-check"
+MODEL_NAME = "hostile"  # the server is started with --model-name this (Anthropic's body requires a model)
 HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
 DEEP = "[" * 100 + "]" * 100
 HOSTILE = [  # JSON text, spliced into bodies as it is (some are not what json.dumps would write)
@@ -40,6 +43,9 @@ BASES = {
     "/v1/chat/completions": (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
     "/v1/completions": (CompletionRequest, {"prompt": "hello", "max_tokens": 4}),
     "/infill": (InfillRequest, {"input_prefix": "def f(", "input_suffix": "):", "n_predict": 4}),
+    "/v1/responses": (ResponsesRequest, {"input": "hi", "max_output_tokens": 4}),
+    "/v1/messages": (MessagesRequest, {"model": MODEL_NAME, "max_tokens": 4,
+                                       "messages": [{"role": "user", "content": "hi"}]}),
 }
 CHAT = BASES["/v1/chat/completions"][1]
 CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}
@@ -110,8 +116,9 @@ def send(port: int, method: str, path: str, body: str | bytes = b"", headers: di
 
 
 def protocol_cases(port: int, statuses: Counter) -> None:
-    routes = ["/v1/chat/completions", "/v1/completions", "/infill", "/v1/models", "/openapi.json", "/docs", "/redoc",
-              "/docs/oauth2-redirect", "/nope"]
+    routes = ["/v1/chat/completions", "/v1/completions", "/infill", "/v1/responses", "/v1/responses/x", "/v1/messages",
+              "/v1/messages/count_tokens", "/v1/models", "/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect",
+              "/nope"]
     for path in routes:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
                         {"Authorization": f"Basic {KEY}"}):
@@ -179,7 +186,7 @@ def main() -> None:
     args = parser.parse_args()
     log = open(args.log, "w")
     server = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--target", args.target, "--port",
-                               str(args.port), "--api-key", KEY, "--default-max-tokens", "8",
+                               str(args.port), "--api-key", KEY, "--default-max-tokens", "8", "--model-name", MODEL_NAME,
                                "--shutdown-grace", str(args.grace),
                                *(["--max-prompt-tokens", str(args.max_prompt_tokens)] if args.max_prompt_tokens else [])],
                               stdout=log, stderr=subprocess.STDOUT)

@@ -167,3 +167,10 @@ def test_the_agents_sdk_runs_an_agent_with_a_function_tool(coder):  # noqa: F811
     streamed, kinds = asyncio.run(streamed_run())
     assert "raw_response_event" in kinds
     assert streamed.final_output == "18C, sunny" and len(calls) == 2
+
+
+@pytest.mark.parametrize("tools", [True, 3, 1.5, "x", [3], [{"type": "namespace", "name": "n", "tools": 7}],
+                                   [{"type": "namespace", "name": "n", "tools": [5]}]])
+def test_tools_of_the_wrong_shape_are_400s(coder, tools):  # noqa: F811
+    reply = httpx.post(f"http://127.0.0.1:{coder.port}/v1/responses", json={"input": "x", "tools": tools})
+    assert reply.status_code == 400 and reply.json()["error"]["message"].startswith("tools")

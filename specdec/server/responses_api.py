@@ -139,11 +139,16 @@ HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpr
 def _function_tools(tools):
     """Function tools, those of `namespace` tools among them (flattened, each knowing its namespace); hosted
     tools left out; any other kind (custom free-form tools) refused."""
+    if not isinstance(tools, list):
+        return tools  # not a list: pydantic says so
     functions = []
-    for tool in tools or []:
+    for tool in tools:
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind == "namespace":
-            functions += [{**inner, "namespace": tool.get("name")} for inner in _function_tools(tool.get("tools"))]
+            inner = _function_tools(tool.get("tools") or [])
+            if not isinstance(inner, list) or not all(isinstance(function, dict) for function in inner):
+                raise ValueError("a namespace tool's tools must be a list of function tools")
+            functions += [{**function, "namespace": tool.get("name")} for function in inner]
         elif kind == "function":
             functions.append(tool)
         elif kind not in HOSTED_TOOLS:
