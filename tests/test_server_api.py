@@ -285,3 +285,21 @@ def test_timings_per_token_adds_llama_servers_timings_to_chat_replies(coder):
     assert last["timings"]["predicted_n"] == 12 and last["timings"]["draft_n"] == last["specdec"]["drafted"]
     plain = coder.client.chat.completions.create(**{**ask, "extra_body": {}}).model_extra
     assert "timings" not in plain
+
+
+def test_include_speculation_gives_each_tokens_origin_in_the_stream(coder):
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "abc abc abc"}], max_tokens=24, temperature=0)
+    chunks = list(coder.client.chat.completions.create(**ask, stream=True, stream_options={
+        "include_speculation": True, "include_usage": True}))
+    rounds = [chunk.model_extra["speculation"] for chunk in chunks if "speculation" in (chunk.model_extra or {})]
+    tokens = [token for r in rounds for token in r["tokens"]]
+    assert len(tokens) == chunks[-1].usage.completion_tokens == 24
+    stats = next(chunk.model_extra["specdec"] for chunk in chunks if "specdec" in (chunk.model_extra or {}))
+    assert sum(r["accepted"] for r in rounds) == stats["accepted"] and sum(r["drafted"] for r in rounds) == \
+        stats["drafted"]
+    assert {token["origin"] for token in tokens} <= {"drafted", "forced", "recovered", "bonus", "target"}
+    assert all(r["source"] == "ngram" for r in rounds if r["drafted"])
+    text = "".join(choice.delta.content or "" for chunk in chunks for choice in chunk.choices)
+    assert text == coder.client.chat.completions.create(**ask).choices[0].message.content
+    plain = list(coder.client.chat.completions.create(**ask, stream=True))
+    assert not any("speculation" in (chunk.model_extra or {}) for chunk in plain)

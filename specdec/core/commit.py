@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from specdec.core.rounds import StreamChunk
+from specdec.core.rounds import RoundProvenance, StreamChunk
 from specdec.core.text_decoding import decode_text, kept_markers
 from specdec.errors import InvalidParameterError
 
@@ -41,10 +41,13 @@ class CommitOutcome:
     text_chunk: str  # new text safe to stream
     finish_reason: str | None  # "stop" (EOS or stop string), "length", or None to go on
     logprobs: list | None = None  # the kept tokens' rounds.TokenLogprob, when the generation records them
+    provenance: RoundProvenance | None = None  # how the kept tokens were made (set after the round's steps)
 
     def stream_chunk(self) -> StreamChunk | None:
         """What a stream shows of this round (None: it committed nothing and released no text)."""
-        return StreamChunk(self.text_chunk, self.tokens, self.logprobs) if self.tokens or self.text_chunk else None
+        if not self.tokens and not self.text_chunk:
+            return None
+        return StreamChunk(self.text_chunk, self.tokens, self.logprobs, self.provenance)
 
 
 @dataclass

@@ -106,6 +106,30 @@ class TokenLogprob:
     top: list[tuple[int, float]]  # (token, logprob), likeliest first
 
 
+# How a committed token was made: a draft token the target accepted ("drafted", proposed by the round's
+# `source`; "forced" when the grammar allowed only it), or the target's own token: "recovered" where it
+# rejected a draft token, "bonus" after the whole draft was accepted, "target" in a round with no draft.
+ORIGINS = ("drafted", "forced", "recovered", "bonus", "target")
+
+
+@dataclass(frozen=True)
+class RoundProvenance:
+    """One round's committed tokens and how each was made, with the round's figures."""
+
+    origins: tuple[str, ...]  # one per committed token, from ORIGINS
+    source: str | None  # what proposed the draft: the drafter (or its source), "grammar"; None: no draft
+    k: int  # the speculation length asked
+    drafted: int
+    accepted: int
+    draft_ms: float
+    verify_ms: float
+
+    @property
+    def accepted_committed(self) -> int:
+        """Draft tokens among the committed ones (a stop or the length limit may cut accepted ones)."""
+        return sum(origin in ("drafted", "forced") for origin in self.origins)
+
+
 @dataclass
 class GenerationResult:
     text: str
@@ -120,3 +144,4 @@ class StreamChunk:
     text: str  # new text (may be empty while a multi-byte character or stop string is pending)
     token_ids: list[int]  # tokens committed this round
     logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
+    provenance: RoundProvenance | None = None  # how this round's tokens were made

@@ -81,6 +81,11 @@ class Drafter(ABC):
         """A drafter with this one's settings and shared weights but its own per-generation state,
         for generations that run interleaved (the server)."""
 
+    def proposal_source(self) -> str:
+        """Which source made the last proposal (the stream's provenance names it): this drafter; a drafter
+        that combines sources names the one it used."""
+        return self.name
+
     def memory_bytes(self) -> int:
         """Bytes this drafter holds beyond the target: its own weights (not those it shares with the
         target), caches and indexes, at their current size. Reported as stats.drafter_memory_bytes."""

@@ -93,6 +93,9 @@ class CombinedDrafter(Drafter):
             if source.reads_logits:
                 source.take_logits(inputs, logits)
 
+    def proposal_source(self) -> str:
+        return self.name if self.proposer is None else self.sources[self.proposer].proposal_source()
+
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         for source in self.sources:
             source.begin(prompt_ids, params, max_length)

@@ -116,8 +116,10 @@ class Generation:
                 draft = step.filter_draft(draft)
         tree = None if draft.is_chain else TokenTree.from_draft(draft.tokens, draft.parents)
         request = verify_request(draft, tree, self.context[-1], self.cache, self.target.device)
+        source = self.drafter.proposal_source() if proposed else ("grammar" if forced else None)
         return Round(k, draft, tree, request, len(self.context), proposed, bool(forced),
-                     time.perf_counter() - started, self.drafter.catch_up_seconds if proposed else 0.0)
+                     time.perf_counter() - started, self.drafter.catch_up_seconds if proposed else 0.0,
+                     source=source)
 
     def finish_round(self, round: Round, out, verify_started: float, verify_ended: float | None = None
                      ) -> CommitOutcome:
@@ -140,6 +142,7 @@ class Generation:
             self.engine.speculation.observe(len(round.draft), round.result.num_accepted, round.drafting_seconds,
                                             round.verify_seconds, round.draft.source)
         self.rounds.append(round.stats(len(outcome.tokens), time.perf_counter() - accepting))
+        outcome.provenance = round.provenance(len(outcome.tokens), self.rounds[-1])
         return outcome
 
     def _commit(self, round: Round) -> CommitOutcome:

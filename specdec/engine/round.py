@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from specdec.core.randomness import PositionalNoise
-from specdec.core.rounds import Draft, SideInputs, VerifyResult
+from specdec.core.rounds import Draft, RoundProvenance, SideInputs, VerifyResult
 from specdec.core.sampling import SamplingParams, processed_probs, tree_processed_probs
 from specdec.core.stats import RoundStats
 from specdec.core.tree import TokenTree
@@ -40,6 +40,19 @@ class Round:
     logits: torch.Tensor | None = None  # (K+1 or T+1, V) the rows that judge the draft, grammar-masked
     features: torch.Tensor | None = None  # (K+1 or T+1, C x layers) the target's features, for feature drafters
     result: VerifyResult | None = None
+    source: str | None = None  # what proposed the draft: the drafter's source, "grammar" when forced
+
+    def provenance(self, committed: int, stats: RoundStats) -> RoundProvenance:
+        """How each of the `committed` tokens (the accepted drafts, then the target's own) was made."""
+        accepted, drafted = self.result.num_accepted, len(self.draft)
+        last = self.result.accepted_path[-1] if self.result.accepted_path else -1
+        if drafted == 0:
+            own = "target"
+        else:  # a rejected child of the last accepted node (or of the root): the target recovered
+            own = "recovered" if last in self.draft.parents else "bonus"
+        origins = ("forced" if self.forced else "drafted",) * accepted + (own,)
+        return RoundProvenance(origins[:committed], self.source if drafted else None, stats.k, drafted, accepted,
+                               stats.draft_seconds * 1000, stats.verify_seconds * 1000)
 
     @property
     def kept_rows(self) -> list[int]:

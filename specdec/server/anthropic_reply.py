@@ -8,7 +8,7 @@ import json
 from typing import Callable, Sequence
 
 from specdec.api.reasoning import Reasoning
-from specdec.core.rounds import GenerationResult, TokenLogprob
+from specdec.core.rounds import GenerationResult, StreamChunk
 from specdec.server.answer import AnswerPart, AnswerStream, whole_answer
 from specdec.server.protocol import new_id
 from specdec.server.replies import named_sse, speculative_stats
@@ -76,8 +76,8 @@ class AnthropicReply:
         opening = {"type": "message_start", "message": self._message([], prompt_tokens, 0, (None, None))}
         return [named_sse(opening), named_sse({"type": "ping"})]
 
-    def stream_text(self, index: int, text: str, logprobs: list[TokenLogprob] | None) -> list[str]:
-        return self._blocks_of(self.answer.feed(text))
+    def stream_text(self, index: int, chunk: StreamChunk) -> list[str]:
+        return self._blocks_of(self.answer.feed(chunk.text))
 
     def stream_done(self, index: int, result: GenerationResult) -> list[str]:
         frames = self._blocks_of(self.answer.finish()) + self._close_block()

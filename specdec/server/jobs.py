@@ -148,7 +148,7 @@ async def stream_events(state: ServerState, jobs: list[Job], reply, prompt_token
             yield frame
         async for index, event in merged_events(jobs):
             if isinstance(event, Chunk):
-                frames = reply.stream_text(index, event.chunk.text, event.chunk.logprobs)
+                frames = reply.stream_text(index, event.chunk)
                 if frames and first_text:
                     state.metrics.time_to_first_token.observe(time.perf_counter() - arrived)
                     first_text = False

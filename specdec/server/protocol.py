@@ -217,6 +217,11 @@ class _Common(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.get("include_usage"))
 
+    @property
+    def include_speculation(self) -> bool:
+        """Extension: each stream chunk says how its tokens were made (`speculation`: RoundProvenance)."""
+        return bool(self.stream_options and self.stream_options.get("include_speculation"))
+
     def output_grammar(self) -> GrammarSpec | None:
         """What the output must match: response_format, or llama-server's json_schema / grammar (one)."""
         given = [name for name in ("response_format", "json_schema", "grammar") if getattr(self, name) is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Callable, Sequence
 
-from specdec.core.rounds import GenerationResult, TokenLogprob
+from specdec.core.rounds import GenerationResult, StreamChunk, TokenLogprob
 from specdec.server.protocol import error_body, new_id, now, usage
 from specdec.api.reasoning import Reasoning
 from specdec.server.answer import AnswerPart, AnswerStream, whole_answer
@@ -51,7 +51,7 @@ class Reply:
 
     def __init__(self, chat: bool, model: str, include_usage: bool, token_text: Callable[[int], str],
                  tools: Sequence[dict] = (), choices: int = 1, reasoning: Reasoning | None = None,
-                 timings: bool = False):
+                 timings: bool = False, speculation: bool = False):
         self.chat, self.model, self.include_usage, self.tools = chat, model, include_usage, tools
         self.token_text = token_text
         self.id = new_id("chatcmpl" if chat else "cmpl")
@@ -59,6 +59,7 @@ class Reply:
         self.reasoning = reasoning if chat else None
         self.answers = [AnswerStream(tools, self.reasoning) for _ in range(choices)] if chat else []
         self.choices = choices
+        self.speculation = speculation  # each stream chunk's tokens with their provenance (the extension)
         self.timings = timings  # llama-server's `timings` beside `usage` (timings_per_token), per choice
         self.text_offsets = [0] * choices  # completions' logprobs: where each token's text starts
 
@@ -154,8 +155,13 @@ class Reply:
     def stream_start(self, prompt_tokens: int) -> list[str]:
         return [sse(self.opening(index)) for index in range(self.choices)]
 
-    def stream_text(self, index: int, text: str, logprobs: list[TokenLogprob] | None) -> list[str]:
-        return [sse(chunk) for chunk in self.delta(index, text, logprobs)]
+    def stream_text(self, index: int, chunk: StreamChunk) -> list[str]:
+        chunks = self.delta(index, chunk.text, chunk.logprobs)
+        if self.speculation and chunk.provenance is not None:
+            if not chunks:  # the text is held (a tag, a stop string's start): the tokens still go out
+                chunks = [self._chunk(index, {} if self.chat else None, text="" if not self.chat else None)]
+            chunks[0]["speculation"] = self.provenance(chunk)
+        return [sse(body) for body in chunks]
 
     def stream_done(self, index: int, result: GenerationResult) -> list[str]:
         return [sse(chunk) for chunk in self.closing(index, result)]
@@ -168,6 +174,15 @@ class Reply:
         ended = all(result is not None for result in results)
         return ([sse(self.usage_chunk(results, prompt_tokens))] if self.include_usage and ended else []) + \
             ["data: [DONE]\n\n"]
+
+    def provenance(self, chunk: StreamChunk) -> dict:
+        """The `speculation` extension of one round's chunk: each committed token (id, its own spelling, how
+        it was made) and the round's figures."""
+        p = chunk.provenance
+        return {"tokens": [{"id": token, "text": self.token_text(token), "origin": origin}
+                           for token, origin in zip(chunk.token_ids, p.origins)],
+                "source": p.source, "k": p.k, "drafted": p.drafted, "accepted": p.accepted,
+                "draft_ms": round(p.draft_ms, 3), "verify_ms": round(p.verify_ms, 3)}
 
     # -- logprobs ----------------------------------------------------------------------------------
     def logprobs(self, entries: list[TokenLogprob], index: int = 0) -> dict:

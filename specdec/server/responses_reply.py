@@ -10,7 +10,7 @@ import uuid
 from typing import Sequence
 
 from specdec.api.reasoning import Reasoning
-from specdec.core.rounds import GenerationResult, TokenLogprob
+from specdec.core.rounds import GenerationResult, StreamChunk
 from specdec.server.answer import AnswerPart, AnswerStream, whole_answer
 from specdec.server.replies import named_sse, speculative_stats
 from specdec.server.response_store import ResponseStore
@@ -126,8 +126,8 @@ class ResponsesReply:
         return [self._event("response.created", response=started),
                 self._event("response.in_progress", response=started)]
 
-    def stream_text(self, index: int, text: str, logprobs: list[TokenLogprob] | None) -> list[str]:
-        return self._events_of(self.answer.feed(text))
+    def stream_text(self, index: int, chunk: StreamChunk) -> list[str]:
+        return self._events_of(self.answer.feed(chunk.text))
 
     def stream_done(self, index: int, result: GenerationResult) -> list[str]:
         frames = self._events_of(self.answer.finish()) + self._close_item()

@@ -38,7 +38,8 @@ async def complete(state: ServerState, request: Request, kind: type) -> Response
         return refused(exc)
     tools = body.tool_definitions() if isinstance(body, ChatCompletionRequest) and body.uses_tools else ()
     reply = Reply(kind is ChatCompletionRequest, state.settings.model_name, body.include_usage, state.token_text,
-                  tools=tools, choices=body.n, reasoning=state.reasoning, timings=body.timings_per_token)
+                  tools=tools, choices=body.n, reasoning=state.reasoning, timings=body.timings_per_token,
+                  speculation=body.include_speculation)
     return await run_jobs(state, request, generation_request, body.n, body.stream, reply)
 
 
