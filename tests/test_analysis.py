@@ -83,3 +83,17 @@ def test_fractional_mean_k_interpolates_between_whole_ks():
     assert half == pytest.approx((analysis.expected_accepted(alphas, 2) + analysis.expected_accepted(alphas, 3)) / 2)
     assert analysis.fit_verify_slope([(2.0, 1.4, 1.0), (4.0, 1.8, 1.0)]) == pytest.approx(0.2)
     assert analysis.fit_verify_slope([(0.2, 0.9, 1.0)]) == 0.0  # never a negative cost per token
+
+
+def test_fit_generation_recovers_the_costs_and_acceptance_of_its_rounds():
+    from specdec.core.analysis import fit_generation
+    from specdec.core.stats import RoundStats
+
+    rounds = [RoundStats(k, k, accepted, accepted + 1, 0.001 * k, 0.01 + 0.002 * k, 0.0)
+              for k in (1, 2, 3, 4) for accepted in range(k + 1)]
+    fit = fit_generation(rounds)
+    assert abs(fit.draft_cost - 0.1) < 1e-9 and abs(fit.verify_slope - 0.2) < 1e-9
+    assert fit.speedup_by_k[0] == 1.0 and fit.mean_k == sum(r.drafted for r in rounds) / len(rounds)
+    assert fit.alphas[0] == sum(r.accepted >= 1 for r in rounds) / len(rounds)
+    assert fit.best_k == max(range(len(fit.speedup_by_k)), key=fit.speedup_by_k.__getitem__)
+    assert fit_generation([RoundStats(0, 0, 0, 1, 0.0, 0.01, 0.0)]) is None

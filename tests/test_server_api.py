@@ -301,5 +301,8 @@ def test_include_speculation_gives_each_tokens_origin_in_the_stream(coder):
     assert all(r["source"] == "ngram" for r in rounds if r["drafted"])
     text = "".join(choice.delta.content or "" for chunk in chunks for choice in chunk.choices)
     assert text == coder.client.chat.completions.create(**ask).choices[0].message.content
+    fit = next(chunk.model_extra["speculation_fit"] for chunk in chunks if "speculation_fit" in (chunk.model_extra or {}))
+    assert fit["speedup_by_k"][0] == 1.0 and len(fit["speedup_by_k"]) >= 9 and 0 <= fit["best_k"] <= 8
+    assert all(0 <= alpha <= 1 for alpha in fit["alphas"]) and fit["mean_k"] > 0
     plain = list(coder.client.chat.completions.create(**ask, stream=True))
     assert not any("speculation" in (chunk.model_extra or {}) for chunk in plain)

@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from specdec.core.stats import RoundStats, acceptance_per_position
 from specdec.errors import InvalidParameterError
 
 
@@ -193,3 +194,35 @@ def fitted_table(fitted: list[FittedDrafter]) -> str:
     if not fitted:
         rows.append("| (no drafter drafted any token) | | | | | | | | | |")
     return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class GenerationFit:
+    """One generation's rounds read through the theory: what its acceptance and costs predict for each K."""
+
+    alphas: tuple[float, ...]  # acceptance per draft position
+    draft_cost: float  # c: drafting one token / one target decode step
+    verify_slope: float  # v(K) = 1 + slope K
+    mean_k: float  # draft tokens per round, as the engine chose them
+    speedup_by_k: tuple[float, ...]  # expected speedup at K = 0, 1, ... (K = 0: plain decoding)
+    best_k: int
+
+
+def fit_generation(rounds: Sequence[RoundStats], max_k: int = 8) -> GenerationFit | None:
+    """Fit alpha_j, c and v(K) from one generation's rounds (the verify time per round a line in K through
+    the decode step); None when nothing was drafted."""
+    drafted = [r for r in rounds if r.drafted]
+    if not drafted or not rounds:
+        return None
+    xs = np.array([r.drafted for r in rounds], dtype=float)
+    ys = np.array([r.verify_seconds for r in rounds], dtype=float)
+    slope_seconds = float(np.polyfit(xs, ys, 1)[0]) if np.ptp(xs) > 0 else 0.0
+    step = float(ys.mean() - slope_seconds * xs.mean())  # one decode step: the line at K = 0
+    if step <= 0:  # noise on a few rounds: the cheapest round bounds it
+        step, slope_seconds = float(ys.min()), 0.0
+    c = sum(r.draft_seconds for r in drafted) / sum(r.drafted for r in drafted) / step
+    alphas = acceptance_per_position(rounds) or [0.0]
+    verify = VerifyCost(slope=max(slope_seconds / step, 0.0))
+    max_k = max(max_k, len(alphas))
+    speedups = tuple(expected_speedup(alphas, k, c, verify) for k in range(max_k + 1))
+    return GenerationFit(tuple(alphas), c, verify.slope, float(xs.mean()), speedups, int(np.argmax(speedups)))

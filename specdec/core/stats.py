@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 
 @dataclass
@@ -51,11 +52,7 @@ class GenerationStats:
         new_tokens = sum(r.committed for r in rounds)
         drafted = sum(r.drafted for r in rounds)
         accepted = sum(r.accepted for r in rounds)
-        longest = max((r.drafted for r in rounds), default=0)
-        per_position = []
-        for i in range(longest):
-            reached = [r for r in rounds if r.drafted > i and r.accepted >= i]
-            per_position.append(sum(r.accepted > i for r in reached) / len(reached) if reached else 0.0)
+        per_position = acceptance_per_position(rounds)
         k_chosen: dict[int, int] = {}
         for r in rounds:
             k_chosen[r.k] = k_chosen.get(r.k, 0) + 1
@@ -86,6 +83,16 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def acceptance_per_position(rounds: Sequence[RoundStats]) -> list[float]:
+    """P(draft token i accepted | the tokens before it accepted), from the rounds that drafted it."""
+    longest = max((r.drafted for r in rounds), default=0)
+    per_position = []
+    for i in range(longest):
+        reached = [r for r in rounds if r.drafted > i and r.accepted >= i]
+        per_position.append(sum(r.accepted > i for r in reached) / len(reached) if reached else 0.0)
+    return per_position
 
 
 def mean_or_none(values: list[float]) -> float | None:

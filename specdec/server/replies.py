@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from typing import Callable, Sequence
 
-from specdec.core.rounds import GenerationResult, StreamChunk, TokenLogprob
+from specdec.core.analysis import fit_generation
+from specdec.core.rounds import GenerationResult, RoundProvenance, StreamChunk, TokenLogprob
+from specdec.core.stats import RoundStats
 from specdec.server.protocol import error_body, new_id, now, usage
 from specdec.api.reasoning import Reasoning
 from specdec.server.answer import AnswerPart, AnswerStream, whole_answer
@@ -42,6 +44,18 @@ def timings(result: GenerationResult) -> dict:
             "draft_n": s.drafted, "draft_n_accepted": s.accepted}
 
 
+def speculation_fit(rounds: list[RoundProvenance]) -> dict | None:
+    """The theory's reading of a streamed answer's rounds (core/analysis.fit_generation): acceptance per
+    position, cost ratios, and the expected speedup at each K; None when nothing was drafted."""
+    fit = fit_generation([RoundStats(r.k, r.drafted, r.accepted, len(r.origins), r.draft_ms / 1000,
+                                     r.verify_ms / 1000, 0.0) for r in rounds])
+    if fit is None:
+        return None
+    return {"alphas": [round(a, 4) for a in fit.alphas], "draft_cost": round(fit.draft_cost, 4),
+            "verify_slope": round(fit.verify_slope, 4), "mean_k": round(fit.mean_k, 3),
+            "speedup_by_k": [round(x, 4) for x in fit.speedup_by_k], "best_k": fit.best_k}
+
+
 class Reply:
     """Builds the response objects of one request (chat.completion or text_completion), its `n` choices
     included. token_text(id) spells a token for `logprobs`; with `tools` a chat answer's tool calls are
@@ -60,6 +74,7 @@ class Reply:
         self.answers = [AnswerStream(tools, self.reasoning) for _ in range(choices)] if chat else []
         self.choices = choices
         self.speculation = speculation  # each stream chunk's tokens with their provenance (the extension)
+        self.rounds: list[list[RoundProvenance]] = [[] for _ in range(choices)]  # what was streamed, per choice
         self.timings = timings  # llama-server's `timings` beside `usage` (timings_per_token), per choice
         self.text_offsets = [0] * choices  # completions' logprobs: where each token's text starts
 
@@ -136,6 +151,8 @@ class Reply:
         last["specdec"] = speculative_stats(result)
         if self.timings:
             last["timings"] = timings(result)
+        if self.speculation:
+            last["speculation_fit"] = speculation_fit(self.rounds[index])
         return chunks + [last]
 
     def usage_chunk(self, results: list[GenerationResult], prompt_tokens: int) -> dict:
@@ -161,6 +178,7 @@ class Reply:
             if not chunks:  # the text is held (a tag, a stop string's start): the tokens still go out
                 chunks = [self._chunk(index, {} if self.chat else None, text="" if not self.chat else None)]
             chunks[0]["speculation"] = self.provenance(chunk)
+            self.rounds[index].append(chunk.provenance)
         return [sse(body) for body in chunks]
 
     def stream_done(self, index: int, result: GenerationResult) -> list[str]:
