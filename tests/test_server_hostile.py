@@ -64,14 +64,14 @@ def test_every_route_but_health_and_metrics_needs_the_key_and_every_post_is_json
     try:
         routes = set(route_paths(running.app.routes))
         assert {"/infill", "/openapi.json", "/docs", "/redoc", "/v1/models", "/v1/responses", "/v1/messages"} <= routes
-        for path in sorted(routes - {"/health", "/metrics"}):
+        for path in sorted(routes - {"/health", "/metrics", "/", "/page"}):
             for method in ("GET", "POST"):
                 status, _, text = raw_request(running.port, method, path, "{}", JSON)
                 error = json.loads(text)["error"]
                 kind = error["type"] if path.startswith("/v1/messages") else error["code"]  # each dialect's shape
                 assert status == 401 and kind in ("invalid_api_key", "authentication_error"), (method, path)
-        for path in ("/health", "/metrics"):
-            assert raw_request(running.port, "GET", path)[0] == 200
+        for path in ("/health", "/metrics", "/", "/page/app.js", "/page/vendor/marked.umd.js"):  # the page's files
+            assert raw_request(running.port, "GET", path)[0] == 200, path
         assert raw_request(running.port, "GET", "/openapi.json", headers=KEY)[0] == 200
         body = json.dumps({"input_prefix": "def f(", "input_suffix": ")", "n_predict": 2})
         for headers in ({}, {"Content-Type": "text/plain"}, {"Content-Type": "application/x-www-form-urlencoded"}):

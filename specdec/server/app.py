@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.prefix_cache import PrefixCache
 from specdec.server import (routes_anthropic, routes_completions, routes_infill, routes_info,
-                            routes_llama_server, routes_responses)
+                            routes_llama_server, routes_page, routes_responses)
 from specdec.server.dialect_errors import DialectErrors
 from specdec.server.guard import GuardSettings, RequestGuard
 from specdec.server.http_errors import error
@@ -27,7 +27,7 @@ __all__ = ["ServerSettings", "create_app", "endpoint_label"]
 
 KNOWN_ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/infill",
                    "/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/v1/messages",
-                   "/v1/messages/count_tokens", "/v1/responses")
+                   "/v1/messages/count_tokens", "/v1/responses", "/")
 
 
 def endpoint_label(path: str) -> str:
@@ -59,8 +59,9 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> Fas
         return error(400, str(exc.errors()[0].get("msg")), "invalid_request_error")
 
     for routes in (routes_info, routes_completions, routes_infill, routes_llama_server, routes_anthropic,
-                   routes_responses):
+                   routes_responses, routes_page):
         app.include_router(routes.router)
+    app.mount("/page", routes_page.page_files(), name="page")
     return app
 
 

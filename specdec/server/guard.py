@@ -6,7 +6,8 @@ browser. A page can POST a "simple" cross-origin request (text/plain or form-enc
 preflight, so every POST must be sent as application/json; DNS rebinding makes a page's own host name
 resolve to 127.0.0.1, so on loopback only loopback host names are served. An API key (`--api-key`,
 `SPECDEC_API_KEY`) guards every route (the API, /infill, the OpenAPI document and its pages) as OpenAI's,
-vLLM's and llama.cpp's servers do; only OPEN_PATHS (/health, /metrics) stay open for probes and scrapers.
+vLLM's and llama.cpp's servers do; only OPEN_PATHS (/health, /metrics) stay open for probes and scrapers, and the chat page's static files
+(`/`, `/page/...`: the page asks the user for the key and sends it with every API call).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specdec.server.protocol import error_body
+from specdec.server.routes_page import is_page_path
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 OPEN_PATHS = ("/health", "/metrics")  # answered without the API key
@@ -78,7 +80,7 @@ class RequestGuard:
         path, settings = scope["path"], self.settings
         if settings.allowed_hosts is not None and host_name(headers.get("host", "")) not in settings.allowed_hosts:
             return 400, "this server does not answer for that Host header", "host_not_allowed", []
-        if settings.api_key is not None and path not in OPEN_PATHS:
+        if settings.api_key is not None and path not in OPEN_PATHS and not is_page_path(path):
             if not key_matches(headers, settings.api_key):
                 return (401, "missing or incorrect API key (send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
                         "invalid_api_key", [(b"www-authenticate", b"Bearer")])

@@ -1,0 +1,369 @@
+// The chat page of `specdec serve`: conversations kept in this browser, answers streamed from the server's
+// OpenAI chat route with the `include_speculation` extension, so that every token shows how it was made,
+// and Compare decodes the same conversation again without speculation to show both speeds and that the
+// outputs are identical.
+"use strict";
+
+const STORE = "specdec.conversations";
+const SETTINGS = "specdec.settings";
+const LOOKUP_SOURCES = ["ngram", "retrieval", "lookup", "suffix", "lookahead"];
+const $ = id => document.getElementById(id);
+
+let conversations = JSON.parse(localStorage.getItem(STORE) || "[]");
+// an answer still streaming when the page was closed ended then
+conversations.forEach(c => c.messages.forEach(m => { if (m.pending) { m.pending = false; m.stopped = true; } }));
+let current = conversations[0] || null;
+let settings = {systemPrompt: "", temperature: 0, maxTokens: 512, apiKey: "",
+                ...JSON.parse(localStorage.getItem(SETTINGS) || "{}")};
+let running = null;  // the AbortController of the answer being streamed
+
+function save() {
+  localStorage.setItem(STORE, JSON.stringify(conversations));
+  localStorage.setItem(SETTINGS, JSON.stringify(settings));
+}
+
+function showError(text) {
+  $("error").textContent = text;
+  $("error").hidden = !text;
+}
+
+// -- the API ------------------------------------------------------------------------------------------
+function headers() {
+  const result = {"Content-Type": "application/json"};
+  if (settings.apiKey) result.Authorization = `Bearer ${settings.apiKey}`;
+  return result;
+}
+
+async function getJSON(path) {
+  const response = await fetch(path, {headers: headers()});
+  if (response.status === 401) {
+    $("key-needed").hidden = false;
+    throw new Error("the server needs an API key");
+  }
+  if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
+  return response.json();
+}
+
+// POST a streamed chat request; onChunk(chunk) for each server-sent event's JSON.
+async function streamChat(body, onChunk, signal) {
+  const response = await fetch("/v1/chat/completions", {method: "POST", headers: headers(), signal,
+                                                          body: JSON.stringify({...body, stream: true})});
+  if (response.status === 401) $("key-needed").hidden = false;
+  if (!response.ok) {
+    const error = await response.json().catch(() => ({}));
+    throw new Error(error.error ? error.error.message : `HTTP ${response.status}`);
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = event.split("\n").filter(line => line.startsWith("data: ")).map(line => line.slice(6)).join("");
+      if (!data || data === "[DONE]") continue;
+      const chunk = JSON.parse(data);
+      if (chunk.error) throw new Error(chunk.error.message);
+      onChunk(chunk);
+    }
+  }
+}
+
+function requestFor(conversation, upTo) {
+  const messages = conversation.messages.slice(0, upTo).map(m => ({role: m.role, content: m.content}));
+  if (settings.systemPrompt) messages.unshift({role: "system", content: settings.systemPrompt});
+  return {messages, temperature: Number(settings.temperature), max_tokens: Number(settings.maxTokens),
+          stream_options: {include_usage: true, include_speculation: true}};
+}
+
+// -- answering ----------------------------------------------------------------------------------------
+async function ask(text) {
+  if (!current) newConversation();
+  current.messages.push({role: "user", content: text});
+  if (current.title === "New conversation") current.title = text.slice(0, 40);
+  const answer = {role: "assistant", content: "", tokens: [], rounds: [], seed: Math.floor(Math.random() * 2 ** 31),
+                  pending: true};
+  current.messages.push(answer);
+  save();
+  renderConversations();
+  renderMessages();
+  await streamAnswer(current, answer, current.messages.length - 1);
+}
+
+async function streamAnswer(conversation, answer, index) {
+  running = new AbortController();
+  setRunning(true);
+  const started = performance.now();
+  const body = {...requestFor(conversation, index), seed: answer.seed};
+  try {
+    await streamChat(body, chunk => {
+      readChunk(answer, chunk);
+      if (answer.content && answer.firstTokenMs === undefined) answer.firstTokenMs = performance.now() - started;
+      renderAnswer(answer, index, true);
+    }, running.signal);
+  } catch (error) {
+    if (error.name !== "AbortError") showError(error.message);
+    else answer.stopped = true;
+  } finally {
+    answer.pending = false;
+    answer.seconds = (performance.now() - started) / 1000;
+    running = null;
+    setRunning(false);
+    save();
+    renderAnswer(answer, index, false);
+  }
+}
+
+function readChunk(answer, chunk) {
+  for (const choice of chunk.choices || []) {
+    answer.content += choice.delta.content || "";
+    answer.reasoning = (answer.reasoning || "") + (choice.delta.reasoning_content || "");
+    if (choice.finish_reason) answer.finishReason = choice.finish_reason;
+  }
+  if (chunk.speculation) {
+    const round = chunk.speculation;
+    answer.rounds.push({source: round.source, k: round.k, drafted: round.drafted, accepted: round.accepted,
+                        draftMs: round.draft_ms, verifyMs: round.verify_ms});
+    for (const token of round.tokens) {
+      answer.tokens.push({text: token.text, origin: token.origin, round: answer.rounds.length - 1});
+    }
+  }
+  if (chunk.specdec) answer.stats = chunk.specdec;
+  if (chunk.speculation_fit !== undefined) answer.fit = chunk.speculation_fit;
+  if (chunk.usage) answer.usage = chunk.usage;
+}
+
+function setRunning(on) {
+  $("send").hidden = on;
+  $("stop").hidden = !on;
+}
+
+// Compare: the same request without speculation; identical output is what exactness promises (greedy, or
+// sampling with the same seed).
+async function compare(answer, index) {
+  const plain = {content: "", tokens: [], rounds: []};
+  const body = {...requestFor(current, index), seed: answer.seed, speculative: {enabled: false}};
+  answer.comparison = {state: "running"};
+  renderAnswer(answer, index, false);
+  try {
+    await streamChat(body, chunk => readChunk(plain, chunk));
+    answer.comparison = {state: plain.content === answer.content ? "identical" : "different",
+                         plainTokensPerSecond: plain.stats ? plain.stats.tokens_per_second : null};
+  } catch (error) {
+    answer.comparison = {state: "failed", error: error.message};
+  }
+  save();
+  renderAnswer(answer, index, false);
+}
+
+// -- rendering ----------------------------------------------------------------------------------------
+function renderConversations() {
+  const list = $("conversations");
+  list.replaceChildren(...conversations.map(conversation => {
+    const item = document.createElement("li");
+    item.className = conversation === current ? "current" : "";
+    const title = document.createElement("span");
+    title.textContent = conversation.title;
+    title.onclick = () => { current = conversation; renderConversations(); renderMessages(); };
+    const remove = document.createElement("button");
+    remove.textContent = "×";
+    remove.title = "delete this conversation";
+    remove.className = "delete-conversation";
+    remove.onclick = () => deleteConversation(conversation);
+    item.append(title, remove);
+    return item;
+  }));
+}
+
+function renderMessages() {
+  $("messages").replaceChildren();
+  (current ? current.messages : []).forEach((message, index) => {
+    if (message.role === "user") {
+      const element = document.createElement("div");
+      element.className = "message user";
+      element.textContent = message.content;
+      $("messages").append(element);
+    } else {
+      renderAnswer(message, index, false);
+    }
+  });
+}
+
+function answerElement(index) {
+  let element = document.querySelector(`.message.assistant[data-index="${index}"]`);
+  if (!element) {
+    element = document.createElement("div");
+    element.className = "message assistant";
+    element.dataset.index = index;
+    $("messages").append(element);
+  }
+  return element;
+}
+
+function renderAnswer(answer, index, streaming) {
+  const element = answerElement(index);
+  streaming = streaming || Boolean(answer.pending);
+  element.dataset.state = streaming ? "streaming" : (answer.stopped ? "stopped" : "done");
+  if (answer.firstTokenMs !== undefined) element.dataset.firstTokenMs = answer.firstTokenMs.toFixed(1);
+  const body = document.createElement("div");
+  body.className = "body";
+  if ($("show-speculation").checked) body.append(tokenView(answer));
+  else if (streaming) body.textContent = answer.content;
+  else body.append(markdownView(answer.content));
+  element.replaceChildren(body, statsView(answer), ...(streaming ? [] : [actionsView(answer, index)]));
+  if (!streaming && $("show-speculation").checked && answer.fit) element.append(chartsView(answer));
+  $("messages").scrollTop = $("messages").scrollHeight;
+}
+
+function tokenView(answer) {
+  const view = document.createElement("div");
+  view.className = "tokens";
+  for (const token of answer.tokens) {
+    const span = document.createElement("span");
+    const round = answer.rounds[token.round];
+    span.className = "tok";
+    span.dataset.origin = token.origin;
+    if (token.origin === "drafted" && round.source) {
+      span.dataset.source = round.source;
+      span.dataset.kind = LOOKUP_SOURCES.some(name => round.source.startsWith(name)) ? "lookup" : "model";
+    }
+    span.title = `round ${token.round + 1}: ${token.origin}${round.source ? ` (${round.source})` : ""}; K ${round.k}, ` +
+                 `drafted ${round.drafted}, accepted ${round.accepted}; draft ${round.draftMs.toFixed(1)} ms, ` +
+                 `verify ${round.verifyMs.toFixed(1)} ms`;
+    span.textContent = token.text;
+    view.append(span);
+  }
+  return view;
+}
+
+function markdownView(text) {
+  const view = document.createElement("div");
+  view.innerHTML = DOMPurify.sanitize(marked.parse(text));
+  view.querySelectorAll("pre code").forEach(block => hljs.highlightElement(block));
+  return view;
+}
+
+function statsView(answer) {
+  const view = document.createElement("div");
+  view.className = "stats";
+  const s = answer.stats;
+  if (s) {
+    view.innerHTML = `<span class="tokens-per-second">${s.tokens_per_second.toFixed(1)} tok/s</span>` +
+      `<span class="tau">tau ${s.tau.toFixed(2)}</span>` +
+      `<span class="acceptance">acceptance ${(100 * s.acceptance_rate).toFixed(0)}%</span>` +
+      `<span>${s.rounds} rounds, drafter ${s.drafter}</span>`;
+  }
+  if (answer.firstTokenMs !== undefined) {
+    const first = document.createElement("span");
+    first.textContent = `first token ${answer.firstTokenMs.toFixed(0)} ms`;
+    view.append(first);
+  }
+  return view;
+}
+
+function actionsView(answer, index) {
+  const view = document.createElement("div");
+  view.className = "actions";
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = "compare-button";
+  button.textContent = "Compare with plain decoding";
+  button.disabled = !answer.content || (answer.comparison && answer.comparison.state === "running");
+  button.onclick = () => compare(answer, index);
+  view.append(button);
+  if (answer.comparison) {
+    const result = document.createElement("span");
+    const c = answer.comparison;
+    result.className = `compare ${c.state}`;
+    result.textContent = c.state === "running" ? "decoding without speculation…" : c.state === "failed" ? c.error :
+      `${c.state}; plain ${c.plainTokensPerSecond ? c.plainTokensPerSecond.toFixed(1) : "?"} tok/s vs ` +
+      `speculative ${answer.stats ? answer.stats.tokens_per_second.toFixed(1) : "?"} tok/s`;
+    view.append(result);
+  }
+  return view;
+}
+
+function chartsView(answer) {
+  const view = document.createElement("div");
+  view.className = "charts";
+  view.append(specdecCharts.acceptanceChart(answer.fit.alphas),
+              specdecCharts.speedupChart(answer.fit.speedup_by_k, answer.fit.mean_k, answer.fit.best_k));
+  return view;
+}
+
+// -- conversations and settings -----------------------------------------------------------------------
+function newConversation() {
+  current = {id: Date.now().toString(36), title: "New conversation", messages: []};
+  conversations.unshift(current);
+  save();
+  renderConversations();
+  renderMessages();
+}
+
+function deleteConversation(conversation) {
+  conversations = conversations.filter(c => c !== conversation);
+  if (current === conversation) current = conversations[0] || null;
+  save();
+  renderConversations();
+  renderMessages();
+}
+
+function loadSettingsForm() {
+  $("system-prompt").value = settings.systemPrompt;
+  $("temperature").value = settings.temperature;
+  $("max-tokens").value = settings.maxTokens;
+  $("api-key").value = settings.apiKey;
+}
+
+async function loadServerInfo() {
+  try {
+    const models = await getJSON("/v1/models");
+    $("model").textContent = models.data[0].id;
+    const props = await getJSON("/props");
+    $("drafter").textContent = `drafter: ${props.speculative.drafter}`;
+    $("key-needed").hidden = true;
+    showError("");
+  } catch (error) {
+    showError(error.message);
+  }
+}
+
+function wire() {
+  $("composer").onsubmit = event => {
+    event.preventDefault();
+    const text = $("prompt").value.trim();
+    if (!text || running) return;
+    $("prompt").value = "";
+    showError("");
+    ask(text);
+  };
+  $("prompt").onkeydown = event => {
+    if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("composer").requestSubmit(); }
+  };
+  $("stop").onclick = () => running && running.abort();
+  $("new-conversation").onclick = newConversation;
+  $("open-settings").onclick = () => { $("settings").hidden = !$("settings").hidden; };
+  $("show-speculation").onchange = () => { $("legend").hidden = !$("show-speculation").checked; renderMessages(); };
+  $("save-settings").onclick = () => {
+    settings = {systemPrompt: $("system-prompt").value, temperature: Number($("temperature").value),
+                maxTokens: Number($("max-tokens").value), apiKey: $("api-key").value};
+    save();
+    $("settings").hidden = true;
+    loadServerInfo();
+  };
+  $("use-key").onclick = () => {
+    settings.apiKey = $("key-entry").value;
+    save();
+    loadSettingsForm();
+    loadServerInfo();
+  };
+}
+
+wire();
+loadSettingsForm();
+renderConversations();
+renderMessages();
+loadServerInfo();

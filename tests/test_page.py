@@ -1,0 +1,150 @@
+"""The chat page in a real browser (Chromium, driven by Playwright) against a real `specdec serve` on the tiny
+model: it loads without console errors, streams an answer whose tokens carry their origin in the counts
+the server's statistics give, shows tau and the charts, Compare says the plain decoding is identical, Stop
+ends a stream, and with --api-key it works once the key is entered while the API refuses requests without it.
+CI installs Debian's chromium (.ci/run); Playwright's own browser download is not used."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import httpx
+import pytest
+
+from test_server import RunningServer
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt install chromium)")
+PROMPT = "abc abc abc"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_generator):
+    running = RunningServer(tiny_generator)
+    yield running
+    running.stop()
+
+
+def open_page(browser, server, errors: list):
+    page = browser.new_page()
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(f"http://127.0.0.1:{server.port}/")
+    return page
+
+
+def set_limits(page, max_tokens: int) -> None:
+    page.click("#open-settings")
+    page.fill("#max-tokens", str(max_tokens))
+    page.fill("#temperature", "0")
+    page.click("#save-settings")
+
+
+def send(page, text: str) -> None:
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+
+
+def stored_answer(page) -> dict:
+    conversations = json.loads(page.evaluate("localStorage.getItem('specdec.conversations')"))
+    return conversations[0]["messages"][-1]
+
+
+def test_an_answer_streams_with_each_tokens_origin_and_compare_says_identical(browser, server):
+    errors: list[str] = []
+    page = open_page(browser, server, errors)
+    page.wait_for_function("document.getElementById('drafter').textContent.startsWith('drafter:')")
+    assert page.text_content("#model") == "tiny" and "ngram" in page.text_content("#drafter")
+    set_limits(page, 24)
+    send(page, PROMPT)
+    page.wait_for_selector('.message.assistant[data-state="done"]', timeout=60_000)
+    answer = stored_answer(page)
+    origins = page.eval_on_selector_all(".message.assistant .tok", "spans => spans.map(s => s.dataset.origin)")
+    assert len(origins) == answer["usage"]["completion_tokens"] == 24
+    assert origins.count("drafted") == answer["stats"]["accepted"] > 0
+    assert "tau" in page.text_content(".message.assistant .stats .tau")
+    assert page.query_selector(".message.assistant .acceptance-chart svg rect") is not None
+    assert page.query_selector(".message.assistant .speedup-chart .chosen-k") is not None
+    page.click(".compare-button")
+    page.wait_for_selector(".compare.identical, .compare.different, .compare.failed", timeout=60_000)
+    assert page.query_selector(".compare.identical") is not None, page.text_content(".actions")
+    api = httpx.post(f"http://127.0.0.1:{server.port}/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 24, "temperature": 0})
+    assert answer["content"] == api.json()["choices"][0]["message"]["content"]
+    assert errors == []
+    page.close()
+
+
+def test_the_first_token_shows_up_as_the_api_streams_it(browser, server):
+    """Not a speed test: a page that waited for the whole answer would show its first token late."""
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 200, "temperature": 0, "stream": True}
+    started = time.perf_counter()
+    with httpx.stream("POST", f"http://127.0.0.1:{server.port}/v1/chat/completions", json=body, timeout=60) as reply:
+        lines = reply.iter_lines()
+        first = next(line for line in lines if '"content": "' in line and '"role"' not in line)
+        api_first_ms = (time.perf_counter() - started) * 1000
+        for _ in lines:
+            pass
+    whole_ms = (time.perf_counter() - started) * 1000
+    assert first
+    page = open_page(browser, server, [])
+    page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+    set_limits(page, 200)
+    send(page, PROMPT)
+    page.wait_for_selector('.message.assistant[data-state="done"]', timeout=60_000)
+    page_first_ms = float(page.get_attribute(".message.assistant", "data-first-token-ms"))
+    print(f"first token: API {api_first_ms:.0f} ms, page {page_first_ms:.0f} ms (whole answer {whole_ms:.0f} ms)")
+    assert page_first_ms < whole_ms
+    page.close()
+
+
+def test_stop_ends_a_stream(browser, server):
+    page = open_page(browser, server, [])
+    page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+    set_limits(page, 450)  # the tiny model's context is 512
+    send(page, PROMPT)
+    page.wait_for_selector('.message.assistant[data-state="streaming"] .tok', timeout=60_000)
+    page.click("#stop")
+    page.wait_for_selector('.message.assistant[data-state="stopped"]', timeout=30_000)
+    assert page.is_visible("#send") and len(stored_answer(page)["tokens"]) < 450
+    page.close()
+
+
+def test_with_an_api_key_the_page_asks_for_it_and_the_api_refuses_without_it(browser, tiny_generator):
+    guarded = RunningServer(tiny_generator, api_key="s3cret")
+    try:
+        errors: list[str] = []
+        page = open_page(browser, guarded, errors)
+        page.wait_for_selector("#key-needed:not([hidden])")
+        page.fill("#key-entry", "s3cret")
+        page.click("#use-key")
+        page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+        set_limits(page, 8)
+        send(page, PROMPT)
+        page.wait_for_selector('.message.assistant[data-state="done"]', timeout=60_000)
+        assert len(stored_answer(page)["tokens"]) == 8
+        refused = httpx.post(f"http://127.0.0.1:{guarded.port}/v1/chat/completions",
+                             json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+        assert refused.status_code == 401
+        assert all("401" in error for error in errors)  # the first, keyless calls: the browser logs their status
+        page.close()
+    finally:
+        guarded.stop()
+
+
+def test_the_pages_files_weigh_at_most_300_kb():
+    from specdec.server.routes_page import PAGE_DIR
+
+    files = [path for path in PAGE_DIR.rglob("*") if path.is_file() and path.suffix in (".html", ".js", ".css")]
+    assert sum(path.stat().st_size for path in files) <= 300_000
