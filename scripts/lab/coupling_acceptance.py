@@ -6,7 +6,7 @@
   match      |{u: invCDF_p(u) == invCDF_q(u)}|            the match rule with coupled inverse-CDF draws
   gumbel     sum_x 1 / sum_y max(p_y/p_x, q_y/q_x)        the match rule if both drew by Gumbel-max
 
-    python scripts/coupling_acceptance.py qwen2.5-coder-1.5b-instruct \\
+    python scripts/lab/coupling_acceptance.py qwen2.5-coder-1.5b-instruct \\
         qwen2.5-coder-0.5b-instruct --draft-weights int4 --temperature 0.7
 """
 

@@ -1,7 +1,7 @@
 """Time one prefill: `load_model(MODEL)`, one forward over TOKENS random tokens, median of 3 (docs/notes/benchmarks-diary-2026.md
 section 19).
 
-    python scripts/prefill_time.py qwen2.5-coder-1.5b-instruct 1024
+    python scripts/lab/prefill_time.py qwen2.5-coder-1.5b-instruct 1024
 """
 
 import sys

@@ -5,9 +5,9 @@ ms), with each depth's step against the step at the first depth and the 8-row pa
 The cached keys and values are random numbers written once per depth (a real prompt's would cost the same
 bytes and arithmetic; a cache of untouched zero pages would read as one page from L1).
 
-    python scripts/context_depth.py                      # Qwen2.5-Coder-1.5B GGUF, depths 0 4096 16384
-    python scripts/context_depth.py --model smollm2-135m-instruct --depths 0 2048
-    python scripts/context_depth.py --kv-dtypes float32 bfloat16 float16 --prefill 512   # + 512 prompt rows
+    python scripts/lab/context_depth.py                      # Qwen2.5-Coder-1.5B GGUF, depths 0 4096 16384
+    python scripts/lab/context_depth.py --model smollm2-135m-instruct --depths 0 2048
+    python scripts/lab/context_depth.py --kv-dtypes float32 bfloat16 float16 --prefill 512   # + 512 prompt rows
 """
 
 import argparse

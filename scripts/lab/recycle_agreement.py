@@ -9,7 +9,7 @@ row; then the position's own row refreshes the table. "cold": the table starts e
 cost of K + 1 rows, measured on the target, turns each chain length into a predicted speedup over plain
 decoding for a drafter that costs nothing: (1 + E[min(L, K)]) / (forward(K + 1) / forward(1)).
 
-    python scripts/recycle_agreement.py   # the 1.5B's answers, 6 prose categories + code, 4 prompts, 128 tokens
+    python scripts/lab/recycle_agreement.py   # the 1.5B's answers, 6 prose categories + code, 4 prompts, 128 tokens
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ each kind of round yields: rounds, draft tokens, acceptance, tokens committed pe
 round (drafting, of it a draft model's catch-up on tokens other sources committed, and the whole round:
 draft + verify + commit), the K asked.
 
-    python scripts/combined_rounds.py [--target qwen2.5-coder-1.5b-instruct] [--drafter SPEC] [--tasks mt_bench]
+    python scripts/lab/combined_rounds.py [--target qwen2.5-coder-1.5b-instruct] [--drafter SPEC] [--tasks mt_bench]
         [--limit 4] [--max-new-tokens 192]
 
 Kinds: "lookup-verbatim" (a long match, always taken), "lookup" (a weaker guess), "model", "none" (every

@@ -2,7 +2,7 @@
 // kernel's group needs (the FMAs of its float work, an integer multiply, unpacking): which of them take the
 // dot products' issue slots. 12 independent chains in inline assembly (the compiler cannot spill or fold
 // them). docs/notes/benchmarks-diary-2026.md section 39:
-//   g++ -O2 -march=native -o /tmp/vnni_rate scripts/vnni_rate.cpp && /tmp/vnni_rate
+//   g++ -O2 -march=native -o /tmp/vnni_rate scripts/lab/vnni_rate.cpp && /tmp/vnni_rate
 #include <chrono>
 #include <cstdio>
 #include <cstdint>

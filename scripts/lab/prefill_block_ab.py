@@ -3,7 +3,7 @@
 back in by patching CausalBlock.applies), interleaved in one process, medians: only such ratios mean anything
 on a shared machine.
 
-    python scripts/prefill_block_ab.py --depths 4096 16384 --kv-dtypes float32 bfloat16
+    python scripts/lab/prefill_block_ab.py --depths 4096 16384 --kv-dtypes float32 bfloat16
 """
 
 import argparse

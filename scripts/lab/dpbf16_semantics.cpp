@@ -5,7 +5,7 @@
 // products (exact in float32) added first. The emulations run with MXCSR's DAZ and FTZ set, as the instruction
 // flushes denormal inputs and outputs. Ranges: ordinary magnitudes, and products near the denormal boundary.
 //
-//     g++ -O2 -march=native -o /tmp/dpbf16_semantics scripts/dpbf16_semantics.cpp && /tmp/dpbf16_semantics
+//     g++ -O2 -march=native -o /tmp/dpbf16_semantics scripts/lab/dpbf16_semantics.cpp && /tmp/dpbf16_semantics
 #include <immintrin.h>
 
 #include <cmath>

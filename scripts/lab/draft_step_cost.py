@@ -2,7 +2,7 @@
 process (300-token context, medians): the draft cost ratio c of each, and where a draft's bytes are
 (docs/notes/benchmarks-diary-2026.md sections 20 and 27).
 
-    python scripts/draft_step_cost.py qwen2.5-coder-1.5b-instruct 20 quant:int4 [quant:gguf ...]
+    python scripts/lab/draft_step_cost.py qwen2.5-coder-1.5b-instruct 20 quant:int4 [quant:gguf ...]
 """
 
 import statistics

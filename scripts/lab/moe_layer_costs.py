@@ -1,6 +1,6 @@
 """Per-layer cost of a mixture-of-experts model's step and 4-row pass, ours against llama.cpp, alternated.
 
-    python scripts/moe_layer_costs.py 2l.gguf 4l.gguf --llama-bench PATH/llama-bench [--rounds 3]
+    python scripts/lab/moe_layer_costs.py 2l.gguf 4l.gguf --llama-bench PATH/llama-bench [--rounds 3]
 
 The two files are one shape at 2 and 4 layers (scripts/moe_shape_file.py); per layer = (4 layers - 2 layers)
 / 2, which removes the embeddings, head and fixed costs. Each round times ours (interleaved_forward_costs of

@@ -5,7 +5,7 @@ restarts from the context's last N tokens, against the old catch-up on everythin
 prompts, as a script or a server does; tokens a second count the prompt's prefill; greedy outputs are checked
 against plain.
 
-    python scripts/draft_window_ab.py   # code and edit tasks, 4 prompts each, 256 tokens: "default|old;default"
+    python scripts/lab/draft_window_ab.py   # code and edit tasks, 4 prompts each, 256 tokens: "default|old;default"
 
 Methods are separated by ";": a drafter spec (`default`: the target's default), then "|old" for the old
 catch-up and "|k=N" for a fixed K (default auto).

@@ -1,6 +1,6 @@
 """Batched rounds against one generation at a time, same prompts, same process (one interleaved run).
 
-    python scripts/batch_throughput.py [--target smollm2-135m-instruct] [--drafters none,ngram]
+    python scripts/lab/batch_throughput.py [--target smollm2-135m-instruct] [--drafters none,ngram]
         [--batches 4,8,16] [--prompts 16] [--max-new-tokens 64] [--tasks code,mt_bench,...]
 
 For each drafter: the prompts generated one after another (generate), then all of them with generate_batch

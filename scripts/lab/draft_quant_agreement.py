@@ -3,7 +3,7 @@ kernel is written for such a format: the draft's layer matrices are quantized an
 (round to nearest, per output row and group of G inputs), then one float forward over prompt + answer is
 compared with the target's own greedy answer, position by position.
 
-    python scripts/draft_quant_agreement.py   # 1.5B answers, 0.5B draft, 5 tasks x 4 prompts, 128 tokens
+    python scripts/lab/draft_quant_agreement.py   # 1.5B answers, 0.5B draft, 5 tasks x 4 prompts, 128 tokens
 
 Formats ("bits:group" then "sym" or "asym", "+search"): sym stores one float16 scale a group, codes
 -2^(b-1)..2^(b-1)-1 as our int4 (3-bit g32: 3.5 bits a weight, g64: 3.25); asym a float16 scale and minimum,

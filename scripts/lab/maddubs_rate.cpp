@@ -1,7 +1,7 @@
 // How many vpmaddubsw (256-bit) this CPU retires per second, and its clock: the ceiling of the integer
 // kernels (kernels/integer_matmul.cpp, gguf_matmul.cpp), which need one vpmaddubsw per 32 multiply-adds.
 // 12 independent chains, so latency does not bound it. docs/notes/benchmarks-diary-2026.md section 16:
-//   g++ -O2 -mavx2 -o /tmp/maddubs_rate scripts/maddubs_rate.cpp && /tmp/maddubs_rate
+//   g++ -O2 -mavx2 -o /tmp/maddubs_rate scripts/lab/maddubs_rate.cpp && /tmp/maddubs_rate
 #include <immintrin.h>
 #include <chrono>
 #include <cstdio>

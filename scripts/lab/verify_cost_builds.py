@@ -1,7 +1,7 @@
 """Forward over T new tokens against T = 1, with the AVX2 and the AVX-512 builds of the kernels interleaved in
 one process, so a noisy machine's drift hits both alike (docs/notes/benchmarks-diary-2026.md section 19). Needs AVX512-VNNI.
 
-    python scripts/verify_cost_builds.py smollm2-135m-instruct 15
+    python scripts/lab/verify_cost_builds.py smollm2-135m-instruct 15
 """
 
 import sys

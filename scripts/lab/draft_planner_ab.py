@@ -2,7 +2,7 @@
 (batch_drafts.draft_caps: rows to the drafts most likely accepted, while they pay) against an even share of
 the row budget, and plain batched decoding; the same prompts, two repetitions, greedy outputs compared.
 
-    python scripts/draft_planner_ab.py [--target smollm2-135m-instruct] [--prompts 32] [--batch 16]
+    python scripts/lab/draft_planner_ab.py [--target smollm2-135m-instruct] [--prompts 32] [--batch 16]
 """
 
 from __future__ import annotations

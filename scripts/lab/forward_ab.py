@@ -1,12 +1,12 @@
 """The target's whole forward at T new rows (300-slot context) on two builds of the CPU kernels, interleaved
 in one process (over `--context` cached slots of random keys and values): the committed sources against a variant copy of them (`--variant DIR`, as
-scripts/kernel_ab.py), or the committed build with and without one compiler flag (`--flag`). Both builds
+scripts/lab/kernel_ab.py), or the committed build with and without one compiler flag (`--flag`). Both builds
 must compute the same bits; only such interleaved ratios mean anything on a shared machine.
 
     cp -r specdec/kernels /tmp/variant   # then edit /tmp/variant/*.cpp
-    python scripts/forward_ab.py --variant /tmp/variant [--model NAME] [--rows 1 4 8]
-    python scripts/forward_ab.py --flag -DSPECDEC_PREFETCH_TO_L2   # L1 prefetches against L2 (AMD's default)
-    python scripts/forward_ab.py --variant /tmp/variant --context 4096   # deep in a long context
+    python scripts/lab/forward_ab.py --variant /tmp/variant [--model NAME] [--rows 1 4 8]
+    python scripts/lab/forward_ab.py --flag -DSPECDEC_PREFETCH_TO_L2   # L1 prefetches against L2 (AMD's default)
+    python scripts/lab/forward_ab.py --variant /tmp/variant --context 4096   # deep in a long context
 """
 
 import argparse

@@ -11,7 +11,7 @@ replayed offline on the target's own greedy answers, so no speed is measured and
 Greedy acceptance is the longest tree path that matches the true answer. With a verification of T rows
 costing v(T) plain steps (`python -m specdec.bench.forward_cost`), a drafter reaches at most tau / v(T).
 
-    python scripts/lookup_ceiling.py --target smollm2-135m-instruct --tasks code,mt_bench,qa --limit 3
+    python scripts/lab/lookup_ceiling.py --target smollm2-135m-instruct --tasks code,mt_bench,qa --limit 3
 """
 
 from __future__ import annotations

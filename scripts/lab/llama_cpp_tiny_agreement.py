@@ -1,6 +1,6 @@
 """Greedy tokens against llama.cpp's on tiny files llama.cpp itself wrote: its own converter and quantizer.
 
-    SPECDEC_LLAMA_CPP=LLAMA_CPP_SOURCE python scripts/llama_cpp_tiny_agreement.py [--kinds gpt_oss,qwen3_moe]
+    SPECDEC_LLAMA_CPP=LLAMA_CPP_SOURCE python scripts/lab/llama_cpp_tiny_agreement.py [--kinds gpt_oss,qwen3_moe]
         [--tokens 32]
 
 LLAMA_CPP_SOURCE is a llama.cpp source tree built with `cmake -B build -DGGML_NATIVE=ON` (llama-quantize and
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "def fibonacci(n):"
 QUANTIZE = {"gpt_oss": "MXFP4_MOE"}
 

@@ -1,7 +1,7 @@
 """Multiply-adds a second of the int4 integer kernel on one 8960 x 1536 matrix (the 1.5B's gate/up size), for
-1, 2, 4 and 8 rows: compare with the vpmaddubsw ceiling (scripts/maddubs_rate.cpp; docs/notes/benchmarks-diary-2026.md 16).
+1, 2, 4 and 8 rows: compare with the vpmaddubsw ceiling (scripts/lab/maddubs_rate.cpp; docs/notes/benchmarks-diary-2026.md 16).
 
-    python scripts/integer_kernel_rate.py [THREADS]
+    python scripts/lab/integer_kernel_rate.py [THREADS]
 """
 
 import sys

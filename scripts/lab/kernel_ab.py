@@ -4,9 +4,9 @@ the same number of times, alternating, in one process, and must agree bit for bi
 only such ratios mean anything (docs/notes/benchmarks-diary-2026.md sections 20-21).
 
     cp -r specdec/kernels /tmp/variant   # then edit /tmp/variant/*.cpp
-    python scripts/kernel_ab.py /tmp/variant --format int4 --rows 1
-    python scripts/kernel_ab.py /tmp/variant --format gguf --rows 8 --threads 2
-    python scripts/kernel_ab.py /tmp/variant --format attention --depth 16384 --kv-dtype bfloat16 --rows 1
+    python scripts/lab/kernel_ab.py /tmp/variant --format int4 --rows 1
+    python scripts/lab/kernel_ab.py /tmp/variant --format gguf --rows 8 --threads 2
+    python scripts/lab/kernel_ab.py /tmp/variant --format attention --depth 16384 --kv-dtype bfloat16 --rows 1
 
 int4 / int7 / float32: 18 random matrices of the 1.5B's shapes (8960 x 1536, 1536 x 8960, 2048 x 1536), 166 MB
 in int4: more than the last-level cache, so the weights stream from memory. gguf: the 1.5B's own GGUF blocks

@@ -2,8 +2,8 @@
 one process (medians, seconds): the target's real embeddings and LM-head rows, random features of the
 target's width (a step's arithmetic does not depend on their values), the CLI's default batch.
 
-    python scripts/train_step_precision.py                 # EAGLE-3 for Qwen2.5-Coder-1.5B (its GGUF blocks)
-    python scripts/train_step_precision.py --kind eagle --model smollm2-135m-instruct --weights float32
+    python scripts/lab/train_step_precision.py                 # EAGLE-3 for Qwen2.5-Coder-1.5B (its GGUF blocks)
+    python scripts/lab/train_step_precision.py --kind eagle --model smollm2-135m-instruct --weights float32
 """
 
 import argparse

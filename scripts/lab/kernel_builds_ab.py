@@ -1,8 +1,8 @@
 """The AVX2 build of the CPU kernels against the AVX-512 build, interleaved in one process (docs/notes/benchmarks-diary-2026.md
 section 19). Needs a CPU with AVX512-VNNI.
 
-    python scripts/kernel_builds_ab.py integer   # int4/int7 and GGUF blocks, 8960 x 1536, one thread
-    python scripts/kernel_builds_ab.py float32   # float32 panels, 17920 x 1536 (streamed from memory), two threads
+    python scripts/lab/kernel_builds_ab.py integer   # int4/int7 and GGUF blocks, 8960 x 1536, one thread
+    python scripts/lab/kernel_builds_ab.py float32   # float32 panels, 17920 x 1536 (streamed from memory), two threads
 """
 
 import sys

@@ -2,7 +2,7 @@
 questions (the first `--per-category` of each category) with each KV cache type, token by token against
 float32's: how many outputs are identical and how many tokens agree before the first difference.
 
-    python scripts/kv_dtype_agreement.py --target qwen2.5-coder-1.5b-instruct --per-category 2
+    python scripts/lab/kv_dtype_agreement.py --target qwen2.5-coder-1.5b-instruct --per-category 2
 """
 
 import argparse
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specdec.api.generator import SpeculativeGenerator
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+QUESTIONS = Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 def questions(path: Path, per_category: int) -> list[str]:
