@@ -42,12 +42,15 @@ def is_cached_format(weights: str) -> bool:
 def packed_cache_path(model_dir: Path, weights: str, adapter_key: str | None = None) -> Path:
     """Where the `weights`-format packing of the checkpoint in `model_dir` lives (merged with the LoRA adapter
     whose `adapters.adapter_fingerprint` is adapter_key, if any)."""
+    from specdec.models.sources.content_key import gguf_content_key
     from specdec.models.sources.gguf_source import gguf_source
 
     # a GGUF-sourced checkpoint is its GGUF file, whether or not its float32 safetensors were written yet
     gguf = gguf_source(model_dir)
-    files = ([gguf] if gguf is not None else sorted(model_dir.glob("*.safetensors"))) + [model_dir / "config.json"]
+    files = ([] if gguf is not None else sorted(model_dir.glob("*.safetensors"))) + [model_dir / "config.json"]
     source = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.exists()]
+    if gguf is not None:  # its content, whatever path or name reached it
+        source.insert(0, gguf_content_key(gguf))
     parts = [str(model_dir.resolve()), source, weights, LAYOUT_VERSION, PANEL, INTEGER_COLUMNS, INTEGER_BLOCK]
     key = hashlib.sha256(json.dumps(parts + ([adapter_key] if adapter_key else [])).encode()).hexdigest()[:16]
     name = model_dir.parent.name if model_dir.name == "hf" else model_dir.name  # zoo models live in NAME/hf

@@ -27,6 +27,7 @@ from specdec.models.fused_checkpoints import split_fused_projections
 from specdec.models.quantized.packed_cache import (discard_packed, is_cached_format, load_packed, packed_cache_path,
                                                    save_packed, write_packed)
 from specdec.models.quantized.packed_linear import PackedLinear, parse_weight_format
+from specdec.models.sources.content_key import gguf_content_key, zoo_name_of
 from specdec.models.sources.gguf_source import gguf_only_source, gguf_source
 from specdec.paths import converted_dir
 
@@ -80,19 +81,25 @@ def resolve_model_dir(spec: str, pull_missing: bool = True) -> tuple[str, Path]:
     if path.is_dir():
         return path.name, path
     if path.suffix == ".gguf":
-        return path.stem, gguf_cache_dir(path)
+        same = zoo_name_of(path)  # a zoo model's file under another name: its name, defaults and caches
+        return (same, zoo.model_dir(same) / "hf") if same is not None else (path.stem, gguf_cache_dir(path))
     return spec, zoo.ensure_pulled(spec) if pull_missing else zoo.model_dir(spec)
 
 
 def gguf_cache_dir(gguf_path: Path) -> Path:
-    """The converted directory of a GGUF file, converting it on first use."""
+    """The converted directory of a GGUF file, converting it on first use; one per content (content_key), so
+    the same bytes under another path reuse it, and it names the path it was last reached by."""
     from specdec.models.sources.gguf_convert import convert_gguf
 
-    stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    out = converted_dir() / f"{gguf_path.stem}-{key}"
+    out = converted_dir() / f"{gguf_path.stem}-{gguf_content_key(gguf_path)[:16]}"
+    if not (out / "config.json").exists():
+        matches = list(converted_dir().glob(f"*-{gguf_content_key(gguf_path)[:16]}"))
+        out = matches[0] if matches and (matches[0] / "config.json").exists() else out
     if not (out / "config.json").exists():
         convert_gguf(gguf_path, out)
+    record = out / "specdec_source.json"
+    if gguf_source(out) != gguf_path.resolve():  # the first path it was converted from may be gone
+        record.write_text(json.dumps({"gguf": str(gguf_path.resolve())}))
     return out
 
 
