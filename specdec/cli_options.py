@@ -63,11 +63,17 @@ def use_threads(threads: int | None) -> None:
 
 
 def add_target_option(parser: argparse.ArgumentParser, default: str | None = "default",
-                      help_text: str = "zoo name, Hugging Face directory or .gguf file") -> None:
+                      help_text: str = "zoo name, Hugging Face directory, .gguf file, ollama:NAME[:TAG], "
+                                       "hf:ORG/REPO[/FILE], lmstudio:PUBLISHER/REPO[/FILE] or a name in "
+                                       "--models-dir") -> None:
     """--target: the model a command runs ("default": the zoo's default model; None: no default)."""
     from specdec.models.sources.zoo import DEFAULT_MODEL
 
     parser.add_argument("--target", default=DEFAULT_MODEL if default == "default" else default, help=help_text)
+
+
+MODELS_DIR_HELP = ("a folder of your models (.gguf files, model directories): --target NAME finds NAME.gguf "
+                   "there; also $SPECDEC_MODELS_DIR")
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +89,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--threads", type=threads_argument, default=None,
                        help="CPU threads for the model's kernels (default: the cores this process may use; "
                             "llama.cpp's -t; bench's llama.cpp peers run with as many)")
+    group.add_argument("--models-dir", default=None, help=MODELS_DIR_HELP)
 
 
 def add_k_option(parser) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from specdec.paths import specdec_home
@@ -60,3 +61,39 @@ def tokenizer_sha256(tokenizer) -> str:
     """Digest of the vocabulary (token -> id): what a head's token ids depend on."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def tokenizer_fingerprint(path: Path) -> str:
+    """What a model's token ids mean, as a short digest of its tokens in id order, read from a GGUF file's
+    metadata or a Hugging Face directory's tokenizer.json. Equal exactly when each id spells the same token in
+    both, so a draft's ids mean the target's: Qwen2.5 files of any size or quantization share one; SmolLM2
+    and Qwen do not. Merges and the pre-tokenizer decide how a text is split into ids, not what an id means
+    (and a SentencePiece vocabulary has no merges in GGUF but gains some in tokenizer.json): left out.
+    Trailing padding tokens (Qwen pads its vocabulary to the embedding's rows) are left out too, and
+    SentencePiece's space mark read as the space it stands for (GGUF keeps user-defined whitespace tokens as
+    spaces, tokenizer.json as "\u2581")."""
+    tokens = gguf_tokens(path) if path.is_file() else tokenizer_json_tokens(path / "tokenizer.json")
+    while tokens and _PADDING.fullmatch(tokens[-1]):
+        tokens.pop()
+    tokens = [token.replace("\u2581", " ") for token in tokens]
+    return hashlib.sha256(json.dumps(tokens, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+_PADDING = re.compile(r"\[PAD\d+\]|<\|?pad_?\d*\|?>")
+
+
+def gguf_tokens(path: Path) -> list[str]:
+    from specdec.models.sources.gguf_file import GgufFile
+
+    return GgufFile(path).strings("tokenizer.ggml.tokens")
+
+
+def tokenizer_json_tokens(path: Path) -> list[str]:
+    """Tokens by id (the model's vocabulary and the added tokens), from tokenizer.json."""
+    data = json.loads(path.read_text())
+    model = data.get("model") or {}
+    vocab = model.get("vocab") or {}
+    by_id = dict(enumerate(piece for piece, _ in vocab)) if isinstance(vocab, list) else \
+        {index: token for token, index in vocab.items()}
+    by_id.update({added["id"]: added["content"] for added in data.get("added_tokens") or []})
+    return [by_id.get(index, "") for index in range(max(by_id, default=-1) + 1)]

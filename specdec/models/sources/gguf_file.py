@@ -44,6 +44,7 @@ class SkippedArray:
 
     element_type: int
     length: int
+    position: int = 0  # where its elements start in the file (GgufFile.strings reads a string array there)
 
 
 @dataclass
@@ -106,6 +107,19 @@ class GgufFile:
     def tensor(self, name: str) -> GgufTensor:
         return self._by_name[name]
 
+    def strings(self, key: str) -> list[str]:
+        """A string array's elements (a long one, such as the tokenizer's tokens, read only when asked for)."""
+        value = self.fields.get(key)
+        if not isinstance(value, SkippedArray):
+            return list(value or [])
+        if value.element_type != _STRING:
+            raise CorruptModelError(f"{self.path}: {key} is not an array of strings")
+        strings, position = [], value.position
+        for _ in range(value.length):
+            text, position = self._string(position)
+            strings.append(text)
+        return strings
+
     # -- parsing ------------------------------------------------------------------------------
     def _parse(self) -> tuple[dict, list[GgufTensor]]:
         from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -159,7 +173,7 @@ class GgufFile:
         element_type, length = struct.unpack_from("<IQ", self._buffer, position)
         position += 12
         if length > SHORT_ARRAY:
-            return SkippedArray(element_type, length), self._skip_array(element_type, length, position)
+            return SkippedArray(element_type, length, position), self._skip_array(element_type, length, position)
         values = []
         for _ in range(length):
             value, position = self._value(element_type, position)

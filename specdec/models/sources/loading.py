@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -29,6 +30,7 @@ from specdec.models.quantized.packed_cache import (discard_packed, is_cached_for
 from specdec.models.quantized.packed_linear import PackedLinear, parse_weight_format
 from specdec.models.sources.content_key import gguf_content_key, zoo_name_of
 from specdec.models.sources.gguf_source import gguf_only_source, gguf_source
+from specdec.models.sources.stores import resolve_store_name
 from specdec.paths import converted_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -56,42 +58,56 @@ class LoadedModel:
 
 
 def check_model_spec(spec: str) -> None:
-    """A zoo name, a Hugging Face directory (with config.json) or an existing .gguf file; else
-    UnknownModelError. Nothing is read or pulled: what a command checks before it loads anything."""
+    """A zoo name, a Hugging Face directory (with config.json), an existing .gguf file or a stored model
+    (stores.py: ollama:, hf:, lmstudio:, a --models-dir name); else UnknownModelError. Only the store's index
+    is read, nothing pulled: what a command checks before it loads anything."""
+    _model_path(spec)
+
+
+def _model_path(spec: str) -> tuple[str, Path | None]:
+    """(display name, the directory or GGUF file it names; None for a zoo name)."""
     from specdec.models.sources import zoo
 
-    path = Path(spec).expanduser()
+    stored = resolve_store_name(spec) if spec not in zoo.REGISTRY else None
+    path = stored.path if stored is not None else Path(spec).expanduser()
+    name = stored.name if stored is not None else (path.name if path.is_dir() else path.stem)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise UnknownModelError(f"{spec}: directory has no config.json (not a Hugging Face model directory)")
-    elif path.suffix == ".gguf":
+        return name, path
+    if path.suffix == ".gguf" or stored is not None:
         if not path.is_file():
             raise UnknownModelError(f"{spec}: no such GGUF file")
-    elif spec not in zoo.REGISTRY:
-        raise UnknownModelError(
-            f"unknown model {spec!r}: not a zoo name ({', '.join(zoo.REGISTRY)}), a model directory or a .gguf file")
+        return name, path
+    if spec not in zoo.REGISTRY:
+        raise UnknownModelError(f"unknown model {spec!r}: not a zoo name ({', '.join(zoo.REGISTRY)}), a model "
+                                "directory, a .gguf file or a stored model (ollama:NAME, hf:ORG/REPO, "
+                                "lmstudio:PUBLISHER/REPO, a name in --models-dir)")
+    return spec, None
 
 
 def resolve_model_dir(spec: str, pull_missing: bool = True) -> tuple[str, Path]:
-    """(display name, Hugging Face directory) for a zoo name, a model directory or a .gguf file."""
+    """(display name, Hugging Face directory) for a zoo name, a model directory, a .gguf file or a stored
+    model."""
     from specdec.models.sources import zoo
 
-    check_model_spec(spec)
-    path = Path(spec).expanduser()
+    name, path = _model_path(spec)
+    if path is None:
+        return spec, zoo.ensure_pulled(spec) if pull_missing else zoo.model_dir(spec)
     if path.is_dir():
-        return path.name, path
-    if path.suffix == ".gguf":
-        same = zoo_name_of(path)  # a zoo model's file under another name: its name, defaults and caches
-        return (same, zoo.model_dir(same) / "hf") if same is not None else (path.stem, gguf_cache_dir(path))
-    return spec, zoo.ensure_pulled(spec) if pull_missing else zoo.model_dir(spec)
+        return name, path
+    same = zoo_name_of(path)  # a zoo model's file under another name: its name, defaults and caches
+    return (same, zoo.model_dir(same) / "hf") if same is not None else (name, gguf_cache_dir(path, name))
 
 
-def gguf_cache_dir(gguf_path: Path) -> Path:
+def gguf_cache_dir(gguf_path: Path, label: str | None = None) -> Path:
     """The converted directory of a GGUF file, converting it on first use; one per content (content_key), so
-    the same bytes under another path reuse it, and it names the path it was last reached by."""
+    the same bytes under another path reuse it, and it names the path it was last reached by. `label`: the
+    model's name (a store's blob is named by its digest), in the directory's name."""
     from specdec.models.sources.gguf_convert import convert_gguf
 
-    out = converted_dir() / f"{gguf_path.stem}-{gguf_content_key(gguf_path)[:16]}"
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "-", label or gguf_path.stem).strip("-") or "model"
+    out = converted_dir() / f"{readable}-{gguf_content_key(gguf_path)[:16]}"
     if not (out / "config.json").exists():
         matches = list(converted_dir().glob(f"*-{gguf_content_key(gguf_path)[:16]}"))
         out = matches[0] if matches and (matches[0] / "config.json").exists() else out
