@@ -181,10 +181,12 @@ def test_gguf_file_reads_what_gguf_py_reads(tmp_path):
     short = gguf_file.SHORT_ARRAY
     try:
         gguf_file.SHORT_ARRAY = tokens - 1
-        skipped = gguf_file.GgufFile(path).field("tokenizer.ggml.tokens")
+        reader = gguf_file.GgufFile(path)
+        skipped = reader.field("tokenizer.ggml.tokens")
     finally:
         gguf_file.SHORT_ARRAY = short
-    assert skipped == gguf_file.SkippedArray(gguf.GGUFValueType.STRING, tokens)
+    assert (skipped.element_type, skipped.length) == (gguf.GGUFValueType.STRING, tokens)
+    assert reader.strings("tokenizer.ggml.tokens") == theirs.fields["tokenizer.ggml.tokens"].contents()  # read when asked
 
 
 def test_a_warm_gguf_load_reads_no_metadata_array(tmp_path, monkeypatch):
