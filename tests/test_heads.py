@@ -91,7 +91,7 @@ def test_eagle_heads_on_a_mixture_target_are_dense_and_exact(tmp_path, kind):
     """A head's own layer is a plain dense one whatever its target (no experts, sinks or clamped SwiGLU: the
     layer EAGLE and speculators' eagle3 define), and drafting for a mixture target stays exact."""
     from specdec.heads.eagle3 import Eagle3Layer, Eagle3Shape, head_config
-    from specdec.models.llama import MLP
+    from specdec.models.feed_forward import MLP
 
     target = load_model(str(save_tiny_model(tmp_path / kind, kind, seed=4)))
     eagle3 = Eagle3Layer(head_config(target.model.config, Eagle3Shape(48, (1, 2))), False)

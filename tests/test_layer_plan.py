@@ -9,7 +9,7 @@ from specdec.models.base import positions_after, tree_attention_mask
 from specdec.models.quantized.gguf_blocks import decode
 from specdec.models.quantized.gguf_linear import GgufLinear
 from specdec.models.layer_plan import INT4, INT8
-from specdec.models.llama import RowAttention
+from specdec.models.attention import RowAttention
 from specdec.models.rope import rope_cos_sin
 from specdec.core.tree import TokenTree
 from test_gguf_blocks import blocks_of

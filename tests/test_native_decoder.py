@@ -7,7 +7,8 @@ from specdec.kernels import packed_kernel
 from specdec.models.base import positions_after, tree_attention_mask
 from specdec.models.config import ModelConfig
 from specdec.models.fused_checkpoints import split_fused_projections
-from specdec.models.llama import ROW_BY_ROW_MAX, LlamaForCausalLM
+from specdec.models.attention import ROW_BY_ROW_MAX
+from specdec.models.llama import LlamaForCausalLM
 from specdec.core.tree import TokenTree
 from tiny_models import VOCAB, make_hf_model
 

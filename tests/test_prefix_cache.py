@@ -4,6 +4,7 @@ are bit-identical whether its prefill ran at once, in chunks, or after a prefix 
 import pytest
 import torch
 
+import specdec.models.attention as attention
 import specdec.models.llama as llama
 from specdec.core.commit import StopCriteria
 from specdec.drafters.ngram import NgramDrafter
@@ -202,14 +203,14 @@ def test_a_prompt_rows_cost_grows_with_its_depth_by_the_models_shape(targets):
 
 @pytest.mark.parametrize("name", ["llama", "gguf-q8_0"])
 def test_prefill_blocks_take_the_block_kernel_close_to_torch_attention(targets, small_limits, monkeypatch, name):
-    """Prefill blocks past the row limit attend through the block kernel (llama.CausalBlock,
+    """Prefill blocks past the row limit attend through the block kernel (attention.CausalBlock,
     kernels/block_attention.cpp): the cache and logits agree with torch's grouped-query attention over the
     same blocks (its rounding, not its bits: the control shows the two paths really differ)."""
     model = targets[name].model
-    assert llama.CausalBlock.applies(model.model.norm.weight, model.config.head_dim)
+    assert attention.CausalBlock.applies(model.model.norm.weight, model.config.head_dim)
     tokens = random_tokens(model, 90, seed=7)
     blocked, blocked_out, _ = prefill(model, tokens, [36])
-    monkeypatch.setattr(llama.CausalBlock, "applies", staticmethod(lambda x, head_dim: False))
+    monkeypatch.setattr(attention.CausalBlock, "applies", staticmethod(lambda x, head_dim: False))
     torch_path, torch_out, _ = prefill(model, tokens, [36])
     assert torch.allclose(blocked.keys[:, :, :, :90], torch_path.keys[:, :, :, :90], atol=1e-4, rtol=1e-4)
     assert torch.allclose(blocked_out.logits, torch_out.logits, atol=1e-3, rtol=1e-3)
@@ -226,7 +227,7 @@ def test_prefill_blocks_layer_by_layer_take_the_block_kernel_split_invariantly(t
     split, split_out, _ = prefill(model, tokens, [36, 48])
     assert torch.equal(whole.keys[:, :, :, :90], split.keys[:, :, :, :90])
     assert torch.equal(whole_out.logits[:, -1], split_out.logits[:, -1])
-    monkeypatch.setattr(llama.CausalBlock, "applies", staticmethod(lambda x, head_dim: False))
+    monkeypatch.setattr(attention.CausalBlock, "applies", staticmethod(lambda x, head_dim: False))
     torch_path, _, _ = prefill(model, tokens, [])
     assert torch.allclose(whole.keys[:, :, :, :90], torch_path.keys[:, :, :, :90], atol=1e-4, rtol=1e-4)
     assert not torch.equal(whole.keys[:, :, :, :90], torch_path.keys[:, :, :, :90])
@@ -243,8 +244,8 @@ def test_a_long_prompt_through_the_block_kernel_generates_plain_decodings_text_s
     prompt = "the cache keeps every key and value of the prompt " * 6
     assert len(target.tokenizer.encode(prompt)) > small_limits + 2 * llama.PREFILL_BLOCK
     taken = []
-    applies = llama.CausalBlock.applies
-    monkeypatch.setattr(llama.CausalBlock, "applies", staticmethod(lambda *args: taken.append(1) or applies(*args)))
+    applies = attention.CausalBlock.applies
+    monkeypatch.setattr(attention.CausalBlock, "applies", staticmethod(lambda *args: taken.append(1) or applies(*args)))
     plain = SpeculativeGenerator(target, None).generate(prompt, 24, chat=False)
     assert taken  # the prompt's blocks past the limit went to the block kernel
     speculative = SpeculativeGenerator(target, NgramDrafter(), 4)

@@ -19,7 +19,9 @@ from torch import nn
 from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import KVCache
 from specdec.models.layer_plan import layer_plan
-from specdec.models.llama import ROW_BY_ROW_MAX, DecoderLayer, RMSNorm, RowAttention
+from specdec.models.attention import ROW_BY_ROW_MAX, RowAttention
+from specdec.models.llama import DecoderLayer
+from specdec.models.norm import RMSNorm
 from specdec.models.rope import rope_cos_sin, rope_inverse_frequencies
 
 

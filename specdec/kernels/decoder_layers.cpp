@@ -210,7 +210,7 @@ void mixture(const MixtureWeights& m, const float* normed, float* out, int64_t T
 }
 
 // Row r of a segment on a sliding-window layer, as a call of its own over the cache from slot
-// min(first_key[r], prefix) on (llama.RowAttention.row_alone): the keys before its window left out.
+// min(first_key[r], prefix) on (attention.RowAttention.row_alone): the keys before its window left out.
 void windowed_row(const Segment& seg, int64_t r, const float* q, void* keys, void* values, float* out, int64_t H,
                   int64_t Hkv, int64_t D, float attention_scale, const float* sinks, int num_threads) {
     const int64_t first = seg.first_key[r], start = std::min(first, seg.prefix);

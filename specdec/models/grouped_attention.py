@@ -1,6 +1,6 @@
 """Masked attention on the CPU with the query heads of a KV group as rows of one head: masked forwards of many
 rows that the kernels' row and block attention do not take (batched masks; prefill blocks of a head size
-that is not a multiple of 8, which llama.CausalBlock leaves to torch).
+that is not a multiple of 8, which attention.CausalBlock leaves to torch).
 
 torch's CPU attention (its flash kernel) multiplies each head's block of query rows by every key block,
 and with grouped-query heads (12 query heads on 2 KV heads) a block of 128 prompt rows makes small

@@ -168,9 +168,9 @@ class LayerPlan:
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, first: int, stop: int,
             rows, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
         """Layers [first, stop) over x (1, T, C): a new tensor (x is left as it was). The new tokens' keys and
-        values go to cache slots [cache.length, cache.length + T); `rows` (llama.RowAttention) says which
+        values go to cache slots [cache.length, cache.length + T); `rows` (attention.RowAttention) says which
         cached keys each row sees, and on sliding-window layers from which slot on (rows.first_key); a
-        llama.CausalBlock (visible None) runs a prefill block through the block kernel."""
+        attention.CausalBlock (visible None) runs a prefill block through the block kernel."""
         out = x.contiguous().clone()
         first_key = None if rows.first_key is None else torch.tensor(rows.first_key, dtype=torch.int64)
         keys, values = cache.keys[first, 0], cache.values[first, 0]  # (Hkv, S_max, D)
@@ -187,7 +187,7 @@ class LayerPlan:
     def run_batch(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, parts: Sequence[tuple],
                   first: int, stop: int, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
         """Layers [first, stop) over several requests' rows at once: x (1, R, C), cos/sin (1, 1, R, D), the rows
-        of `parts` = [(cache, rows (llama.RowAttention), count), ...] one after another. Each request's keys
+        of `parts` = [(cache, rows (attention.RowAttention), count), ...] one after another. Each request's keys
         and values go to its own cache; each row computes what it computes in `run` for its request alone."""
         out = x.contiguous().clone()
         cos, sin = cos.contiguous(), sin.contiguous()  # held here: the C call reads them through raw pointers
@@ -234,7 +234,7 @@ def plan_applies(x: torch.Tensor, cache, rows) -> bool:
 def layer_plan(owner: nn.Module, layers: Sequence[nn.Module], x: torch.Tensor, cache, rows,
                sliding: Sequence[int] = ()) -> LayerPlan | None:
     """The plan of `layers` (packed decoder layers of `owner`: a model, an EAGLE head) where the one-call path
-    applies to this forward: float32 rows on the CPU attended row by row (`rows`, llama.RowAttention), batch
+    applies to this forward: float32 rows on the CPU attended row by row (`rows`, attention.RowAttention), batch
     1, a contiguous KV cache of float32, bf16 or fp16. Built on first use and rebuilt after the layers change; else None."""
     if not plan_applies(x, cache, rows):
         return None
