@@ -109,16 +109,34 @@ def test_the_first_token_shows_up_as_the_api_streams_it(browser, server):
     page.close()
 
 
-def test_stop_ends_a_stream(browser, server):
-    page = open_page(browser, server, [])
-    page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
-    set_limits(page, 450)  # the tiny model's context is 512
-    send(page, PROMPT)
-    page.wait_for_selector('.message.assistant[data-state="streaming"] .tok', timeout=60_000)
-    page.click("#stop")
-    page.wait_for_selector('.message.assistant[data-state="stopped"]', timeout=30_000)
-    assert page.is_visible("#send") and len(stored_answer(page)["tokens"]) < 450
-    page.close()
+def test_stop_ends_a_stream(browser, tiny_dirs):
+    """The target slowed to a step every 20 ms, so the answer is still streaming when Stop is clicked."""
+    from specdec.api.generator import SpeculativeGenerator
+
+    generator = SpeculativeGenerator.from_pretrained(str(tiny_dirs["llama"]), drafter="ngram", k=4)
+    model = generator.target.model
+    for name in ("forward", "forward_batch"):
+        setattr(model, name, slowed(getattr(model, name)))
+    slow = RunningServer(generator)
+    try:
+        page = open_page(browser, slow, [])
+        page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+        set_limits(page, 450)  # the tiny model's context is 512
+        send(page, PROMPT)
+        page.wait_for_selector('.message.assistant[data-state="streaming"] .tok', timeout=60_000)
+        page.click("#stop")
+        page.wait_for_selector('.message.assistant[data-state="stopped"]', timeout=30_000)
+        assert page.is_visible("#send") and len(stored_answer(page)["tokens"]) < 450
+        page.close()
+    finally:
+        slow.stop()
+
+
+def slowed(method):
+    def wrapper(*args, **kwargs):
+        time.sleep(0.02)
+        return method(*args, **kwargs)
+    return wrapper
 
 
 def test_with_an_api_key_the_page_asks_for_it_and_the_api_refuses_without_it(browser, tiny_generator):

@@ -15,7 +15,7 @@ from specdec.core.stats import GenerationStats, RoundStats
 from specdec.core.tree import TokenTree
 from specdec.core.verify import Acceptance
 from specdec.engine.prefill import PromptPrefill, criteria_within_context
-from specdec.engine.round import Round, accept, judging_logits, verify_request
+from specdec.engine.round import Round, Verified, accept, judging_logits, verify_request
 from specdec.engine.round_steps import round_steps
 
 
@@ -131,30 +131,28 @@ class Generation:
         if logits.device.type == "cuda":  # kernels run asynchronously: let verify time be the GPU's verify time
             torch.cuda.synchronize(logits.device)
         accepting = time.perf_counter()
-        round.verify_seconds = (verify_ended or accepting) - verify_started
-        round.experts_per_layer = out.experts_per_layer
         for step in self.steps:
             logits = step.mask(round, logits)
-        round.logits = logits
-        round.result = accept(round, self.params, self.engine.acceptance, self.context, self.noise)
-        outcome = self._commit(round)
+        result = accept(round, logits, self.params, self.engine.acceptance, self.context, self.noise)
+        verified = Verified(round, logits, result, (verify_ended or accepting) - verify_started, out.experts_per_layer)
+        outcome = self._commit(verified)
         if not round.forced:
-            self.engine.speculation.observe(len(round.draft), round.result.num_accepted, round.drafting_seconds,
-                                            round.verify_seconds, round.draft.source)
-        self.rounds.append(round.stats(len(outcome.tokens), time.perf_counter() - accepting))
-        outcome.provenance = round.provenance(len(outcome.tokens), self.rounds[-1])
+            self.engine.speculation.observe(len(round.draft), result.num_accepted, round.drafting_seconds,
+                                            verified.verify_seconds, round.draft.source)
+        self.rounds.append(verified.stats(len(outcome.tokens), time.perf_counter() - accepting))
+        outcome.provenance = verified.provenance(len(outcome.tokens), self.rounds[-1])
         return outcome
 
-    def _commit(self, round: Round) -> CommitOutcome:
-        outcome = self.committer.commit(round.result.tokens)
-        round.keep_accepted_in_cache()
-        self.context.extend(round.result.tokens)
+    def _commit(self, verified: Verified) -> CommitOutcome:
+        round, result = verified.round, verified.result
+        outcome = self.committer.commit(result.tokens)
+        verified.keep_accepted_in_cache()
+        self.context.extend(result.tokens)
         for step in self.steps:
-            outcome = step.committed(round, outcome, self.context)
+            outcome = step.committed(verified, outcome, self.context)
         if round.proposed and outcome.finish_reason is None:
-            self.drafter.on_verified(self.context, round.draft, round.result)
+            self.drafter.on_verified(self.context, round.draft, result)
         return outcome
-
 
 def prefill_output(steps, out) -> None:
     """Each round step sees each prefill chunk's forward output (features for the drafters that read them)."""

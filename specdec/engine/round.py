@@ -1,6 +1,6 @@
-"""One round as a value: what it drafted, what the target was asked, what the target returned, what was
-accepted. The draft phase makes a `Round`, verification and acceptance fill it, the commit consumes it;
-nothing of it outlives its round.
+"""One round as values, one per phase: the draft phase makes a `Round` (what it drafted, what the target is
+asked), verification and acceptance make a `Verified` (the rows that judged the draft, what was accepted),
+the commit consumes it; nothing of them outlives its round.
 
 The functions here are the parts of a round that depend on nothing but its values: the verify forward's
 inputs (a chain, a tree, a tree with side inputs), the rows of the target's output that judge the draft,
@@ -24,8 +24,10 @@ from specdec.core.verify import (Acceptance, verify_chain_greedy, verify_chain_m
 from specdec.models.base import ForwardRequest, positions_after, tree_attention_mask
 
 
-@dataclass
+@dataclass(frozen=True)
 class Round:
+    """The draft phase's value: what was drafted and what the verify forward is asked. Complete when made."""
+
     k: int  # the K asked of the drafter (stats.k_chosen), within the generation's and the batch's budgets
     draft: Draft
     tree: TokenTree | None  # None: the draft is a chain
@@ -35,45 +37,54 @@ class Round:
     forced: bool  # the grammar's forced tokens: they say nothing of the drafter or of K
     draft_seconds: float
     catch_up_seconds: float = 0.0  # of draft_seconds, the drafter catching up with the context (a prefill)
-    verify_seconds: float = 0.0
-    experts_per_layer: float | None = None  # the verify pass's, on a mixture-of-experts target
-    logits: torch.Tensor | None = None  # (K+1 or T+1, V) the rows that judge the draft, grammar-masked
-    features: torch.Tensor | None = None  # (K+1 or T+1, C x layers) the target's features, for feature drafters
-    result: VerifyResult | None = None
     source: str | None = None  # what proposed the draft: the drafter's source, "grammar" when forced
-
-    def provenance(self, committed: int, stats: RoundStats) -> RoundProvenance:
-        """How each of the `committed` tokens (the accepted drafts, then the target's own) was made."""
-        accepted, drafted = self.result.num_accepted, len(self.draft)
-        last = self.result.accepted_path[-1] if self.result.accepted_path else -1
-        if drafted == 0:
-            own = "target"
-        else:  # a rejected child of the last accepted node (or of the root): the target recovered
-            own = "recovered" if last in self.draft.parents else "bonus"
-        origins = ("forced" if self.forced else "drafted",) * accepted + (own,)
-        return RoundProvenance(origins[:committed], self.source if drafted else None, stats.k, drafted, accepted,
-                               stats.draft_seconds * 1000, stats.verify_seconds * 1000)
-
-    @property
-    def kept_rows(self) -> list[int]:
-        """The verify rows that decided the committed tokens: the root's, then each accepted draft's."""
-        return [0] + [1 + node for node in self.result.accepted_path]
 
     @property
     def drafting_seconds(self) -> float:
         """What drafting cost this round's K: a catch-up is paid once, not per drafted token."""
         return self.draft_seconds - self.catch_up_seconds
 
+
+@dataclass(frozen=True)
+class Verified:
+    """The verify phase's value: the round, the rows that judged its draft (grammar-masked) and what the
+    acceptance rule decided. The commit consumes it."""
+
+    round: Round
+    logits: torch.Tensor  # (K+1 or T+1, V)
+    result: VerifyResult
+    verify_seconds: float  # the target forward
+    experts_per_layer: float | None = None  # the verify pass's, on a mixture-of-experts target
+
+    @property
+    def kept_rows(self) -> list[int]:
+        """The verify rows that decided the committed tokens: the root's, then each accepted draft's."""
+        return [0] + [1 + node for node in self.result.accepted_path]
+
     def stats(self, committed: int, other_seconds: float) -> RoundStats:
-        asked = self.k if self.draft.asked is None else self.draft.asked  # a combined drafter's source's own K
-        return RoundStats(asked, len(self.draft), self.result.num_accepted, committed, self.draft_seconds,
+        round = self.round
+        asked = round.k if round.draft.asked is None else round.draft.asked  # a combined drafter's source's own K
+        return RoundStats(asked, len(round.draft), self.result.num_accepted, committed, round.draft_seconds,
                           self.verify_seconds, other_seconds, self.experts_per_layer)
+
+    def provenance(self, committed: int, stats: RoundStats) -> RoundProvenance:
+        """How each of the `committed` tokens (the accepted drafts, then the target's own) was made."""
+        draft = self.round.draft
+        accepted, drafted = self.result.num_accepted, len(draft)
+        last = self.result.accepted_path[-1] if self.result.accepted_path else -1
+        if drafted == 0:
+            own = "target"
+        else:  # a rejected child of the last accepted node (or of the root): the target recovered
+            own = "recovered" if last in draft.parents else "bonus"
+        origins = ("forced" if self.round.forced else "drafted",) * accepted + (own,)
+        return RoundProvenance(origins[:committed], self.round.source if drafted else None, stats.k, drafted,
+                               accepted, stats.draft_seconds * 1000, stats.verify_seconds * 1000)
 
     def keep_accepted_in_cache(self) -> None:
         """The cache keeps [last committed] + the accepted drafts; the new last token is the next input."""
-        cache, draft, result = self.request.cache, self.draft, self.result
+        cache, draft, result = self.round.request.cache, self.round.draft, self.result
         root_slot = cache.length - len(draft) - draft.num_side - 1
-        if self.tree is None:
+        if self.round.tree is None:
             cache.truncate(root_slot + 1 + result.num_accepted)
         else:  # the accepted path's slots move up behind the root
             cache.compact(root_slot + 1, [root_slot + 1 + node for node in result.accepted_path])
@@ -118,11 +129,12 @@ def judging_logits(out, draft: Draft) -> torch.Tensor:
     return logits
 
 
-def accept(round: Round, params: SamplingParams, acceptance: Acceptance, context: Sequence[int],
-           noise: PositionalNoise) -> VerifyResult:
-    """The acceptance rule on the round's logits: greedy where sampling is greedy, else `acceptance`'s rule
-    (core/verify.py) on the processed target distribution of each row."""
-    logits, draft, tree = round.logits, round.draft, round.tree
+def accept(round: Round, logits: torch.Tensor, params: SamplingParams, acceptance: Acceptance,
+           context: Sequence[int], noise: PositionalNoise) -> VerifyResult:
+    """The acceptance rule on the rows that judge the round's draft (logits (K+1 or T+1, V)): greedy where
+    sampling is greedy, else `acceptance`'s rule (core/verify.py) on the processed target distribution of
+    each row."""
+    draft, tree = round.draft, round.tree
     if params.greedy and params.repetition_penalty == 1.0:
         return verify_chain_greedy(logits, draft) if tree is None else verify_tree_greedy(logits, tree)
     history = torch.tensor(list(context), device=logits.device)

@@ -18,7 +18,7 @@ from specdec.core.commit import CommitOutcome, Committer
 from specdec.core.constraint import Constraint, masked_logits
 from specdec.core.rounds import Draft, TokenLogprob
 from specdec.core.sampling import SamplingParams, token_logprobs
-from specdec.engine.round import Round, path_to
+from specdec.engine.round import Round, Verified, path_to
 
 
 # The most grammar-forced tokens drafted in one round (all are accepted; each costs a verify row).
@@ -66,7 +66,7 @@ class RoundStep:
         """(K+1 or T+1, V) logits the acceptance rule reads."""
         return logits
 
-    def committed(self, round: Round, outcome: CommitOutcome, context: list[int]) -> CommitOutcome:
+    def committed(self, verified: Verified, outcome: CommitOutcome, context: list[int]) -> CommitOutcome:
         """After the commit (`context` holds the committed tokens): the outcome, ended if this step ends it."""
         return outcome
 
@@ -108,10 +108,10 @@ class Grammar(RoundStep):
         paths = [[]] + [[draft.tokens[n] for n in path_to(draft.parents, node)] for node in range(len(draft))]
         return masked_logits(logits, self.constraint.masks(paths))  # (K+1 or T+1, V)
 
-    def committed(self, round: Round, outcome: CommitOutcome, context: list[int]) -> CommitOutcome:
+    def committed(self, verified: Verified, outcome: CommitOutcome, context: list[int]) -> CommitOutcome:
         if outcome.finish_reason is not None:
             return outcome
-        self.constraint.commit(round.result.tokens)
+        self.constraint.commit(verified.result.tokens)
         if not self.constraint.complete:
             return outcome
         end = self.committer.finish("stop")  # the grammar allows nothing more (an end-of-sequence token included)
@@ -124,11 +124,11 @@ class Logprobs(RoundStep):
     def __init__(self, top: int, params: SamplingParams, recorded: list[TokenLogprob]):
         self.top, self.params, self.recorded = top, params, recorded
 
-    def committed(self, round: Round, outcome: CommitOutcome, context: list[int]) -> CommitOutcome:
+    def committed(self, verified: Verified, outcome: CommitOutcome, context: list[int]) -> CommitOutcome:
         if outcome.tokens:
-            rows = round.kept_rows[:len(outcome.tokens)]
-            outcome.logprobs = token_logprobs(round.logits[rows], outcome.tokens, self.params,
-                                              context[:round.position], self.top)
+            rows = verified.kept_rows[:len(outcome.tokens)]
+            outcome.logprobs = token_logprobs(verified.logits[rows], outcome.tokens, self.params,
+                                              context[:verified.round.position], self.top)
             self.recorded.extend(outcome.logprobs)
         return outcome
 
@@ -141,11 +141,11 @@ class TargetCandidates(RoundStep):
     def __init__(self, drafter):
         self.drafter = drafter
 
-    def committed(self, round: Round, outcome: CommitOutcome, context: list[int]) -> CommitOutcome:
-        draft = round.draft
-        if draft.side is None and round.logits is not None:
-            inputs = [context[round.position - 1], *draft.tokens]
-            self.drafter.take_logits(inputs, round.logits[:len(inputs)])  # (1 + nodes, V)
+    def committed(self, verified: Verified, outcome: CommitOutcome, context: list[int]) -> CommitOutcome:
+        draft = verified.round.draft
+        if draft.side is None:
+            inputs = [context[verified.round.position - 1], *draft.tokens]
+            self.drafter.take_logits(inputs, verified.logits[:len(inputs)])  # (1 + nodes, V)
         return outcome
 
 
@@ -156,6 +156,7 @@ class TargetFeatures(RoundStep):
     def __init__(self, drafter, layers: tuple[int, ...]):
         self.drafter, self.layers = drafter, layers
         self.prompt_features: list[torch.Tensor] = []  # each prefill chunk's (n, C x layers)
+        self.round_features: torch.Tensor | None = None  # this round's verify rows' (K+1 or T+1, C x layers)
 
     def features_of(self, out) -> torch.Tensor:
         """(T, C x layers): the layers' states of one forward's rows, side by side in the drafter's order."""
@@ -171,9 +172,10 @@ class TargetFeatures(RoundStep):
         self.prompt_features = []
 
     def verify_output(self, round: Round, out) -> None:
-        round.features = self.features_of(out)  # (K+1 or T+1, C x layers)
+        self.round_features = self.features_of(out)
 
-    def committed(self, round: Round, outcome: CommitOutcome, context: list[int]) -> CommitOutcome:
+    def committed(self, verified: Verified, outcome: CommitOutcome, context: list[int]) -> CommitOutcome:
+        features, self.round_features = self.round_features, None
         if outcome.finish_reason is None:
-            self.drafter.take_features(round.features[round.kept_rows])  # (1 + accepted, C x layers)
+            self.drafter.take_features(features[verified.kept_rows])  # (1 + accepted, C x layers)
         return outcome
