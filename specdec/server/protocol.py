@@ -208,9 +208,7 @@ class _Common(BaseModel):
 
     @model_validator(mode="after")
     def _neutral_only(self):
-        for name, value in (self.model_extra or {}).items():
-            if name in NEUTRAL_ONLY and value not in NEUTRAL_ONLY[name]:
-                raise BadRequest(f"{name}={json.dumps(value)} is not supported by this server", name)
+        refuse_unless_neutral(self.model_extra, NEUTRAL_ONLY)
         return self
 
     @property
@@ -420,6 +418,13 @@ def _check_text(text: str) -> None:
         except UnicodeEncodeError:
             raise BadRequest("the body has text that is not valid Unicode (a lone surrogate escape such as "
                              "\\ud800)") from None
+
+
+def refuse_unless_neutral(extra: dict | None, neutral: dict[str, tuple]) -> None:
+    """BadRequest for a field this server does not implement sent at other than its neutral value."""
+    for name, value in (extra or {}).items():
+        if name in neutral and value not in neutral[name]:
+            raise BadRequest(f"{name}={json.dumps(value)} is not supported by this server", name)
 
 
 def parse_request(body: bytes, kind: type[BaseModel]) -> BaseModel:

@@ -12,12 +12,11 @@ does not implement are accepted at their neutral value only, as in chat.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specdec.server.protocol import BadRequest, ChatCompletionRequest
+from specdec.server.protocol import BadRequest, ChatCompletionRequest, refuse_unless_neutral
 
 NEUTRAL_ONLY: dict[str, tuple] = {"background": (None, False), "conversation": (None,), "prompt": (None,),
                                   "max_tool_calls": (None,), "top_logprobs": (None, 0)}
@@ -217,9 +216,7 @@ class ResponsesRequest(BaseModel):
 
     @model_validator(mode="after")
     def _neutral_only(self):
-        for name, value in (self.model_extra or {}).items():
-            if name in NEUTRAL_ONLY and value not in NEUTRAL_ONLY[name]:
-                raise BadRequest(f"{name}={json.dumps(value)} is not supported by this server", name)
+        refuse_unless_neutral(self.model_extra, NEUTRAL_ONLY)
         return self
 
     def input_messages(self) -> list[dict]:
