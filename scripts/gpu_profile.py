@@ -16,8 +16,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from specdec.bench.forward_cost import forward_costs  # noqa: E402
-from specdec.bench.timing import synchronize  # noqa: E402
+from specdec.models.forward_timing import forward_costs  # noqa: E402
+from specdec.models.forward_timing import synchronize  # noqa: E402
 from specdec.api.generator import SpeculativeGenerator  # noqa: E402
 from specdec.models.base import positions_after  # noqa: E402
 from specdec.models.sources.loading import load_model  # noqa: E402

@@ -40,8 +40,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     args = parser.parse_args()
 
-    from specdec.api.generator import SpeculativeGenerator, default_drafter
-    from specdec.bench.forward_cost import forward_costs
+    from specdec.api.generator import SpeculativeGenerator, auto_drafter
+    from specdec.models.forward_timing import forward_costs
     from specdec.drafters import make_drafter
     from specdec.models.sources.gguf_file import GgufFile
     from specdec.models.sources.loading import load_model
@@ -64,7 +64,7 @@ def main() -> None:
         result = plain.generate(PROMPT, args.tokens)
         ours = result.stats.new_tokens / (result.stats.seconds - result.stats.prefill_seconds)
         costs = forward_costs(target.model, sizes=(1, 8), repeats=6)
-        spec = default_drafter(target)
+        spec = auto_drafter(target, "cpu", "float32")
         speculative = SpeculativeGenerator(target, make_drafter(spec, target, "cpu", "float32"), "auto")
         same = speculative.generate(PROMPT, args.tokens).token_ids == result.token_ids
         tg = pp8 = pp1 = float("nan")

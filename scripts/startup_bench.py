@@ -42,17 +42,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
 
-    from specdec.api.generator import DEFAULT_DRAFTERS
     from specdec.bench.llama_cpp import find_program, gguf_file
-    from specdec.drafters import draft_model_of
+    from specdec.bench.runner import zoo_draft
+    from specdec.models.sources.loading import load_model
 
-    draft = draft_model_of(DEFAULT_DRAFTERS[(args.target, "gguf")])
+    draft = zoo_draft(load_model(args.target, weights="auto"))
     specdec = [str(Path(sys.executable).with_name("specdec")), "generate", PROMPT, "--target", args.target,
                "--max-new-tokens", str(args.tokens)]
     common = ["-m", str(gguf_file(args.target)), "-p", PROMPT, "-n", str(args.tokens), "-t", "2", "--temp", "0",
               "-c", "4096"]
     commands = {
-        "specdec generate (default drafter)": specdec,
+        "specdec generate (auto drafter)": specdec,
         "specdec generate --drafter ngram": specdec + ["--drafter", "ngram"],
         "llama-completion": [str(find_program("llama-completion")), *common, "-no-cnv"],
         f"llama-speculative-simple (draft {draft})": [str(find_program("llama-speculative-simple")), *common,

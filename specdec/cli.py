@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.certify.command import add_certify_parser
 
     add_certify_parser(commands)
+    from specdec.pairing.command import add_pair_parser
+
+    add_pair_parser(commands)
     pull = commands.add_parser("pull", help="download, verify and convert zoo models")
     pull.add_argument("names", nargs="+", metavar="name")
     models = commands.add_parser("models", help="list zoo models, pulled or not (--local: every model found on "
@@ -130,7 +133,7 @@ def add_bench_parser(commands) -> None:
     bench = commands.add_parser("bench", help="benchmark drafters against plain decoding and transformers")
     add_model_options(bench)  # the transformers peers run the same dtype, always with float32 weights
     add_k_option(bench)
-    bench.add_argument("--drafters", default="default", help="comma-separated drafter specs ('default': what "
+    bench.add_argument("--drafters", default="auto", help="comma-separated drafter specs ('auto': what "
                        "generate would run for this target)")
     bench.add_argument("--tasks", default="code,mt_bench", help="comma-separated: mt_bench, translation, "
                        "summarization, qa, math_reasoning, rag, code, edit (code edits: ask 256+ tokens), "
@@ -264,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"generate": cmd_generate, "pull": cmd_pull, "models": cmd_models, "bench": cmd_bench,
                     "bench-serve": cmd_bench_serve,
                     "serve": cmd_serve, "analyze": cmd_analyze, "train": cmd_train,
-                    "datastore": cmd_datastore, "certify": cmd_certify, "export": cmd_export}
+                    "datastore": cmd_datastore, "certify": cmd_certify, "export": cmd_export, "pair": cmd_pair}
         return commands[args.command](args)
     except SpecdecError as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
@@ -284,6 +287,12 @@ def cmd_certify(args) -> int:
     from specdec.certify.command import run_certify
 
     return run_certify(args)
+
+
+def cmd_pair(args) -> int:
+    from specdec.pairing.command import run_pair
+
+    return run_pair(args)
 
 
 def cmd_generate(args) -> int:

@@ -103,7 +103,9 @@ def add_speculation_options(parser: argparse.ArgumentParser) -> None:
     from specdec.drafters import specs_help
 
     group = parser.add_argument_group("speculation")
-    group.add_argument("--drafter", default="default", help=f"{specs_help()}; default: the best for the target")
+    group.add_argument("--drafter", default="auto",
+                       help=f"{specs_help()}; auto (the default): the candidates for the target calibrated on this "
+                            "machine once, and the one that pays kept (`specdec pair TARGET` shows them)")
     add_k_option(group)
     group.add_argument("--acceptance", choices=ACCEPTANCE_RULES, default="match", help=ACCEPTANCE_HELP)
 

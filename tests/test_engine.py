@@ -547,45 +547,6 @@ def test_an_explicit_prompt_window_is_kept_by_a_quant_self_draft(models):
     assert not windowed.shares_prompt_cache and make_drafter("quant:int4", target, "cpu", "float32").shares_prompt_cache
 
 
-def test_default_drafter_is_a_self_draft_only_where_it_pays(models, monkeypatch):
-    """drafter="default": the table's self-draft for a float32 target on the CPU kernel; n-gram for the same
-    model in another form (low-bit weights, stock torch layers), where a self-draft cannot pay."""
-    from specdec.api import generator
-
-    target = models["target"]
-    float32 = (target.name, "float32")
-    monkeypatch.setitem(generator.DEFAULT_DRAFTERS, float32, "quant:int4")
-    expected = "quant:int4" if packed_kernel() is not None else "ngram"
-    assert generator.default_drafter(target) == expected
-    assert generator.default_drafter(load_model(str(target.path), kernels=False)) == "ngram"
-    if packed_kernel() is not None:
-        assert generator.default_drafter(load_model(str(target.path), weights="int4")) == "ngram"
-    # the blocks of a GGUF file (quant:gguf) only where the float32 weights came from one: else a 4-bit copy
-    monkeypatch.setitem(generator.DEFAULT_DRAFTERS, float32, "quant:gguf")
-    assert generator.default_drafter(target) == expected
-    monkeypatch.delitem(generator.DEFAULT_DRAFTERS, float32)
-    assert generator.default_drafter(target) == "ngram"
-    # bfloat16 on a CPU: torch's int4 self-draft lost to n-gram over seven tasks (the benchmark diary, section 21)
-    monkeypatch.setitem(generator.DEFAULT_DRAFTERS, float32, "quant:int4")
-    assert generator.default_drafter(load_model(str(target.path), dtype="bfloat16")) == "ngram"
-    # a default draft model is pulled on first use, as the target is; where it cannot be, n-gram drafts
-    draft = "draft:qwen2.5-coder-0.5b-instruct@weights=int4"
-    monkeypatch.setitem(generator.DEFAULT_DRAFTERS, float32, draft)
-    monkeypatch.setattr(generator.zoo, "is_pulled", lambda name: False)
-    pulled = []
-    monkeypatch.setattr(generator.zoo, "ensure_pulled", pulled.append)
-    assert generator.default_drafter(target) == (draft if packed_kernel() is not None else "ngram")
-    assert pulled == (["qwen2.5-coder-0.5b-instruct"] if packed_kernel() is not None else [])
-
-    def offline(name):
-        raise SpecdecError("could not download")
-
-    monkeypatch.setattr(generator.zoo, "ensure_pulled", offline)
-    assert generator.default_drafter(target) == "ngram"
-    monkeypatch.setattr(generator.zoo, "is_pulled", lambda name: name == "qwen2.5-coder-0.5b-instruct")
-    assert generator.default_drafter(target) == (draft if packed_kernel() is not None else "ngram")
-
-
 @pytest.mark.parametrize("target_name", ["target", "gemma3"])
 @pytest.mark.parametrize("kind", list(REGISTRY))
 def test_every_registered_drafter_equals_plain_greedy(models, kind, target_name):

@@ -244,12 +244,10 @@ def test_a_gguf_model_runs_on_its_own_blocks(tmp_path, kind, quantization):
     self_draft = make_drafter("quant:gguf", dequantized, "cpu", "float32")
     result = SpeculativeGenerator(dequantized, self_draft, 4).generate(prompt, 24, chat=False)
     assert result.token_ids == float_expected and result.stats.acceptance_rate > 0.8
-    if kind == "qwen2":  # a model whose default is the GGUF self-draft gets it when loaded from the file
-        from specdec.api import generator
+    if kind == "qwen2":  # `--drafter auto` weighs the file's own blocks as the float32 model's self-draft
+        from specdec.pairing.candidates import candidates_for
 
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setitem(generator.DEFAULT_DRAFTERS, (dequantized.name, "float32"), "quant:gguf")
-            assert generator.default_drafter(dequantized) == "quant:gguf"
+        assert "ngram+quant:gguf" in [c.spec for c in candidates_for(dequantized, "cpu").chosen_from]
 
 
 def test_vocabulary_sized_matrices_are_packed_a_run_of_rows_at_a_time(tmp_path, monkeypatch):

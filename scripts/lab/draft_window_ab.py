@@ -17,7 +17,7 @@ import argparse
 import statistics
 from collections import defaultdict
 
-from specdec.api.generator import SpeculativeGenerator, default_drafter
+from specdec.api.generator import SpeculativeGenerator, auto_drafter
 from specdec.drafters import make_drafter
 from specdec.bench.tasks import load_prompts
 
@@ -42,7 +42,7 @@ def main() -> None:
     methods = {"plain": plain}
     for method in args.methods.split(";"):
         spec, *flags = method.split("|")
-        spec = default_drafter(plain.target) if spec == "default" else spec
+        spec = auto_drafter(plain.target, "cpu", "float32") if spec == "default" else spec
         k = next((flag[2:] for flag in flags if flag.startswith("k=")), "auto")
         generator = SpeculativeGenerator(plain.target, make_drafter(spec, plain.target, "cpu", "float32"), k)
         methods[method] = old_catch_up(generator) if "old" in flags else generator

@@ -19,7 +19,7 @@ import subprocess
 
 
 def ours(small: str, large: str) -> tuple[float, float]:
-    from specdec.bench.forward_cost import interleaved_forward_costs
+    from specdec.models.forward_timing import interleaved_forward_costs
     from specdec.models.sources.loading import load_model
 
     models = {path: load_model(path, weights="gguf").model for path in (small, large)}

@@ -21,7 +21,7 @@ import torch
 
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.request import GenerationRequest
-from specdec.bench.forward_cost import forward_costs
+from specdec.models.forward_timing import forward_costs
 from specdec.bench.tasks import load_prompts
 from specdec.drafters.recycle import SuccessorTable
 from specdec.models.base import positions_after

@@ -22,28 +22,12 @@ from specdec.core.commit import StopCriteria
 from specdec.core.rounds import GenerationResult, StreamChunk
 from specdec.core.speculation_length import FixedK, KSetting, SourceLengths, SpeculationLength
 from specdec.core.verify import Acceptance
-from specdec.drafters import Drafter, draft_model_of, make_drafter
+from specdec.drafters import Drafter, make_drafter
 from specdec.engine import Generation, SpeculativeEngine, run_alone
-from specdec.errors import InvalidParameterError, SpecdecError
-from specdec.models.sources import zoo
-from specdec.models.sources.gguf_source import gguf_source
+from specdec.errors import InvalidParameterError
 from specdec.models.sources.loading import LoadedModel, load_model
 from specdec.models.sources.zoo import DEFAULT_MODEL
-
-# The best drafter measured for each model in the weight format it runs in (docs/drafters.md, `--drafter default`);
-# others get n-gram drafting. A float32 target on the CPU kernel drafts with a quantized copy of itself (the
-# GGUF file's own blocks where the weights came from one). On its GGUF blocks the 1.5B combines lookup (the
-# answer repeats the prompt) with its 0.5B sibling elsewhere: re-quantized to 4 bits in 128-input groups (a
-# draft step is memory-bound), reading only the prompt's tail (lookup covers what repeats the prompt), its LM
-# head cut to the first 32768 ids (byte-pair ids come roughly in frequency order, and Qwen's 151,936-row head
-# is over a quarter of the 0.5B's weights). The sibling is pulled on first use, as the target is.
-DEFAULT_DRAFTERS: dict[tuple[str, str], str] = {
-    ("qwen2.5-coder-1.5b-instruct", "float32"): "quant:gguf",
-    ("qwen2.5-coder-1.5b-instruct", "bf16"): "quant:gguf",
-    ("qwen2.5-coder-1.5b-instruct", "gguf"):
-        "ngram+draft:qwen2.5-coder-0.5b-instruct@weights=int4:128,vocab=32768,context=64",
-}
-
+from specdec.pairing.decision import decide
 
 # Notices a library user may silence (logging's last resort prints them to stderr when nothing is configured).
 logger = logging.getLogger("specdec")
@@ -63,26 +47,12 @@ def speculation_for(drafter: Drafter | None, k: KSetting) -> SpeculationLength:
     return SourceLengths(k.max_k) if k.is_auto and drafter.drafts_per_source else k.new_length()
 
 
-def default_drafter(target: LoadedModel) -> str:
-    """The drafter spec `drafter="default"` means for this target as loaded (DEFAULT_DRAFTERS), else n-gram.
-    A float32 self-draft needs the target's layers on the CPU kernel: in bfloat16 on a CPU, torch's int4
-    self-draft won decode-only on code but lost to n-gram over seven tasks with prefill counted."""
-    weights = target.model.weight_format
-    spec = DEFAULT_DRAFTERS.get((target.name, weights))
-    if spec is None or (weights == "float32" and not target.model.layers_are_packed()):
-        return "ngram"
-    if spec == "quant:gguf" and gguf_source(target.path) is None:
-        return "quant:int4"  # its float32 weights did not come from a GGUF file at hand: a 4-bit copy
-    draft = draft_model_of(spec)
-    if draft is not None and not zoo.is_pulled(draft):
-        logger.warning(f"specdec: {target.name}'s default draft is {draft} "
-                       f"({zoo.REGISTRY[draft].size_bytes / 1e6:.0f} MB; --drafter ngram needs none)")
-        try:
-            zoo.ensure_pulled(draft)
-        except SpecdecError as error:  # offline, say: still exact, only slower
-            logger.warning(f"specdec: could not pull {draft} ({error}); drafting with n-gram instead")
-            return "ngram"
-    return spec
+def auto_drafter(target: LoadedModel, device: str, dtype: str) -> str:
+    """The drafter spec `drafter="auto"` means for this target on this machine: the candidates calibrated once
+    (specdec.pairing) and the decision remembered; one line on the "specdec" logger says what and why."""
+    pairing = decide(target, device, dtype)
+    logger.warning(f"specdec: {pairing.line}")
+    return pairing.chosen
 
 
 class SpeculativeGenerator:
@@ -103,7 +73,7 @@ class SpeculativeGenerator:
     def from_pretrained(
         cls,
         target: str = DEFAULT_MODEL,
-        drafter: str = "default",
+        drafter: str = "auto",
         k: int | str = "auto",
         device: str = "cpu",
         dtype: str = "float32",
@@ -121,7 +91,7 @@ class SpeculativeGenerator:
         """Load what `options` (checked when they were built, before anything loads) name."""
         loaded = load_model(options.target, device=options.device, dtype=options.dtype, backend=options.backend,
                             weights=options.weights, cuda_graphs=options.cuda_graphs, kv_dtype=options.kv_dtype)
-        drafter = default_drafter(loaded) if options.drafter.default else options.drafter
+        drafter = auto_drafter(loaded, options.device, options.dtype) if options.drafter.default else options.drafter
         return cls(loaded, make_drafter(drafter, loaded, options.device, options.dtype), options.k,
                    options.acceptance)
 

@@ -19,8 +19,9 @@ from specdec.models.sources.loading import check_load_options, check_model_spec
 @dataclass(frozen=True)
 class GeneratorOptions:
     target: str
-    # a drafter spec (drafters/registry.py), "default" (the best for the target) or "none": parsed here
-    drafter: DrafterChoice = DrafterChoice(default=True, text="default")
+    # a drafter spec (drafters/registry.py), "auto" (calibrated for the target: specdec.pairing) or "none":
+    # parsed here
+    drafter: DrafterChoice = DrafterChoice(default=True, text="auto")
     k: KSetting = KSetting()  # given as an integer, 'auto' or 'auto:N' too: parsed here
     device: str = "cpu"
     dtype: str = "float32"

@@ -13,11 +13,11 @@ from specdec.bench.peers import TransformersPeer
 from specdec.core.speculation_length import KSetting
 from specdec.core.verify import Acceptance
 from specdec.bench.roofline import Roofline, measure_roofline
-from specdec.api.generator import DEFAULT_DRAFTERS, SpeculativeGenerator, default_drafter
+from specdec.api.generator import SpeculativeGenerator, auto_drafter
 from specdec.api.request import GenerationRequest
 from specdec.bench.tasks import BenchPrompt
 from specdec.core.sampling import SamplingParams
-from specdec.drafters import DrafterChoice, draft_model_of, make_drafter
+from specdec.drafters import DrafterChoice, make_drafter
 from specdec.errors import InvalidParameterError
 from specdec.models.sources.loading import LoadedModel, load_model, resolve_model_dir
 
@@ -138,10 +138,14 @@ class Method:
         return run, result.token_ids
 
 
-def zoo_draft(target_name: str) -> str | None:
-    """The draft model our default pairs with this target's GGUF (llama.cpp's draft peers run the same one)."""
-    spec = DEFAULT_DRAFTERS.get((target_name, "gguf"))
-    return draft_model_of(spec) if spec else None
+def zoo_draft(target: LoadedModel) -> str | None:
+    """The zoo model `--drafter auto` weighs as this target's same-tokenizer draft (llama.cpp's draft peers run
+    the same one), if any."""
+    from specdec.pairing.candidates import candidates_for
+    from specdec.models.sources import zoo
+
+    return next((c.draft for c in candidates_for(target, "cpu").chosen_from
+                 if c.kind == "same tokenizer" and c.draft in zoo.REGISTRY), None)
 
 
 def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
@@ -149,8 +153,8 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
     for choice in config.drafters:
         spec, name = choice, choice.text
         if choice.default:  # what generate and serve would run for this target
-            spec = default_drafter(target)
-            name = f"default ({spec})"
+            spec = auto_drafter(target, config.device, config.dtype)
+            name = f"auto ({spec})"
         for rule in config.acceptance:
             drafter = make_drafter(spec, target, config.device, config.dtype)
             label = name if len(config.acceptance) == 1 else f"{name} [{rule}]"
@@ -160,7 +164,7 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
         if mode.startswith("llamacpp"):
             from specdec.bench.llama_cpp import LlamaCppPeer, parse_peer
 
-            cpp_modes = parse_peer(peer, zoo_draft(target.name))
+            cpp_modes = parse_peer(peer, zoo_draft(target))
             if not cpp_modes:
                 raise InvalidParameterError(f"unknown llama.cpp peer {peer!r} (llamacpp, llamacpp-draft:MODEL[@N], "
                                             "llamacpp-spec:TYPES[@N][:MODEL], llamacpp-best)")

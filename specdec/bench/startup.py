@@ -47,7 +47,7 @@ def _child_seconds(code: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("target", nargs="?", default=None, help="default: the zoo's default model")
-    parser.add_argument("--drafter", default="default")
+    parser.add_argument("--drafter", default="auto")
     args = parser.parse_args(argv)
 
     # Run as `python -m specdec.bench.startup`, this process imported the specdec package before main():
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     import_seconds = _child_seconds("import specdec.cli") - _child_seconds("pass")
     started = time.perf_counter()
     import specdec.cli  # noqa: F401  what the command imports before it parses its options
-    from specdec.api.generator import SpeculativeGenerator, default_drafter
+    from specdec.api.generator import SpeculativeGenerator, auto_drafter
     from specdec.drafters import DrafterChoice, make_drafter
     from specdec.models.sources.loading import load_model
     from specdec.models.sources.zoo import DEFAULT_MODEL
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     target_loaded = time.perf_counter()
     with profiles["drafter"]:
         choice = DrafterChoice.parse(args.drafter)
-        spec = default_drafter(target) if choice.default else choice
+        spec = auto_drafter(target, "cpu", "float32") if choice.default else choice
         drafter = make_drafter(spec, target, "cpu", "float32")
     drafter_loaded = time.perf_counter()
     SpeculativeGenerator(target, drafter, "auto").generate("Hi", max_new_tokens=1)

@@ -8,10 +8,7 @@ from typing import Callable
 
 import torch
 
-
-def synchronize(device: torch.device | str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+from specdec.models.forward_timing import synchronize
 
 
 def median_seconds(fn: Callable[[], object], repeats: int, device: torch.device | str = "cpu", warmup: int = 2) -> float:

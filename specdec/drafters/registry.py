@@ -112,8 +112,8 @@ def parse_spec(text: str) -> DrafterSpec:
 
 @dataclass(frozen=True)
 class DrafterChoice:
-    """What a drafter option names, parsed once (`parse`): "default" (the best measured for the target, which
-    the generator resolves once the target is loaded), "none" (plain decoding, no specs), one spec, or
+    """What a drafter option names, parsed once (`parse`): "auto" (or its older name "default": the drafter
+    calibrated for the target on this machine, which the generator resolves once the target is loaded), "none" (plain decoding, no specs), one spec, or
     several joined by '+' (drafters/combined.py: the first that proposes drafts)."""
 
     specs: tuple[DrafterSpec, ...] = ()
@@ -126,8 +126,8 @@ class DrafterChoice:
         a '+' chain); a DrafterChoice is returned as it is."""
         if isinstance(text, DrafterChoice):
             return text
-        if text in ("default", "none"):
-            return cls((), text == "default", text)
+        if text in ("auto", "default", "none"):
+            return cls((), text != "none", text)
         parts = text.split("+")
         if "none" in parts:
             raise InvalidParameterError(f"drafter {text!r}: 'none' cannot be combined")
@@ -165,10 +165,10 @@ def split_drafter_specs(text: str) -> list[str]:
 
 def make_drafter(choice: "str | DrafterChoice", target, device: str, dtype: str) -> Drafter | None:
     """Build the drafter `choice` names for `target` (a LoadedModel); None means plain decoding. "default" is
-    the generator's to resolve (api/generator.py: default_drafter), not the registry's."""
+    the generator's to resolve (api/generator.py: auto_drafter), not the registry's."""
     choice = DrafterChoice.parse(choice)
     if choice.default:
-        raise InvalidParameterError("drafter 'default' is resolved by the generator for its target")
+        raise InvalidParameterError(f"drafter {choice.text!r} is resolved by the generator for its target")
     drafters = [REGISTRY[spec.kind].build(spec, target, device, dtype) for spec in choice.specs]
     if len(drafters) > 1:
         from specdec.drafters.combined import CombinedDrafter

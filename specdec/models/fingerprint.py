@@ -12,23 +12,18 @@ import json
 import re
 from pathlib import Path
 
-from specdec.paths import specdec_home
+from specdec.models.sources.file_memo import remembered
 
 
 def file_sha256(path: Path) -> str:
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:24]
-    memo = specdec_home() / "fingerprints" / f"{key}.sha256"
-    if memo.exists():
-        return memo.read_text().strip()
+    return remembered("sha256", path, _sha256)
+
+
+def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 24), b""):
             digest.update(block)
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    partial = memo.with_suffix(".partial")
-    partial.write_text(digest.hexdigest())
-    partial.replace(memo)
     return digest.hexdigest()
 
 
@@ -71,7 +66,11 @@ def tokenizer_fingerprint(path: Path) -> str:
     (and a SentencePiece vocabulary has no merges in GGUF but gains some in tokenizer.json): left out.
     Trailing padding tokens (Qwen pads its vocabulary to the embedding's rows) are left out too, and
     SentencePiece's space mark read as the space it stands for (GGUF keeps user-defined whitespace tokens as
-    spaces, tokenizer.json as "\u2581")."""
+    spaces, tokenizer.json as "\u2581"). Remembered per file: reading a vocabulary takes a quarter second."""
+    return remembered("tokenizer", path, _tokenizer_fingerprint) if path.is_file() else _tokenizer_fingerprint(path)
+
+
+def _tokenizer_fingerprint(path: Path) -> str:
     tokens = gguf_tokens(path) if path.is_file() else tokenizer_json_tokens(path / "tokenizer.json")
     while tokens and _PADDING.fullmatch(tokens[-1]):
         tokens.pop()

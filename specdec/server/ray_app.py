@@ -113,7 +113,7 @@ def replica_spec_of(args: dict) -> ReplicaSpec:
                    (("replicas", 2), ("max_active", 4), ("max_queue", 64))}
     except ValueError as error:
         raise InvalidParameterError(f"app_builder: {error}") from None
-    generator = GeneratorOptions(args.get("target", DEFAULT_MODEL), args.get("drafter", "default"),
+    generator = GeneratorOptions(args.get("target", DEFAULT_MODEL), args.get("drafter", "auto"),
                                  args.get("k", "auto"), args.get("device", "cpu"), weights=args.get("weights", "auto"))
     settings = ServerSettings(args.get("model_name"), numbers["max_active"], numbers["max_queue"],
                               api_key=args.get("api_key"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from specdec.paths import specdec_home
+from specdec.models.sources.file_memo import remembered
 
 HEAD_BYTES = 8 << 20
 SAMPLES = 16
@@ -21,20 +21,11 @@ SAMPLE_BYTES = 64 << 10
 
 
 def gguf_content_key(path: Path) -> str:
-    stat = path.stat()
-    where = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}"
-    memo = specdec_home() / "fingerprints" / f"content-{hashlib.sha256(where.encode()).hexdigest()[:24]}"
-    if memo.exists():
-        return memo.read_text().strip()
-    key = _content_digest(path, stat.st_size)
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    partial = memo.with_suffix(".partial")
-    partial.write_text(key)
-    partial.replace(memo)
-    return key
+    return remembered("content", path, _content_digest)
 
 
-def _content_digest(path: Path, size: int) -> str:
+def _content_digest(path: Path) -> str:
+    size = path.stat().st_size
     digest = hashlib.sha256(str(size).encode())
     with open(path, "rb") as handle:
         digest.update(handle.read(HEAD_BYTES))

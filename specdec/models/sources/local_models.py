@@ -43,7 +43,7 @@ def describe(model: stores.StoredModel) -> LocalModel:
     path = model.path
     size = path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     try:
-        facts = _gguf_facts(path) if path.is_file() else _directory_facts(path)
+        facts = gguf_facts(path) if path.is_file() else _directory_facts(path)
         return LocalModel(model.name, model.store, path, size, *facts, fingerprint=tokenizer_fingerprint(path))
     except (SpecdecError, OSError, ValueError, KeyError) as error:
         return LocalModel(model.name, model.store, path, size, problem=str(error).splitlines()[0])
@@ -55,7 +55,7 @@ def draft_candidates(target: LocalModel, models: list[LocalModel]) -> list[Local
             and m.size_bytes <= DRAFT_SIZE_SHARE * target.size_bytes]
 
 
-def _gguf_facts(path: Path) -> tuple[str, str, str]:
+def gguf_facts(path: Path) -> tuple[str, str, str]:
     from gguf import LlamaFileType
 
     from specdec.models.sources.gguf_file import GgufFile

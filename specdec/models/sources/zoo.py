@@ -47,6 +47,8 @@ class ZooEntry:
     sha256: str
     size_bytes: int  # of the assembled GGUF, for listings before a pull
     architecture: str  # the converted config's model_type (what `specdec models` says runs natively)
+    # models/fingerprint.tokenizer_fingerprint of the file: which models can draft for which before a pull
+    tokenizer_fingerprint: str = ""
 
 
 REGISTRY: dict[str, ZooEntry] = {
@@ -57,6 +59,7 @@ REGISTRY: dict[str, ZooEntry] = {
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size_bytes=98_362_432,
         architecture="llama",
+        tokenizer_fingerprint="bee029ab6e02e20c",
     ),
     "qwen2.5-coder-0.5b-instruct": ZooEntry(
         name="qwen2.5-coder-0.5b-instruct",
@@ -67,6 +70,7 @@ REGISTRY: dict[str, ZooEntry] = {
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         size_bytes=491_400_064,
         architecture="qwen2",
+        tokenizer_fingerprint="5ecb886b4662aa2a",
     ),
     "qwen2.5-coder-1.5b-instruct": ZooEntry(
         name="qwen2.5-coder-1.5b-instruct",
@@ -78,6 +82,7 @@ REGISTRY: dict[str, ZooEntry] = {
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         size_bytes=1_117_320_768,
         architecture="qwen2",
+        tokenizer_fingerprint="5ecb886b4662aa2a",
     ),
     "gemma3-270m": ZooEntry(
         name="gemma3-270m",
@@ -91,6 +96,7 @@ REGISTRY: dict[str, ZooEntry] = {
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         size_bytes=253_113_024,
         architecture="gemma3_text",
+        tokenizer_fingerprint="e8045cf87be7119a",
     ),
 }
 

@@ -1,0 +1,46 @@
+"""`specdec pair TARGET`: the drafters `--drafter auto` weighs for a target on this machine, what each was
+measured to gain, and the one kept (the CLI's main dispatches here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+
+def add_pair_parser(commands) -> None:
+    from specdec.cli_options import add_model_options
+
+    pair = commands.add_parser("pair", help="which drafter --drafter auto keeps for a target on this machine, and "
+                                            "the table of candidates it weighed")
+    pair.add_argument("model", nargs="?", default=None, help="the target (as --target; default: --target's)")
+    add_model_options(pair)
+    pair.add_argument("--recalibrate", action="store_true", help="measure again instead of the remembered decision")
+    pair.add_argument("--json", action="store_true", help="print the decision as one JSON object")
+
+
+def run_pair(args) -> int:
+    from specdec.api.options import GeneratorOptions
+    from specdec.models.sources.loading import load_model
+    from specdec.pairing.decision import decide
+
+    options = GeneratorOptions(args.model or args.target, "auto", "auto", args.device, args.dtype, args.backend,
+                               args.weights, args.cuda_graphs, "match", args.kv_dtype)  # checked before the load
+    target = load_model(options.target, device=options.device, dtype=options.dtype, backend=options.backend,
+                        weights=options.weights, cuda_graphs=options.cuda_graphs, kv_dtype=options.kv_dtype)
+    pairing = decide(target, options.device, options.dtype, recalibrate=args.recalibrate)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(pairing) | {"line": pairing.line}))
+        return 0
+    print(f"target {target.name} ({target.model.weight_format} weights): one decode step {pairing.step_ms:.1f} ms")
+    print(f"{'':2}{'drafter':72} {'kind':15} {'draft cost':>10} {'agreement':>9} {'predicted':>9}")
+    for weighed in pairing.weighed:
+        mark = "* " if weighed.spec == pairing.chosen else "  "
+        if weighed.problem:
+            print(f"{mark}{weighed.spec:72} {weighed.kind:15} not weighed: {weighed.problem}")
+            continue
+        print(f"{mark}{weighed.spec:72} {weighed.kind:15} {weighed.draft_cost:>9.2f}x {weighed.agreement:>9.2f} "
+              f"{weighed.predicted_speedup:>8.2f}x")
+    for reason in pairing.left_out:
+        print(f"  left out: {reason}")
+    print(pairing.line)
+    return 0

@@ -1,0 +1,155 @@
+"""`--drafter auto`: calibrate the candidates (candidates.py, calibration.py), keep the one the cost model
+says pays most (or lookup alone), and remember the decision per (target, drafts, machine) so that it costs
+nothing the next time; a changed file, another machine or another version of specdec decides again.
+
+    pairing = decide(target, "cpu", "float32")
+    print(pairing.line)  # draft qwen2.5-coder-0.5b-instruct (same tokenizer, 0.28 of a step, agreement 0.71): ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec import __version__
+from specdec.drafters import make_drafter
+from specdec.errors import SpecdecError
+from specdec.kernels.build import cpuinfo_field
+from specdec.models.fingerprint import weights_sha256
+from specdec.models.sources import zoo
+from specdec.models.sources.content_key import gguf_content_key
+from specdec.models.sources.gguf_source import gguf_source
+from specdec.models.sources.loading import LoadedModel
+from specdec.pairing.calibration import Reference, measure_reference, replay
+from specdec.pairing.candidates import LOOKUP, Candidate, Candidates, candidates_for, target_file
+from specdec.paths import specdec_home
+
+logger = logging.getLogger("specdec")
+
+# A model draft must be predicted to beat lookup alone by this much to be kept: it costs memory and a load,
+# and a calibration of a hundred tokens is a noisy measure.
+MODEL_MARGIN = 1.05
+
+
+@dataclass(frozen=True)
+class Weighed:
+    """One candidate and what its replay measured (or why it could not be weighed)."""
+
+    spec: str
+    kind: str
+    draft: str
+    predicted_speedup: float = 0.0
+    draft_cost: float = 0.0  # one drafted token / one target step
+    agreement: float = 0.0  # drafted tokens the target's decoding accepts
+    seconds: float = 0.0  # loading and replaying it
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class Pairing:
+    chosen: str  # the drafter spec kept
+    weighed: tuple[Weighed, ...]
+    left_out: tuple[str, ...]
+    step_ms: float  # the target's decode step here
+    calibration_seconds: float
+    cached: bool = False
+
+    @property
+    def line(self) -> str:
+        """What was picked and why, in one line."""
+        kept = next(w for w in self.weighed if w.spec == self.chosen)
+        lookup = next(w for w in self.weighed if w.spec == LOOKUP)
+        how = "remembered" if self.cached else f"calibrated in {self.calibration_seconds:.1f} s"
+        if kept.spec == LOOKUP:
+            best_model = max((w for w in self.weighed if w.spec != LOOKUP and not w.problem),
+                             key=lambda w: w.predicted_speedup, default=None)
+            versus = (f"; best model draft {best_model.draft} predicted {best_model.predicted_speedup:.2f}x"
+                      if best_model else "; no model draft found")
+            return f"lookup alone: predicted {lookup.predicted_speedup:.2f}x{versus} ({how})"
+        return (f"draft {kept.draft} ({kept.kind}, {kept.draft_cost:.2f} of a step, agreement {kept.agreement:.2f})"
+                f" with lookup: predicted {kept.predicted_speedup:.2f}x, lookup alone {lookup.predicted_speedup:.2f}x "
+                f"({how})")
+
+
+def decide(target: LoadedModel, device: str, dtype: str, recalibrate: bool = False) -> Pairing:
+    """The pairing for `target` on this machine: remembered, or calibrated now and remembered."""
+    candidates = candidates_for(target, device)
+    record = _record_path(target, device, dtype, candidates)
+    if record.exists() and not recalibrate:
+        try:
+            return dataclasses.replace(_read(record), cached=True)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # an unreadable record is decided again
+    pairing = calibrate(target, device, dtype, candidates)
+    _write(record, pairing)
+    return pairing
+
+
+def calibrate(target: LoadedModel, device: str, dtype: str, candidates: Candidates) -> Pairing:
+    started = time.perf_counter()
+    reference = measure_reference(target, device, dtype)
+    weighed = tuple(_weigh(candidate, target, device, dtype, reference) for candidate in candidates.chosen_from)
+    lookup = weighed[0]
+    models = [w for w in weighed[1:] if not w.problem and w.predicted_speedup >= MODEL_MARGIN * lookup.predicted_speedup]
+    chosen = max(models, key=lambda w: w.predicted_speedup).spec if models else LOOKUP
+    return Pairing(chosen, weighed, candidates.left_out, reference.step_seconds * 1e3, time.perf_counter() - started)
+
+
+def _weigh(candidate: Candidate, target: LoadedModel, device: str, dtype: str, reference: Reference) -> Weighed:
+    started = time.perf_counter()
+    try:
+        if candidate.draft in zoo.REGISTRY and not zoo.is_pulled(candidate.draft):
+            logger.warning(f"specdec: pulling {candidate.draft} to weigh it as a draft for {target.name} "
+                           f"({zoo.REGISTRY[candidate.draft].size_bytes / 1e6:.0f} MB; --drafter ngram needs none)")
+        measured = replay(make_drafter(candidate.spec, target, device, dtype), reference)
+    except SpecdecError as error:  # offline, or a store's model that will not load: weighed as nothing
+        return Weighed(candidate.spec, candidate.kind, candidate.draft, problem=str(error).splitlines()[0])
+    return Weighed(candidate.spec, candidate.kind, candidate.draft, measured.predicted_speedup, measured.draft_cost,
+                   measured.agreement, time.perf_counter() - started)
+
+
+# -- the remembered decisions ---------------------------------------------------------------------------
+def _record_path(target: LoadedModel, device: str, dtype: str, candidates: Candidates) -> Path:
+    what = {
+        "target": _content_id(target_file(target)), "weights": target.model.weight_format, "device": device,
+        "dtype": dtype, "candidates": [[c.spec, _content_id(c.draft_path) if c.draft_path else ""]
+                                       for c in candidates.chosen_from],
+        "machine": [cpuinfo_field("model name"), os.cpu_count(), torch.get_num_threads(), torch.__version__,
+                    torch.cuda.get_device_name(device) if device.startswith("cuda") else ""],
+        "specdec": __version__,
+    }
+    key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:24]
+    return specdec_home() / "pairings" / f"{target.name}-{key}.json"
+
+
+def _content_id(path: Path) -> str:
+    """The file's content key, whatever its path; a zoo file not yet pulled is its entry's digest."""
+    if path.is_file():
+        return gguf_content_key(path)
+    if path.is_dir():
+        source = gguf_source(path)
+        return gguf_content_key(source) if source is not None else weights_sha256(path)
+    entry = zoo.REGISTRY.get(path.stem)
+    return entry.sha256 if entry is not None else str(path)
+
+
+def _write(record: Path, pairing: Pairing) -> None:
+    record.parent.mkdir(parents=True, exist_ok=True)
+    partial = record.with_suffix(".partial")
+    partial.write_text(json.dumps(dataclasses.asdict(pairing), indent=1))
+    partial.replace(record)
+
+
+def _read(record: Path) -> Pairing:
+    data = json.loads(record.read_text())
+    data["weighed"] = tuple(Weighed(**w) for w in data["weighed"])
+    data["left_out"] = tuple(data["left_out"])
+    return Pairing(**data)
