@@ -8,7 +8,10 @@ For each agent the script records the exit status, the wall time, the requests t
 route and status, from /metrics) and the end of the agent's output.
 
     python scripts/agent_programs.py --target qwen2.5-coder-1.5b-instruct [--agents codex,claude,opencode]
-        [--timeout 900] [--json agents.json]
+        [--timeout 900] [--json agents.json] [--record session.json]
+
+--record FILE (one agent) puts a recording proxy (scripts/agent_recorder.py) between the agent and the server
+and saves the generation requests it sent, in order: the session `scripts/agent_replay.py` sends again.
 
 The agents are installed with npm into --tools (default ~/.cache/specdec/agents), pinned below; `npm` and
 `node` must be on PATH. Not in CI: one task takes minutes on a CPU.
@@ -92,7 +95,9 @@ def requests_seen(base: str) -> dict[str, float]:
     return counts
 
 
-def run_agent(agent: str, tools: Path, base: str, model: str, timeout: float) -> AgentRun:
+def run_agent(agent: str, tools: Path, base: str, model: str, timeout: float, metrics: str | None = None) -> AgentRun:
+    """One agent on the task against `base` (`metrics`: the server whose /metrics count its requests; default
+    `base`)."""
     with tempfile.TemporaryDirectory(prefix=f"agent-{agent}-") as root:
         home, work = Path(root) / "home", Path(root) / "work"
         home.mkdir()
@@ -100,7 +105,7 @@ def run_agent(agent: str, tools: Path, base: str, model: str, timeout: float) ->
         (work / "calc.py").write_text(BUGGY)
         arguments, environment = configure(agent, home, base, model)
         env = {**os.environ, "HOME": str(home), **environment}
-        before, started = requests_seen(base), time.monotonic()
+        before, started = requests_seen(metrics or base), time.monotonic()
         try:
             done = subprocess.run([str(tools / "node_modules" / ".bin" / binary(agent)), *arguments], cwd=work,
                                   env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
@@ -108,12 +113,25 @@ def run_agent(agent: str, tools: Path, base: str, model: str, timeout: float) ->
         except subprocess.TimeoutExpired as expired:
             exit_code, output = None, as_text(expired.stdout) + as_text(expired.stderr)
         seconds = time.monotonic() - started
-        after = requests_seen(base)
+        after = requests_seen(metrics or base)
         check = subprocess.run([sys.executable, "-c", "from calc import add; assert add(2, 3) == 5"], cwd=work,
                                capture_output=True)
         return AgentRun(agent, check.returncode == 0, exit_code, round(seconds, 1),
                         {key: after[key] - before.get(key, 0) for key in after if after[key] != before.get(key, 0)},
                         output[-1500:])
+
+
+def recorded_run(agent: str, args, model: str) -> AgentRun:
+    """run_agent through a recording proxy (on the next port), the session saved to args.record."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from agent_recorder import RecordingProxy
+
+    with RecordingProxy(f"http://127.0.0.1:{args.port}", args.port + 1) as proxy:
+        run = run_agent(agent, args.tools, f"http://127.0.0.1:{args.port + 1}", model, args.timeout,
+                        metrics=f"http://127.0.0.1:{args.port}")
+        proxy.save(args.record)
+    print(f"{agent}: {len(proxy.requests)} requests recorded in {args.record}", flush=True)
+    return run
 
 
 def as_text(captured: bytes | str | None) -> str:
@@ -143,8 +161,11 @@ def main() -> None:
     parser.add_argument("--tools", type=Path, default=Path.home() / ".cache" / "specdec" / "agents")
     parser.add_argument("--log", type=Path, default=Path("agents-serve.log"))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--record", type=Path, default=None, help="save the agent's requests (one agent)")
     args = parser.parse_args()
     agents = args.agents.split(",")
+    if args.record and len(agents) != 1:
+        parser.error("--record records one agent's session: name one with --agents")
     if unknown := set(agents) - set(PACKAGES):
         parser.error(f"unknown agents: {', '.join(sorted(unknown))} (known: {', '.join(PACKAGES)})")
     if shutil.which("npm") is None:
@@ -155,7 +176,8 @@ def main() -> None:
     runs = []
     try:
         for agent in agents:
-            run = run_agent(agent, args.tools, f"http://127.0.0.1:{args.port}", model, args.timeout)
+            run = (run_agent(agent, args.tools, f"http://127.0.0.1:{args.port}", model, args.timeout)
+                   if args.record is None else recorded_run(agent, args, model))
             runs.append(run)
             print(f"{agent}: {'completed' if run.completed else 'not completed'}, exit {run.exit_code}, "
                   f"{run.seconds:.0f} s, requests {run.requests}", flush=True)

@@ -16,7 +16,7 @@ from typing import Iterator, Sequence, Unpack
 from jinja2 import TemplateError
 
 from specdec.api.options import GeneratorOptions
-from specdec.api.request import GenerationRequest, Prompt, RequestKeywords
+from specdec.api.request import GenerationRequest, Prompt, RequestKeywords, check_text
 from specdec.api.structured import GrammarConstraint, first_line
 from specdec.core.commit import StopCriteria
 from specdec.core.rounds import GenerationResult, StreamChunk
@@ -182,7 +182,7 @@ class SpeculativeGenerator:
         """Token ids of a prompt; chat messages (or text, when chat is on) go through the chat template,
         which lists `tools` (function definitions) where given."""
         tokenizer = self.target.tokenizer
-        _check_text(prompt)
+        check_text(prompt)
         if chat is None:
             chat = not isinstance(prompt, str) or self.target.has_chat_template
         if chat:
@@ -223,19 +223,6 @@ class SpeculativeGenerator:
     def stream(self, prompt: Prompt, max_new_tokens: int = 128, **settings: Unpack[RequestKeywords]
                ) -> Iterator[StreamChunk]:
         return run_alone(self.start(GenerationRequest.of(prompt, max_new_tokens, **settings)))
-
-
-def _check_text(prompt: Prompt) -> None:
-    """Text a tokenizer can take: UTF-8-encodable (a lone surrogate, e.g. from JSON's "\ud800" or from
-    undecodable bytes on a command line, is not)."""
-    texts = [prompt] if isinstance(prompt, str) else [m.get("content") for m in prompt if isinstance(m, dict)]
-    for text in texts:
-        if isinstance(text, str):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidParameterError("the prompt is not valid Unicode text (it holds a lone surrogate "
-                                            "or bytes that are not UTF-8)") from None
 
 
 def _check_messages(messages: list) -> None:

@@ -67,6 +67,7 @@ class GenerationRequest:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
         if not isinstance(self.prompt, (str, list, tuple)):
             raise InvalidParameterError("the prompt must be text, chat messages or token ids")
+        check_text(self.prompt)
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
                 or self.max_new_tokens < 1:
             raise InvalidParameterError(f"max_new_tokens must be an integer >= 1, not {self.max_new_tokens!r}")
@@ -107,3 +108,16 @@ class GenerationRequest:
         stop = settings.get("stop")
         return cls(prompt, max_new_tokens, SamplingParams.of(SimpleNamespace(**settings)), () if stop is None else stop,
                    settings.get("seed"), settings.get("chat"), grammar=settings.get("grammar"))
+
+
+def check_text(prompt: Prompt) -> None:
+    """Text a tokenizer can take: UTF-8-encodable (a lone surrogate, e.g. from JSON's "\ud800" or from
+    undecodable bytes on a command line, is not)."""
+    texts = [prompt] if isinstance(prompt, str) else [m.get("content") for m in prompt if isinstance(m, dict)]
+    for text in texts:
+        if isinstance(text, str):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidParameterError("the prompt is not valid Unicode text (it holds a lone surrogate "
+                                            "or bytes that are not UTF-8)") from None

@@ -71,7 +71,8 @@ class Pairing:
         if kept.spec == LOOKUP:
             best_model = max((w for w in self.weighed if w.spec != LOOKUP and not w.problem),
                              key=lambda w: w.predicted_speedup, default=None)
-            versus = (f"; best model draft {best_model.draft} predicted {best_model.predicted_speedup:.2f}x"
+            versus = (f"; best model draft {best_model.draft} ({best_model.kind}) predicted "
+                      f"{best_model.predicted_speedup:.2f}x"
                       if best_model else "; no model draft found")
             return f"lookup alone: predicted {lookup.predicted_speedup:.2f}x{versus} ({how})"
         return (f"draft {kept.draft} ({kept.kind}, {kept.draft_cost:.2f} of a step, agreement {kept.agreement:.2f})"

@@ -1,0 +1,111 @@
+"""Replay a recorded agent session (`scripts/agent_programs.py --record FILE`: the chat-completion requests an
+agent sent, in order) against servers, greedy, and compare them: wall time and first-token time per request,
+decode tokens/s, and whether every answer is identical to the first server's (run plain decoding first).
+
+    python scripts/agent_replay.py session.json --server plain=http://127.0.0.1:8775 \\
+        --server specdec=http://127.0.0.1:8776 --server llama-server=http://127.0.0.1:8080 [--json out.json]
+
+Each request is sent as recorded, streamed, with `temperature: 0` (and `seed: 0`) so that every server's
+answer is its model's greedy one; `model` is set to the server's first listed model. A server that refuses
+a request is reported with its status, not retried.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import openai
+
+
+@dataclass
+class Reply:
+    index: int
+    prompt_tokens: int
+    completion_tokens: int
+    first_token_seconds: float | None  # None: nothing was streamed
+    seconds: float
+    answer: str  # the text and the tool calls, as one string to compare
+    error: str = ""
+
+
+def replay(session: list[dict], url: str) -> list[Reply]:
+    client = openai.OpenAI(base_url=f"{url.rstrip('/')}/v1", api_key="unused", timeout=3600, max_retries=0)
+    model = client.models.list().data[0].id
+    replies = []
+    for index, request in enumerate(session):
+        if request["route"] != "/v1/chat/completions":
+            raise SystemExit(f"request {index}: {request['route']} (this replay sends chat completions only)")
+        body = {**request["body"], "model": model, "temperature": 0, "seed": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        body.pop("top_p", None)
+        replies.append(send(client, index, body))
+        print(f"{url} request {index}: {replies[-1].seconds:.1f} s, {replies[-1].completion_tokens} tokens "
+              f"{replies[-1].error}", flush=True)
+    return replies
+
+
+def send(client: openai.OpenAI, index: int, body: dict) -> Reply:
+    started, first, text, calls, usage = time.perf_counter(), None, [], {}, None
+    try:
+        for chunk in client.chat.completions.create(**body):
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                delta = choice.delta
+                if (delta.content or delta.tool_calls) and first is None:
+                    first = time.perf_counter() - started
+                text.append(delta.content or "")
+                for call in delta.tool_calls or []:
+                    name, arguments = calls.get(call.index, ("", ""))
+                    calls[call.index] = (name + (call.function.name or ""), arguments + (call.function.arguments or ""))
+    except openai.APIStatusError as error:
+        return Reply(index, 0, 0, None, time.perf_counter() - started, "", f"HTTP {error.status_code}")
+    answer = "".join(text) + "".join(f"\n<call {name}({arguments})>" for name, arguments in calls.values())
+    return Reply(index, usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0, first,
+                 time.perf_counter() - started, answer)
+
+
+def summary(name: str, replies: list[Reply], reference: list[Reply]) -> dict:
+    """Totals for one server, its answers compared with the reference server's."""
+    ok = [r for r in replies if not r.error]
+    seconds = sum(r.seconds for r in ok)
+    decode = sum(r.seconds - (r.first_token_seconds or 0) for r in ok)
+    same = sum(r.answer == ref.answer and not r.error for r, ref in zip(replies, reference))
+    later = [r.first_token_seconds for r in ok[1:] if r.first_token_seconds is not None]
+    return {"server": name, "requests": len(replies), "refused": len(replies) - len(ok),
+            "wall_seconds": round(seconds, 1), "completion_tokens": sum(r.completion_tokens for r in ok),
+            "tokens_per_second": round(sum(r.completion_tokens for r in ok) / seconds, 2) if seconds else None,
+            "decode_tokens_per_second": round(sum(r.completion_tokens for r in ok) / decode, 2) if decode else None,
+            "median_first_token_after_first_request": round(statistics.median(later), 2) if later else None,
+            "identical_to_reference": f"{same}/{len(replies)}"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("session", type=Path, help="the recorded session (agent_programs.py --record)")
+    parser.add_argument("--server", action="append", required=True, metavar="NAME=URL",
+                        help="a server to replay against (repeat; the first is the reference)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    session = json.loads(args.session.read_text())
+    servers = [item.split("=", 1) for item in args.server]
+    if any(len(server) != 2 for server in servers):
+        parser.error("--server takes NAME=URL")
+    results = {name: replay(session, url) for name, url in servers}
+    reference = results[servers[0][0]]
+    table = [summary(name, replies, reference) for name, replies in results.items()]
+    for row in table:
+        print(json.dumps(row))
+    if args.json:
+        args.json.write_text(json.dumps({"summary": table, "replies": {name: [asdict(r) for r in replies]
+                                                                      for name, replies in results.items()}},
+                                        indent=1))
+
+
+if __name__ == "__main__":
+    main()
