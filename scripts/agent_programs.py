@@ -8,7 +8,11 @@ For each agent the script records the exit status, the wall time, the requests t
 route and status, from /metrics) and the end of the agent's output.
 
     python scripts/agent_programs.py --target qwen2.5-coder-1.5b-instruct [--agents codex,claude,opencode]
-        [--timeout 900] [--json agents.json] [--record session.json]
+        [--timeout 900] [--json agents.json] [--follow-up TEXT ...] [--record session.json]
+
+--follow-up TEXT (repeatable) sends more turns in the same session after the task (opencode `run --continue`,
+Claude Code `-c`, Codex `exec resume --last`): an agent's later turns resend its long system prompt and
+tools, which a server's prefix cache should not compute again.
 
 --record FILE (one agent) puts a recording proxy (scripts/agent_recorder.py) between the agent and the server
 and saves the generation requests it sent, in order: the session `scripts/agent_replay.py` sends again.
@@ -82,6 +86,14 @@ def configure(agent: str, home: Path, base: str, model: str) -> tuple[list[str],
     return ["run", TASK], {}
 
 
+def follow_up(agent: str, text: str) -> list[str]:
+    """The command after the binary that continues the agent's last session with `text`."""
+    return {"codex": ["exec", "resume", "--last", "--skip-git-repo-check",
+                      "--dangerously-bypass-approvals-and-sandbox", text],
+            "claude": ["-c", "-p", text, "--permission-mode", "acceptEdits", "--max-turns", "6"],
+            "opencode": ["run", "--continue", text]}[agent]
+
+
 def requests_seen(base: str) -> dict[str, float]:
     text = urllib.request.urlopen(f"{base}/metrics", timeout=30).read().decode()
     counts = {}
@@ -95,9 +107,10 @@ def requests_seen(base: str) -> dict[str, float]:
     return counts
 
 
-def run_agent(agent: str, tools: Path, base: str, model: str, timeout: float, metrics: str | None = None) -> AgentRun:
-    """One agent on the task against `base` (`metrics`: the server whose /metrics count its requests; default
-    `base`)."""
+def run_agent(agent: str, tools: Path, base: str, model: str, timeout: float, metrics: str | None = None,
+              follow_ups: tuple[str, ...] = ()) -> AgentRun:
+    """One agent on the task, then each follow-up turn in its session, against `base` (`metrics`: the server
+    whose /metrics count its requests; default `base`); `timeout` bounds each turn."""
     with tempfile.TemporaryDirectory(prefix=f"agent-{agent}-") as root:
         home, work = Path(root) / "home", Path(root) / "work"
         home.mkdir()
@@ -106,12 +119,16 @@ def run_agent(agent: str, tools: Path, base: str, model: str, timeout: float, me
         arguments, environment = configure(agent, home, base, model)
         env = {**os.environ, "HOME": str(home), **environment}
         before, started = requests_seen(metrics or base), time.monotonic()
-        try:
-            done = subprocess.run([str(tools / "node_modules" / ".bin" / binary(agent)), *arguments], cwd=work,
-                                  env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
-            exit_code, output = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired as expired:
-            exit_code, output = None, as_text(expired.stdout) + as_text(expired.stderr)
+        binary_path = str(tools / "node_modules" / ".bin" / binary(agent))
+        exit_code, output = None, ""
+        for turn in [arguments, *(follow_up(agent, text) for text in follow_ups)]:
+            try:
+                done = subprocess.run([binary_path, *turn], cwd=work, env=env, stdin=subprocess.DEVNULL,
+                                      capture_output=True, text=True, timeout=timeout)
+                exit_code, output = done.returncode, output + done.stdout + done.stderr
+            except subprocess.TimeoutExpired as expired:
+                exit_code, output = None, output + as_text(expired.stdout) + as_text(expired.stderr)
+                break
         seconds = time.monotonic() - started
         after = requests_seen(metrics or base)
         check = subprocess.run([sys.executable, "-c", "from calc import add; assert add(2, 3) == 5"], cwd=work,
@@ -128,7 +145,7 @@ def recorded_run(agent: str, args, model: str) -> AgentRun:
 
     with RecordingProxy(f"http://127.0.0.1:{args.port}", args.port + 1) as proxy:
         run = run_agent(agent, args.tools, f"http://127.0.0.1:{args.port + 1}", model, args.timeout,
-                        metrics=f"http://127.0.0.1:{args.port}")
+                        metrics=f"http://127.0.0.1:{args.port}", follow_ups=tuple(args.follow_up))
         proxy.save(args.record)
     print(f"{agent}: {len(proxy.requests)} requests recorded in {args.record}", flush=True)
     return run
@@ -161,6 +178,8 @@ def main() -> None:
     parser.add_argument("--tools", type=Path, default=Path.home() / ".cache" / "specdec" / "agents")
     parser.add_argument("--log", type=Path, default=Path("agents-serve.log"))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--follow-up", action="append", default=[], metavar="TEXT",
+                        help="another turn in the agent's session after the task (repeatable)")
     parser.add_argument("--record", type=Path, default=None, help="save the agent's requests (one agent)")
     args = parser.parse_args()
     agents = args.agents.split(",")
@@ -176,7 +195,8 @@ def main() -> None:
     runs = []
     try:
         for agent in agents:
-            run = (run_agent(agent, args.tools, f"http://127.0.0.1:{args.port}", model, args.timeout)
+            run = (run_agent(agent, args.tools, f"http://127.0.0.1:{args.port}", model, args.timeout,
+                             follow_ups=tuple(args.follow_up))
                    if args.record is None else recorded_run(agent, args, model))
             runs.append(run)
             print(f"{agent}: {'completed' if run.completed else 'not completed'}, exit {run.exit_code}, "

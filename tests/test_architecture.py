@@ -34,24 +34,33 @@ def violations(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
 
 
 def test_front_ends_reach_the_engine_only_through_the_api():
-    assert violations(files_under("server", "bench", "certify", "training"), ("specdec.engine",)) == []
+    assert violations(files_under("server", "bench", "certify", "training", "commands"), ("specdec.engine",)) == []
+
+
+def test_the_pairing_sits_below_the_front_ends():
+    """--drafter auto is the API's to resolve: it reads models, drafters and the engine, never a front end."""
+    above = ("specdec.api", "specdec.server", "specdec.bench", "specdec.certify", "specdec.training", "specdec.cli",
+             "specdec.commands")
+    assert violations(files_under("pairing"), above) == []
 
 
 def test_the_core_imports_nothing_above_it():
     above = ("specdec.engine", "specdec.api", "specdec.drafters", "specdec.heads", "specdec.models",
-             "specdec.server", "specdec.bench", "specdec.certify", "specdec.training", "specdec.cli")
+             "specdec.server", "specdec.bench", "specdec.certify", "specdec.training", "specdec.cli",
+             "specdec.commands", "specdec.pairing")
     assert violations(files_under("core"), above) == []
 
 
 def test_models_and_kernels_import_nothing_above_them():
     above = ("specdec.engine", "specdec.api", "specdec.core", "specdec.drafters", "specdec.heads", "specdec.server",
-             "specdec.bench", "specdec.certify", "specdec.training", "specdec.cli")
+             "specdec.bench", "specdec.certify", "specdec.training", "specdec.cli", "specdec.commands",
+             "specdec.pairing")
     assert violations(files_under("models", "kernels"), above) == []
 
 
 def test_drafters_import_neither_the_engine_nor_the_faces():
     above = ("specdec.engine", "specdec.api", "specdec.server", "specdec.bench", "specdec.certify",
-             "specdec.training", "specdec.cli")
+             "specdec.training", "specdec.cli", "specdec.commands", "specdec.pairing")
     assert violations(files_under("drafters"), above) == []
 
 

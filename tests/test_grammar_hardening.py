@@ -21,7 +21,7 @@ from specdec.api.grammar_bounds import (MAX_GRAMMAR_DEPTH, MAX_GRAMMAR_RULES, ch
                                         on_deep_stack)
 from specdec.api.request import GenerationRequest
 from specdec.api.structured import GrammarSpec, check_json_schema
-from specdec.cli import PrefillProgress
+from specdec.commands.generate import PrefillProgress
 from specdec.core.constraint import masked_logits
 from specdec.core.sampling import SamplingParams, processed_probs
 from specdec.errors import InvalidParameterError

@@ -1,15 +1,17 @@
 """`specdec pair TARGET`: the drafters `--drafter auto` weighs for a target on this machine, what each was
-measured to gain, and the one kept (the CLI's main dispatches here)."""
+measured to gain, and the one kept."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
+
+from specdec.api.options import GeneratorOptions
+from specdec.cli_options import add_model_options
 
 
-def add_pair_parser(commands) -> None:
-    from specdec.cli_options import add_model_options
-
+def add_parser(commands) -> None:
     pair = commands.add_parser("pair", help="which drafter --drafter auto keeps for a target on this machine, and "
                                             "the table of candidates it weighed")
     pair.add_argument("model", nargs="?", default=None, help="the target (as --target; default: --target's)")
@@ -18,17 +20,30 @@ def add_pair_parser(commands) -> None:
     pair.add_argument("--json", action="store_true", help="print the decision as one JSON object")
 
 
-def run_pair(args) -> int:
-    from specdec.api.options import GeneratorOptions
+@dataclass(frozen=True)
+class PairOptions:
+    """The target as `generate` would load it, and whether to measure again."""
+
+    target: GeneratorOptions  # its drafter "auto": the decision asked for
+    recalibrate: bool = False
+    json: bool = False
+
+    @classmethod
+    def from_args(cls, args) -> "PairOptions":
+        return cls(GeneratorOptions(args.model or args.target, "auto", "auto", args.device, args.dtype, args.backend,
+                                    args.weights, args.cuda_graphs, "match", args.kv_dtype),
+                   args.recalibrate, args.json)
+
+
+def run(pair: PairOptions) -> int:
     from specdec.models.sources.loading import load_model
     from specdec.pairing.decision import decide
 
-    options = GeneratorOptions(args.model or args.target, "auto", "auto", args.device, args.dtype, args.backend,
-                               args.weights, args.cuda_graphs, "match", args.kv_dtype)  # checked before the load
+    options = pair.target
     target = load_model(options.target, device=options.device, dtype=options.dtype, backend=options.backend,
                         weights=options.weights, cuda_graphs=options.cuda_graphs, kv_dtype=options.kv_dtype)
-    pairing = decide(target, options.device, options.dtype, recalibrate=args.recalibrate)
-    if args.json:
+    pairing = decide(target, options.device, options.dtype, recalibrate=pair.recalibrate)
+    if pair.json:
         print(json.dumps(dataclasses.asdict(pairing) | {"line": pairing.line}))
         return 0
     print(f"target {target.name} ({target.model.weight_format} weights): one decode step {pairing.step_ms:.1f} ms")

@@ -1,0 +1,130 @@
+"""`specdec serve`: the HTTP server (OpenAI, Anthropic and llama-server APIs, the page), one process or Ray
+Serve replicas."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specdec.api.options import GeneratorOptions
+from specdec.cli_options import (add_model_options, add_reasoning_format_option, add_speculation_options,
+                                 generator_options_from_args)
+from specdec.errors import InvalidParameterError
+
+if TYPE_CHECKING:  # the server's modules load when the command runs (commands/__init__.py)
+    from specdec.server.state import ServerSettings
+
+
+def add_parser(commands) -> None:
+    """`specdec serve`: the OpenAI-compatible server."""
+    serve = commands.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
+    add_model_options(serve)
+    add_speculation_options(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name)")
+    serve.add_argument("--max-active", type=int, default=16,
+                       help="generations run together, their rounds batched (more: throughput; fewer: per-stream speed)")
+    serve.add_argument("--max-queue", type=int, default=64, help="requests that may wait; more get HTTP 503")
+    serve.add_argument("--kv-memory", type=float, default=None, metavar="MIB",
+                       help="MiB of KV cache the running generations may hold together; more requests wait "
+                            "(default: no limit beyond --max-active)")
+    serve.add_argument("--prefill-chunk", type=int, default=512, metavar="TOKENS",
+                       help="prefill work per step, in prompt tokens at the start of a prompt (a token deep in "
+                            "a long prompt counts for more: its attention reads every earlier key); shortest "
+                            "prompt first (more: batches refill sooner; fewer: shorter stalls of running streams "
+                            "and of requests behind a long prompt; default 512)")
+    serve.add_argument("--prefix-cache", type=float, default=512, metavar="MIB",
+                       help="MiB of prompts' keys and values kept so that later prompts sharing a prefix "
+                            "(a system prompt, a chat history) skip computing it; 0: off (default 512)")
+    serve.add_argument("--default-max-tokens", type=int, default=512, help="when a request sets no max_tokens")
+    serve.add_argument("--max-tokens-cap", type=int, default=None, metavar="N",
+                       help="the most tokens one request may generate: a larger max_tokens gets HTTP 400, a larger "
+                            "n_predict (/infill) is cut to it (default: the model's context)")
+    serve.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' on every route (default: $SPECDEC_API_KEY; "
+                            "/health and /metrics stay open)")
+    serve.add_argument("--no-tool-grammar", action="store_true",
+                       help="leave tool_choice \"auto\" unconstrained (default: the answer is text or calls in the "
+                            "chat template's format whose arguments match their schema)")
+    add_reasoning_format_option(serve, "returned as reasoning_content", "left in content")
+    serve.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger request bodies get HTTP 413")
+    serve.add_argument("--max-prompt-tokens", type=int, default=None,
+                       help="longer prompts get HTTP 400 (default: up to the model's context)")
+    serve.add_argument("--allowed-origins", default="",
+                       help="comma-separated browser origins allowed by CORS (default: none)")
+    serve.add_argument("--shutdown-grace", type=float, default=30.0,
+                       help="seconds in-flight requests get to finish on SIGTERM before they are cancelled")
+    serve.add_argument("--replicas", type=int, default=0,
+                       help="run N server replicas on Ray Serve behind its HTTP proxy (needs specdec[ray]; "
+                            "default 0: one process, no Ray)")
+    serve.add_argument("--autoscaling", default=None,
+                       help="with --replicas: Ray Serve's autoscaling_config as JSON, e.g. "
+                            "'{\"min_replicas\": 1, \"max_replicas\": 4}'")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `specdec serve` was asked, checked at construction (before the port is taken or a model loads)."""
+
+    generator: GeneratorOptions
+    settings: "ServerSettings"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    replicas: int = 0  # Ray Serve replicas (0: one process, no Ray)
+    autoscaling: str | None = None  # Ray Serve's autoscaling_config as JSON
+    shutdown_grace: float = 30.0
+
+    def __post_init__(self):
+        if self.replicas < 0 or (self.autoscaling and not self.replicas):
+            raise InvalidParameterError("--replicas must be >= 0, and --autoscaling needs --replicas")
+        if not 0 <= self.port <= 65535:
+            raise InvalidParameterError(f"cannot listen on {self.host}:{self.port}: a port is in 0..65535")
+        if self.shutdown_grace < 0:
+            raise InvalidParameterError("--shutdown-grace must be >= 0")
+
+    @classmethod
+    def from_args(cls, args) -> "ServeOptions":
+        from specdec.server.guard import LOOPBACK_HOSTS, is_loopback
+        from specdec.server.state import ServerSettings
+
+        settings = ServerSettings(args.model_name, args.max_active, args.max_queue, args.default_max_tokens,
+                                  api_key=args.api_key or None, max_request_bytes=args.max_request_bytes,
+                                  allowed_hosts=LOOPBACK_HOSTS if is_loopback(args.host) else None,
+                                  allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o),
+                                  max_prompt_tokens=args.max_prompt_tokens, max_tokens_cap=args.max_tokens_cap,
+                                  kv_memory_bytes=None if args.kv_memory is None else int(args.kv_memory * 2**20),
+                                  prefix_cache_bytes=int(args.prefix_cache * 2**20),
+                                  prefill_tokens_per_step=args.prefill_chunk, tool_grammar=not args.no_tool_grammar,
+                                  reasoning_format=args.reasoning_format)
+        return cls(generator_options_from_args(args), settings, args.host, args.port, args.replicas,
+                   args.autoscaling, args.shutdown_grace)
+
+
+def run(options: ServeOptions) -> int:
+    from specdec.api.generator import SpeculativeGenerator
+    from specdec.server.app import create_app
+    from specdec.server.guard import is_loopback
+    from specdec.server.run import bind_socket, make_server, serve_forever
+
+    sock = bind_socket(options.host, options.port)
+    if not is_loopback(options.host) and not options.settings.api_key:
+        print(f"specdec: warning: serving on {options.host}, reachable from other machines, without an API key "
+              "(--api-key or SPECDEC_API_KEY)", file=sys.stderr)
+    if options.replicas:  # Ray's proxy listens instead: the socket only checked that the port is free
+        from specdec.server.ray_app import ReplicaSpec, parse_autoscaling, run_replicas
+
+        sock.close()
+        spec = ReplicaSpec(options.generator, options.settings, options.replicas, parse_autoscaling(options.autoscaling))
+        return run_replicas(spec, options.host, options.port)
+    generator = SpeculativeGenerator.from_options(options.generator)
+    settings = dataclasses.replace(options.settings, model_name=options.settings.model_name or generator.target.name)
+    server = make_server(create_app(generator, settings), options.shutdown_grace)
+    host, port = sock.getsockname()[:2]
+    print(f"specdec: serving {settings.model_name!r} (drafter {generator.engine.drafter_name}) "
+          f"on http://{host}:{port}/v1", file=sys.stderr, flush=True)
+    serve_forever(server, sock)
+    return 0
