@@ -3,11 +3,15 @@ agent sent, in order) against servers, greedy, and compare them: wall time and f
 decode tokens/s, and whether every answer is identical to the first server's (run plain decoding first).
 
     python scripts/agent_replay.py session.json --server plain=http://127.0.0.1:8775 \\
-        --server specdec=http://127.0.0.1:8776 --server llama-server=http://127.0.0.1:8080 [--json out.json]
+        --server specdec=http://127.0.0.1:8776 [--json out.json] [--reference earlier.json]
+
+--reference compares the answers with an earlier replay's (its first server's), so that servers run one at
+a time on the machine (each measured alone) are still compared with their own plain decoding.
 
 Each request is sent as recorded, streamed, with `temperature: 0` (and `seed: 0`) so that every server's
-answer is its model's greedy one; `model` is set to the server's first listed model. A server that refuses
-a request is reported with its status, not retried.
+answer is its model's greedy one, and `max_tokens` at most --max-tokens (agents ask for 32,000: a greedy
+loop would run that long); `model` is set to the server's first listed model. A server that refuses a
+request is reported with its status, not retried.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ class Reply:
     error: str = ""
 
 
-def replay(session: list[dict], url: str) -> list[Reply]:
+def replay(session: list[dict], url: str, max_tokens: int) -> list[Reply]:
     client = openai.OpenAI(base_url=f"{url.rstrip('/')}/v1", api_key="unused", timeout=3600, max_retries=0)
     model = client.models.list().data[0].id
     replies = []
@@ -43,6 +47,7 @@ def replay(session: list[dict], url: str) -> list[Reply]:
         body = {**request["body"], "model": model, "temperature": 0, "seed": 0, "stream": True,
                 "stream_options": {"include_usage": True}}
         body.pop("top_p", None)
+        body["max_tokens"] = min(body.get("max_tokens") or max_tokens, max_tokens)
         replies.append(send(client, index, body))
         print(f"{url} request {index}: {replies[-1].seconds:.1f} s, {replies[-1].completion_tokens} tokens "
               f"{replies[-1].error}", flush=True)
@@ -91,13 +96,20 @@ def main() -> None:
     parser.add_argument("--server", action="append", required=True, metavar="NAME=URL",
                         help="a server to replay against (repeat; the first is the reference)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--max-tokens", type=int, default=1024, help="the most tokens a reply may have")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="an earlier replay's --json whose first server's answers these are compared with")
     args = parser.parse_args()
     session = json.loads(args.session.read_text())
     servers = [item.split("=", 1) for item in args.server]
     if any(len(server) != 2 for server in servers):
         parser.error("--server takes NAME=URL")
-    results = {name: replay(session, url) for name, url in servers}
-    reference = results[servers[0][0]]
+    results = {name: replay(session, url, args.max_tokens) for name, url in servers}
+    if args.reference is not None:
+        earlier = json.loads(args.reference.read_text())["replies"]
+        reference = [Reply(**reply) for reply in next(iter(earlier.values()))]
+    else:
+        reference = results[servers[0][0]]
     table = [summary(name, replies, reference) for name, replies in results.items()]
     for row in table:
         print(json.dumps(row))

@@ -25,9 +25,9 @@ MESSAGES = [{"role": "user", "content": "hello there"}]
 
 
 class RunningServer:
-    def __init__(self, generator: SpeculativeGenerator, grace: float = 10.0, **settings):
+    def __init__(self, generator: SpeculativeGenerator, grace: float = 10.0, catalog=None, **settings):
         self.generator = generator
-        self.app = create_app(generator, ServerSettings("tiny", **settings))
+        self.app = create_app(generator, ServerSettings("tiny", **settings), catalog)
         sock = bind_socket("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         self.server = make_server(self.app, shutdown_grace=grace, log_level="warning")

@@ -102,7 +102,7 @@ def test_count_tokens_is_the_prompt_a_message_reports(client):
     ({"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]},
      400, "invalid_request_error", "'image' blocks are not supported"),
-    ({"model": "other", "max_tokens": 4, "messages": MESSAGES}, 400, "invalid_request_error", "not served here"),
+    ({"model": "other", "max_tokens": 4, "messages": MESSAGES}, 404, "not_found_error", "not served here"),
     ({"model": "tiny", "max_tokens": 4, "messages": MESSAGES, "tool_choice": {"type": "tool"}, "tools": [TOOL]},
      400, "invalid_request_error", "names the tool"),
 ])
@@ -114,7 +114,7 @@ def test_errors_take_anthropics_shape(coder, body, status, kind, words):  # noqa
 
 
 def test_the_sdk_raises_its_own_error_types(client):
-    with pytest.raises(anthropic.BadRequestError, match="not served here"):
+    with pytest.raises(anthropic.NotFoundError, match="not served here"):
         client.messages.create(model="claude-sonnet-4-5", max_tokens=4, messages=MESSAGES)
     with pytest.raises(anthropic.NotFoundError):
         client.get("/v1/messages/nothing", cast_to=object)

@@ -61,6 +61,13 @@ def add_parser(commands) -> None:
     serve.add_argument("--replicas", type=int, default=0,
                        help="run N server replicas on Ray Serve behind its HTTP proxy (needs specdec[ray]; "
                             "default 0: one process, no Ray)")
+    serve.add_argument("--local-models", action="store_true",
+                       help="also serve, by the name a request's `model` gives, every model found in Ollama's "
+                            "store, the Hugging Face cache, LM Studio's folder and the pulled zoo (`specdec models "
+                            "--local`); with --models-dir DIR, the models there are served by name too")
+    serve.add_argument("--max-loaded", type=int, default=2, metavar="N",
+                       help="models served by name that stay loaded at once; the least recently used idle one "
+                            "is unloaded to load another (default 2)")
     serve.add_argument("--autoscaling", default=None,
                        help="with --replicas: Ray Serve's autoscaling_config as JSON, e.g. "
                             "'{\"min_replicas\": 1, \"max_replicas\": 4}'")
@@ -74,6 +81,9 @@ class ServeOptions:
     settings: "ServerSettings"
     host: str = "127.0.0.1"
     port: int = 8000
+    # other models served by name (served name, model spec), loaded on first use: --models-dir, --local-models
+    by_name: tuple[tuple[str, str], ...] = ()
+    max_loaded: int = 2
     replicas: int = 0  # Ray Serve replicas (0: one process, no Ray)
     autoscaling: str | None = None  # Ray Serve's autoscaling_config as JSON
     shutdown_grace: float = 30.0
@@ -85,6 +95,11 @@ class ServeOptions:
             raise InvalidParameterError(f"cannot listen on {self.host}:{self.port}: a port is in 0..65535")
         if self.shutdown_grace < 0:
             raise InvalidParameterError("--shutdown-grace must be >= 0")
+        if self.max_loaded < 1:
+            raise InvalidParameterError("--max-loaded must be >= 1")
+        if self.by_name and self.replicas:
+            raise InvalidParameterError("models served by name (--models-dir, --local-models) run in one process, "
+                                        "not on --replicas")
 
     @classmethod
     def from_args(cls, args) -> "ServeOptions":
@@ -100,8 +115,19 @@ class ServeOptions:
                                   prefix_cache_bytes=int(args.prefix_cache * 2**20),
                                   prefill_tokens_per_step=args.prefill_chunk, tool_grammar=not args.no_tool_grammar,
                                   reasoning_format=args.reasoning_format)
-        return cls(generator_options_from_args(args), settings, args.host, args.port, args.replicas,
+        return cls(generator_options_from_args(args), settings, args.host, args.port,
+                   served_by_name(args.models_dir, args.local_models), args.max_loaded, args.replicas,
                    args.autoscaling, args.shutdown_grace)
+
+
+def served_by_name(models_dir: str | None, local_models: bool) -> tuple[tuple[str, str], ...]:
+    """(name, spec) of every model a request may name besides the target: the folder's, or every store's."""
+    from specdec.models.sources.local_models import found_models
+
+    if not local_models and models_dir is None:
+        return ()
+    found = [model for model in found_models() if local_models or model.store == "models-dir"]
+    return tuple((model.name, model.name if model.store != "models-dir" else str(model.path)) for model in found)
 
 
 def run(options: ServeOptions) -> int:
@@ -109,6 +135,7 @@ def run(options: ServeOptions) -> int:
     from specdec.server.app import create_app
     from specdec.server.guard import is_loopback
     from specdec.server.run import bind_socket, make_server, serve_forever
+    from specdec.server.served_models import ModelCatalog
 
     sock = bind_socket(options.host, options.port)
     if not is_loopback(options.host) and not options.settings.api_key:
@@ -122,9 +149,11 @@ def run(options: ServeOptions) -> int:
         return run_replicas(spec, options.host, options.port)
     generator = SpeculativeGenerator.from_options(options.generator)
     settings = dataclasses.replace(options.settings, model_name=options.settings.model_name or generator.target.name)
-    server = make_server(create_app(generator, settings), options.shutdown_grace)
+    catalog = ModelCatalog(dict(options.by_name), options.generator, options.max_loaded) if options.by_name else None
+    server = make_server(create_app(generator, settings, catalog), options.shutdown_grace)
     host, port = sock.getsockname()[:2]
     print(f"specdec: serving {settings.model_name!r} (drafter {generator.engine.drafter_name}) "
-          f"on http://{host}:{port}/v1", file=sys.stderr, flush=True)
+          f"on http://{host}:{port}/v1" + (f", and {len(catalog.models)} more by name (at most {catalog.max_loaded} "
+                                           "loaded at once)" if catalog else ""), file=sys.stderr, flush=True)
     serve_forever(server, sock)
     return 0

@@ -4,7 +4,9 @@ jobs in jobs.py; errors take OpenAI's shape in http_errors.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import asynccontextmanager
+from functools import partial
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -12,6 +14,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.api.generator import SpeculativeGenerator
+from specdec.api.options import GeneratorOptions
 from specdec.api.prefix_cache import PrefixCache
 from specdec.server import (routes_anthropic, routes_completions, routes_infill, routes_info,
                             routes_llama_server, routes_page, routes_responses)
@@ -21,6 +24,7 @@ from specdec.server.http_errors import error
 from specdec.server.metrics import ResponseCounter, ServerMetrics
 from specdec.api.reasoning import reasoning_for
 from specdec.server.scheduler import Scheduler
+from specdec.server.served_models import ModelCatalog, ServedModels
 from specdec.server.state import ServerSettings, ServerState
 
 __all__ = ["ServerSettings", "create_app", "endpoint_label"]
@@ -35,14 +39,17 @@ def endpoint_label(path: str) -> str:
     return path if path in KNOWN_ENDPOINTS else "other"
 
 
-def create_app(generator: SpeculativeGenerator, settings: ServerSettings) -> FastAPI:
+def create_app(generator: SpeculativeGenerator, settings: ServerSettings, catalog: ModelCatalog | None = None) -> FastAPI:
+    """The app serving `generator` under settings.model_name, and by name the catalog's other models (loaded
+    on first use)."""
     state = server_state_for(generator, settings)
+    state.models = ServedModels(state, catalog, partial(load_served_model, settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.scheduler.start()
         yield
-        state.scheduler.stop()  # after uvicorn's graceful wait: cancels whatever is still running
+        state.models.stop_all()  # after uvicorn's graceful wait: cancels whatever is still running
 
     app = FastAPI(title="specdec", lifespan=lifespan)
     app.state.server = state
@@ -79,6 +86,15 @@ def server_state_for(generator: SpeculativeGenerator, settings: ServerSettings) 
                             lambda: scheduler.kv_bytes_in_use, settings.kv_memory_bytes, kept)
     reasoning = reasoning_for(generator.target.tokenizer, settings.reasoning_format)
     return ServerState(generator, settings, scheduler, metrics, reasoning)
+
+
+def load_served_model(settings: ServerSettings, name: str, options: GeneratorOptions) -> ServerState:
+    """Another model of the catalog, loaded with its paired drafter, its scheduler started; it shares the
+    default model's Responses store and list of models (set by the caller)."""
+    generator = SpeculativeGenerator.from_options(options)
+    state = server_state_for(generator, dataclasses.replace(settings, model_name=name))
+    state.scheduler.start()
+    return state
 
 
 def add_middleware(app: FastAPI, state: ServerState) -> None:

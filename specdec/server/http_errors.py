@@ -8,6 +8,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
+from specdec.server.served_models import ModelNotFound
 from specdec.api.events import Cancelled, Event, Failed
 from specdec.errors import SpecdecError
 from specdec.server.protocol import BadRequest, error_body
@@ -48,11 +49,13 @@ def error(status: int, message: str, kind: str, param: str | None = None, code: 
 
 def refused(exc: SpecdecError) -> JSONResponse:
     """A request refused before it ran: 413 for a body too large, 408 for one too slow, 499 for a client gone
-    before its body arrived, else 400 naming the field at fault."""
+    before its body arrived, 404 for a model not served, else 400 naming the field at fault."""
     if isinstance(exc, BodyTooLarge):
         return error(413, str(exc), "invalid_request_error")
     if isinstance(exc, BodyNotReceived):
         return error(exc.status, str(exc), "invalid_request_error")
+    if isinstance(exc, ModelNotFound):  # as OpenAI answers a model it does not have
+        return error(404, str(exc), "invalid_request_error", "model", "model_not_found")
     return error(400, str(exc), "invalid_request_error", getattr(exc, "param", None))
 
 

@@ -24,6 +24,7 @@ async def messages(request: Request, state: ServerState = Depends(server_state))
     try:
         body = parse_request(await read_body(request, state.settings.max_request_bytes), MessagesRequest)
         chat = body.chat_request()
+        state = await state.for_model(chat.model)
         generation_request = make_request(state, chat)
     except SpecdecError as exc:
         return refused(exc)
@@ -38,7 +39,9 @@ async def count_tokens(request: Request, state: ServerState = Depends(server_sta
     """The prompt's length in tokens, as the model's chat template writes it (its tools listed)."""
     try:
         body = parse_request(await read_body(request, state.settings.max_request_bytes), MessagesInput)
-        generation_request = make_request(state, body.chat_request(max_tokens=1))
+        chat = body.chat_request(max_tokens=1)
+        state = await state.for_model(chat.model)
+        generation_request = make_request(state, chat)
         ids = await run_in_threadpool(state.generator.prompt_ids, generation_request)
     except SpecdecError as exc:
         return refused(exc)

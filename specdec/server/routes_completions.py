@@ -33,6 +33,7 @@ async def completions(request: Request, state: ServerState = Depends(server_stat
 async def complete(state: ServerState, request: Request, kind: type) -> Response:
     try:
         body = parse_request(await read_body(request, state.settings.max_request_bytes), kind)
+        state = await state.for_model(body.model)
         generation_request = make_request(state, body)
     except SpecdecError as exc:
         return refused(exc)
@@ -45,10 +46,7 @@ async def complete(state: ServerState, request: Request, kind: type) -> Response
 
 def make_request(state: ServerState, body) -> GenerationRequest:
     """The generation a parsed body asks for (BadRequest naming the field at fault)."""
-    settings = state.settings
-    if body.model is not None and body.model != settings.model_name:
-        raise BadRequest(f"model {body.model!r} is not served here (this server serves "
-                         f"{settings.model_name!r})", "model")
+    settings = state.settings  # the model's the body names (ServerState.for_model)
     tokenizer = state.generator.target.tokenizer
     if isinstance(body, ChatCompletionRequest) and body.uses_tools and not speaks_hermes(tokenizer):
         raise BadRequest(f"model {settings.model_name!r}: its chat template does not list tools "

@@ -21,9 +21,10 @@ async def health(state: ServerState = Depends(server_state)):
 
 @router.get("/v1/models")
 async def models(state: ServerState = Depends(server_state)):
+    loaded = set(state.models.loaded)
     return {"object": "list", "data": [
-        {"id": state.settings.model_name, "object": "model", "created": 0, "owned_by": "specdec"}
-    ]}
+        {"id": name, "object": "model", "created": 0, "owned_by": "specdec", "loaded": name in loaded}
+        for name in state.models.names()]}
 
 
 @router.get("/metrics", response_class=Response,

@@ -33,6 +33,7 @@ async def create_response(request: Request, state: ServerState = Depends(server_
         history = previous.messages
     try:
         chat = body.chat_request(history)
+        state = await state.for_model(chat.model)
         generation_request = make_request(state, chat)
     except SpecdecError as exc:
         return refused(exc)

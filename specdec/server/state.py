@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
@@ -12,6 +13,9 @@ from specdec.api.reasoning import REASONING_FORMATS, Reasoning
 from specdec.errors import InvalidParameterError
 from specdec.server.response_store import ResponseStore
 from specdec.server.scheduler import PREFILL_TOKENS_PER_STEP, Scheduler
+
+if TYPE_CHECKING:
+    from specdec.server.served_models import ServedModels
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,11 @@ class ServerState:
     metrics: ServerMetrics
     reasoning: Reasoning | None = None  # how chat answers are split (reasoning_for)
     responses: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's stored responses
+    models: "ServedModels | None" = None  # every model served by name, this one among them (served_models.py)
+
+    async def for_model(self, name: str | None) -> "ServerState":
+        """The state of the model a request names (None: this server's default), loaded on first use."""
+        return await self.models.state_for(name)
 
     @property
     def max_tokens_cap(self) -> int:
