@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +34,9 @@ class Reply:
     seconds: float
     answer: str  # the text and the tool calls, as one string to compare
     error: str = ""
+    # the server's own `timings` (llama-server's object; specdec's with timings_per_token): prompt_n,
+    # prompt_ms, predicted_n, predicted_ms, draft_n, draft_n_accepted
+    timings: dict | None = None
 
 
 def replay(session: list[dict], url: str, max_tokens: int) -> list[Reply]:
@@ -45,7 +47,7 @@ def replay(session: list[dict], url: str, max_tokens: int) -> list[Reply]:
         if request["route"] != "/v1/chat/completions":
             raise SystemExit(f"request {index}: {request['route']} (this replay sends chat completions only)")
         body = {**request["body"], "model": model, "temperature": 0, "seed": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+                "stream_options": {"include_usage": True}, "timings_per_token": True}
         body.pop("top_p", None)
         body["max_tokens"] = min(body.get("max_tokens") or max_tokens, max_tokens)
         replies.append(send(client, index, body))
@@ -55,11 +57,13 @@ def replay(session: list[dict], url: str, max_tokens: int) -> list[Reply]:
 
 
 def send(client: openai.OpenAI, index: int, body: dict) -> Reply:
-    started, first, text, calls, usage = time.perf_counter(), None, [], {}, None
+    started, first, text, calls, usage, timings = time.perf_counter(), None, [], {}, None, None
+    extra = {key: body.pop(key) for key in ("timings_per_token",)}
     try:
-        for chunk in client.chat.completions.create(**body):
+        for chunk in client.chat.completions.create(**body, extra_body=extra):
             if chunk.usage is not None:
                 usage = chunk.usage
+            timings = (chunk.model_extra or {}).get("timings") or timings
             for choice in chunk.choices:
                 delta = choice.delta
                 if (delta.content or delta.tool_calls) and first is None:
@@ -72,22 +76,30 @@ def send(client: openai.OpenAI, index: int, body: dict) -> Reply:
         return Reply(index, 0, 0, None, time.perf_counter() - started, "", f"HTTP {error.status_code}")
     answer = "".join(text) + "".join(f"\n<call {name}({arguments})>" for name, arguments in calls.values())
     return Reply(index, usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0, first,
-                 time.perf_counter() - started, answer)
+                 time.perf_counter() - started, answer, timings=timings)
 
 
 def summary(name: str, replies: list[Reply], reference: list[Reply]) -> dict:
-    """Totals for one server, its answers compared with the reference server's."""
+    """Totals for one server, its answers compared with the reference server's. Decode speed and prompt
+    time come from the server's own timings (a streamed reply may hold its text back, e.g. while it could
+    still be a tool call, so the client's first-token time says little)."""
     ok = [r for r in replies if not r.error]
     seconds = sum(r.seconds for r in ok)
-    decode = sum(r.seconds - (r.first_token_seconds or 0) for r in ok)
     same = sum(r.answer == ref.answer and not r.error for r, ref in zip(replies, reference))
-    later = [r.first_token_seconds for r in ok[1:] if r.first_token_seconds is not None]
-    return {"server": name, "requests": len(replies), "refused": len(replies) - len(ok),
-            "wall_seconds": round(seconds, 1), "completion_tokens": sum(r.completion_tokens for r in ok),
-            "tokens_per_second": round(sum(r.completion_tokens for r in ok) / seconds, 2) if seconds else None,
-            "decode_tokens_per_second": round(sum(r.completion_tokens for r in ok) / decode, 2) if decode else None,
-            "median_first_token_after_first_request": round(statistics.median(later), 2) if later else None,
-            "identical_to_reference": f"{same}/{len(replies)}"}
+    timed = [r.timings for r in ok if r.timings]
+    predicted_ms = sum(t.get("predicted_ms", 0) for t in timed)
+    row = {"server": name, "requests": len(replies), "refused": len(replies) - len(ok),
+           "wall_seconds": round(seconds, 1), "completion_tokens": sum(r.completion_tokens for r in ok),
+           "tokens_per_second": round(sum(r.completion_tokens for r in ok) / seconds, 2) if seconds else None,
+           "identical_to_reference": f"{same}/{len(replies)}"}
+    if timed:
+        row |= {"decode_tokens_per_second": round(sum(t.get("predicted_n", 0) for t in timed) / predicted_ms * 1e3, 2)
+                if predicted_ms else None,
+                "prompt_seconds_per_request": [round(t.get("prompt_ms", 0) / 1e3, 2) for t in timed],
+                "prompt_tokens_computed": [t.get("prompt_n") for t in timed],
+                "drafted": sum(t.get("draft_n", 0) for t in timed),
+                "accepted": sum(t.get("draft_n_accepted", 0) for t in timed)}
+    return row
 
 
 def main() -> None:

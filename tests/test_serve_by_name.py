@@ -79,6 +79,8 @@ def test_with_one_loaded_alternating_requests_unload_and_reload(folder):
         for name in ("alpha", "beta", "alpha", "beta"):
             assert text_of(running, name) == answers[name]
             assert list(served.loaded) == [name]  # the other was idle: unloaded
+        tiny = text_of(running, "tiny")  # the --target model itself, unloaded above, loads again
+        assert list(served.loaded) == ["tiny"] and tiny == answers["alpha"]  # tiny is alpha.gguf, as served
     finally:
         running.stop()
 

@@ -39,6 +39,7 @@ PROMPTS = (
 REFERENCE_TOKENS = 40  # per prompt
 LOOKUP_K, MODEL_K = 8, 4  # draft lengths in the replay: a verbatim copy runs long, a model's guesses do not
 FORWARD_SIZES = (1, 2, 5, 9)
+FORWARD_CONTEXT = 32
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -78,8 +79,9 @@ def measure_reference(target: LoadedModel, device: str, dtype: str) -> Reference
         ids = _encode(target, prompt)
         generation = engine.start(ids, GREEDY, stop, target.tokenizer)
         sequences.append((tuple(ids), tuple(token for chunk in run_alone(generation) for token in chunk.token_ids)))
-    context = max(len(prompt) + len(continuation) for prompt, continuation in sequences)
-    costs = forward_costs(target.model, context=context, sizes=FORWARD_SIZES, repeats=3)
+    # timed after a short context: prefilling a long one would cost more than the timing, and the ratio of a
+    # verify to a step moves little over the first hundreds of tokens
+    costs = forward_costs(target.model, context=FORWARD_CONTEXT, sizes=FORWARD_SIZES, repeats=3)
     slope = fit_verify_slope([(cost.num_tokens - 1, cost.ratio, 1.0) for cost in costs[1:]])
     return Reference(tuple(sequences), costs[0].seconds, VerifyCost(slope=slope), time.perf_counter() - started)
 

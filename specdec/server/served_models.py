@@ -43,7 +43,9 @@ class ModelCatalog:
             raise SpecdecError("max_loaded (--max-loaded) must be >= 1")
 
     def options_for(self, name: str) -> GeneratorOptions:
-        return dataclasses.replace(self.options, target=self.models[name])
+        """How `name` loads: its spec in the target's options; the target's own options for the default model
+        (loaded again after it was unloaded)."""
+        return dataclasses.replace(self.options, target=self.models[name]) if name in self.models else self.options
 
 
 class ServedModels:
@@ -51,7 +53,9 @@ class ServedModels:
 
     def __init__(self, first: "ServerState", catalog: ModelCatalog | None,
                  load: Callable[[str, GeneratorOptions], "ServerState"]):
-        self.first, self.default = first, first.settings.model_name
+        self.default = first.settings.model_name
+        self.responses = first.responses  # one Responses store for every model (not the first model itself:
+        # holding it would keep its weights after it is unloaded)
         self.catalog = catalog
         self.load = load  # (served name, options) -> a started ServerState; runs off the event loop
         self.loaded: OrderedDict[str, "ServerState"] = OrderedDict({self.default: first})
@@ -72,7 +76,7 @@ class ServedModels:
         async with lock:  # a second request for a model being loaded waits for the first's load
             if name not in self.loaded:
                 state = await run_in_threadpool(self.load, name, self.catalog.options_for(name))
-                state.models, state.responses = self, self.first.responses  # one list, one store
+                state.models, state.responses = self, self.responses  # one list, one store
                 self.loaded[name] = state
                 await self._unload_beyond_budget(keep=name)
         self.loaded.move_to_end(name)
