@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fastapi import Request
 
@@ -14,8 +14,15 @@ from specdec.errors import InvalidParameterError
 from specdec.server.response_store import ResponseStore
 from specdec.server.scheduler import PREFILL_TOKENS_PER_STEP, Scheduler
 
-if TYPE_CHECKING:
-    from specdec.server.served_models import ServedModels
+
+class ModelRouter(Protocol):
+    """Which loaded model's state a request's `model` names (server/served_models.py: ServedModels)."""
+
+    loaded: dict[str, "ServerState"]  # the models in memory, least recently used first
+
+    def names(self) -> list[str]: ...
+
+    async def state_for(self, name: str | None) -> "ServerState": ...
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,7 @@ class ServerState:
     metrics: ServerMetrics
     reasoning: Reasoning | None = None  # how chat answers are split (reasoning_for)
     responses: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's stored responses
-    models: "ServedModels | None" = None  # every model served by name, this one among them (served_models.py)
+    models: ModelRouter | None = None  # every model served by name, this one among them (served_models.py)
 
     async def for_model(self, name: str | None) -> "ServerState":
         """The state of the model a request names (None: this server's default), loaded on first use."""
