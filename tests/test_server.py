@@ -280,7 +280,6 @@ BAD_REQUESTS = {
     "content not a string": ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}),
     "image content": ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}),
-    "unknown model": ("/v1/chat/completions", {"model": "gpt-4", "messages": MESSAGES}),
     "max_tokens zero": ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 0}),
     "max_tokens negative": ("/v1/completions", {"prompt": "a", "max_tokens": -5}),
     "max_completion_tokens zero": ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 0}),
@@ -409,6 +408,13 @@ def test_bad_input_gets_400_with_an_openai_error_body(server, case):
     assert isinstance(error["message"], str) and error["message"] and "\n" not in error["message"]
     if "context" in case:
         assert error["code"] == "context_length_exceeded"
+
+
+def test_an_unknown_model_is_a_404_as_openai_answers_it(server):
+    status, text = server.request("POST", "/v1/chat/completions", json.dumps({"model": "gpt-4", "messages": MESSAGES}))
+    error = json.loads(text)["error"]
+    assert status == 404 and error["code"] == "model_not_found" and error["param"] == "model"
+    assert "'gpt-4' is not served here" in error["message"]
 
 
 def test_unknown_fields_are_ignored_and_wrong_routes_are_json_errors(server):
