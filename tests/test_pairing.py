@@ -104,7 +104,7 @@ def test_an_unpulled_zoo_sibling_counts_by_the_fingerprint_its_entry_records(fol
 def test_the_cost_model_of_known_rounds():
     """One source always accepting all 4 drafts at no cost with a flat verify: 5 tokens a step. Half the output
     from it and half from rounds without a draft: the harmonic mix, 1 / (0.5/5 + 0.5/1)."""
-    reference = Reference((), 1.0, VerifyCost(slope=0.0), 0.0)
+    reference = Reference((), 1.0, VerifyCost(slope=0.0))
     model = [_Round("model", RoundStats(4, 4, 4, 5, 0.0, 0.0, 0.0)) for _ in range(10)]
     assert predicted_speedup(model, reference) == pytest.approx(5.0)
     plain = [_Round("none", RoundStats(0, 0, 0, 1, 0.0, 0.0, 0.0)) for _ in range(50)]
@@ -127,7 +127,7 @@ class Oracle(NgramDrafter):
 
 def test_a_replay_accepts_exactly_what_agrees_with_the_targets_tokens():
     prompt, continuation = (1, 2, 3), tuple(range(10, 30))
-    reference = Reference(((prompt, continuation),), 1.0, VerifyCost(slope=0.0), 0.0)
+    reference = Reference(((prompt, continuation),), 1.0, VerifyCost(slope=0.0))
     measured = replay(Oracle(list(prompt + continuation)), reference)
     assert measured.agreement == 1.0 and measured.accepted == len(continuation) - measured.rounds + 1
     assert measured.predicted_speedup > 4  # lookup K 8, a flat verify, drafts free

@@ -50,7 +50,6 @@ class Reference:
     sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # (prompt ids, the target's continuation)
     step_seconds: float  # one decode step
     verify: VerifyCost  # a forward over K + 1 new tokens, in steps
-    seconds: float  # what measuring it took
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,6 @@ class Replay:
     accepted: int
     draft_cost: float  # seconds drafting one token / one target step
     predicted_speedup: float
-    seconds: float  # what the replay took (loading the drafter included)
 
     @property
     def agreement(self) -> float:
@@ -71,7 +69,6 @@ class Replay:
 
 
 def measure_reference(target: LoadedModel, device: str, dtype: str) -> Reference:
-    started = time.perf_counter()
     engine = SpeculativeEngine(target.model, make_drafter("ngram", target, device, dtype), KSetting.parse("auto").new_length())
     stop = StopCriteria(REFERENCE_TOKENS, frozenset(target.eos_token_ids))
     sequences = []
@@ -83,7 +80,7 @@ def measure_reference(target: LoadedModel, device: str, dtype: str) -> Reference
     # verify to a step moves little over the first hundreds of tokens
     costs = forward_costs(target.model, context=FORWARD_CONTEXT, sizes=FORWARD_SIZES, repeats=3)
     slope = fit_verify_slope([(cost.num_tokens - 1, cost.ratio, 1.0) for cost in costs[1:]])
-    return Reference(tuple(sequences), costs[0].seconds, VerifyCost(slope=slope), time.perf_counter() - started)
+    return Reference(tuple(sequences), costs[0].seconds, VerifyCost(slope=slope))
 
 
 def _encode(target: LoadedModel, prompt: str) -> list[int]:
@@ -100,7 +97,6 @@ def _encode(target: LoadedModel, prompt: str) -> list[int]:
 
 def replay(drafter: Drafter, reference: Reference) -> Replay:
     """`drafter` (one source, or lookup before a model: CombinedDrafter) proposing along the reference."""
-    started = time.perf_counter()
     sources = list(drafter.sources) if isinstance(drafter, CombinedDrafter) else [drafter]
     _warm_up(sources, reference.sequences[0][0])
     rounds: list[_Round] = []
@@ -111,7 +107,7 @@ def replay(drafter: Drafter, reference: Reference) -> Replay:
     drafted = sum(r.stats.drafted for r in rounds)
     cost = sum(r.stats.draft_seconds for r in rounds) / drafted / reference.step_seconds if drafted else 0.0
     return Replay(len(rounds), drafted, sum(r.stats.accepted for r in rounds), cost,
-                  predicted_speedup(rounds, reference), time.perf_counter() - started)
+                  predicted_speedup(rounds, reference))
 
 
 @dataclass(frozen=True)
