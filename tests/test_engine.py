@@ -297,9 +297,9 @@ def test_ngram_drafter_proposes_the_continuation_of_the_latest_match():
 @pytest.mark.parametrize("k", [3, "auto"])
 def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
     target = models["target"]
-    # a window of 3 tokens: the model restarts from the context's last 3 after lookup drafted a longer run
-    spec = f"ngram+draft:{target.path}@weights=float32,context=3"
-    proposed = {"ngram": 0, f"draft:{target.path}@weights=float32,context=3": 0}
+    # a window of 2 tokens: the model restarts from the context's last 2 after lookup drafted a longer run
+    spec = f"ngram+draft:{target.path}@weights=float32,context=2"
+    proposed = {"ngram": 0, f"draft:{target.path}@weights=float32,context=2": 0}
     kinds: set = set()
     restarts = 0
     for prompt in PROMPTS:
@@ -330,7 +330,8 @@ def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
         if k == "auto":  # each kind of source drafts to its own K
             kinds |= set(generator.engine.speculation.lengths)
     assert all(proposed.values()), proposed
-    assert restarts, "no catch-up past the window: the restart went untested"
+    if k == 3:  # (with K auto the model's own K falls to 0 on these prompts and it never lags past the window)
+        assert restarts, "no catch-up past the window: the restart went untested"
     if k == "auto":
         assert (1, "draft") in kinds and kinds & {(0, "verbatim"), (0, "guess")}, kinds
 
@@ -359,7 +360,7 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     drafter = CombinedDrafter([Fixed("lookup", [70, 50]), Fixed("model", [1, 2])])
     drafter.begin([50, 60], SamplingParams(), 64)
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]  # unmeasured: cheapest first
-    drafter.rates, drafter.undrafted_rate = [10.0, 40.0], 1.0  # tokens/s of the rounds each source drafted
+    drafter.rates, drafter.modelless_rate = [10.0, 40.0], 1.0  # tokens/s of the rounds each source drafted
     chosen = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens[0] for _ in range(2 * RETRY_EVERY)]
     assert chosen.count(70) == 2 and chosen.count(1) == 2 * RETRY_EVERY - 2  # retried every RETRY_EVERY rounds
     drafter.rates = [50.0, 40.0]
@@ -377,16 +378,19 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     drafter.begin([50, 60], SamplingParams(), 64)
     drafter.rates = [10.0, 40.0]
     assert all(drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50] for _ in range(RETRY_EVERY))
-    lookup.verbatim = False  # a weak guess waits until the model has been measured
+    lookup.verbatim = False  # a weak guess gives way to the model ...
     drafter.rates = [None, None]
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [1, 2]
-    drafter.rates = [30.0, 20.0]
-    assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]
+    drafter.rates, drafter.modelless_rate = [None, 30.0], 20.0
+    assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [1, 2]
+    drafter.rates, drafter.modelless_rate = [None, 5.0], 30.0  # ... unless the model sits the round out
+    drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(2 * RETRY_EVERY)]
+    assert drafts.count([70, 50]) == 2 * RETRY_EVERY - 2 and drafts.count([1, 2]) == 2
 
     # the model is passed over where rounds without a draft commit faster
     drafter = CombinedDrafter([Fixed("lookup", []), Fixed("model", [1, 2])])
     drafter.begin([50, 60], SamplingParams(), 64)
-    drafter.rates, drafter.undrafted_rate = [None, 5.0], 20.0
+    drafter.rates, drafter.modelless_rate = [None, 5.0], 20.0
     drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(2 * RETRY_EVERY)]
     assert drafts.count([]) == 2 * RETRY_EVERY - 2 and drafts.count([1, 2]) == 2
     drafter.begin([50, 60], SamplingParams(), 64)  # no round without a draft measured yet: one now and then

@@ -1,18 +1,16 @@
-"""Several chain drafters, cheapest first: each round takes the first one that proposes anything and pays.
+"""Several chain drafters joined by '+': each round takes what pays of what they propose.
 
 `ngram+draft:MODEL` drafts for free wherever the text repeats the prompt or itself (code edits, quoted
-passages) and asks the model where lookup has nothing. A cheap source's proposal is not always the better
-one (a one-token match is often wrong where the model would have drafted well), so the drafter measures,
-for each source, the tokens committed per second of the rounds it drafted (draft + verify), and passes
-over a source whose rate is below a later source's; every few rounds it tries it anyway, so a source
-that starts paying (the answer begins to quote the prompt) is taken again. Two exceptions: a lookup
-source is always asked (it costs nothing), and its proposal is taken whatever the rates say when it
-copies a long run of the context verbatim (`proposal_is_verbatim`), while its weaker guesses wait until the
-sources after it have been measured (in prose a one-token match nearly always exists, and the model would
-otherwise never be tried); and the last source, the model, is
-passed over too when its rounds commit fewer tokens per second than rounds with no draft at all (text
-the model drafts badly), so a model only runs where it pays. A draft model prefills the prompt at its
-first proposal, so a generation that lookup drafts throughout never pays for the model.
+passages) and asks the model elsewhere. A lookup source costs nothing to ask, so it is asked every round:
+its proposal is taken at once when it copies a long run of the context verbatim (`proposal_is_verbatim`,
+rarely wrong), while its weaker guesses (a one- or two-token match, which in prose nearly always exists and
+is mostly wrong where the model would have drafted well) are taken only in rounds where no model drafts.
+The models, cheapest first, are measured: for each, the tokens committed per second of the rounds it
+drafted (draft + verify). A model is passed over when a later model's rate is higher, and the last model
+when the rounds without a model's draft (a weak guess, or none) commit faster, so a model only runs where
+it pays; every few rounds a passed-over model is tried anyway, so one that starts paying is taken again.
+A draft model prefills the prompt at its first proposal, so a generation that lookup drafts throughout
+never pays for the model.
 
 With `k="auto"` each source drafts to its own length (speculation_length.SourceLengths): a lookup's verbatim
 copies, its weaker guesses and the model each have an AdaptiveK fitted to their own acceptance, so a copy
@@ -70,13 +68,15 @@ class CombinedDrafter(Drafter):
         self.verbatim = False  # the proposer's draft copied a long run of the context
         self.started = 0.0
         self.lengths: SourceLengths | None = None  # each source's K, when K is auto
+        models = [index for index in range(len(self.sources)) if not self._is_lookup(index)]
+        self.last_model = models[-1] if models else None
         self.begin_rates()
 
     def begin_rates(self) -> None:
-        self.rates: list[float | None] = [None] * len(self.sources)  # committed tokens per second, per source
+        self.rates: list[float | None] = [None] * len(self.sources)  # committed tokens per second, per model
         self.passed = [0] * len(self.sources)
         self.proposals = [0] * len(self.sources)
-        self.undrafted_rate: float | None = None  # the same for rounds nobody drafted (a plain step)
+        self.modelless_rate: float | None = None  # the same for rounds no model drafted (a weak guess or none)
 
     def fresh(self) -> "CombinedDrafter":
         return CombinedDrafter([source.fresh() for source in self.sources])
@@ -108,59 +108,67 @@ class CombinedDrafter(Drafter):
                 noise: NoiseStream | None) -> Draft:
         self.proposer = None
         self.started = time.perf_counter()
+        guess: tuple[int, Draft] | None = None  # a lookup's weak guess: taken where no model drafts this round
         for index, source in enumerate(self.sources):
-            outpaced = self._outpaced(index)
-            lookup = isinstance(source, LookupSource)
-            if outpaced and not lookup:
-                continue
-            if lookup:
+            if isinstance(source, LookupSource):
                 # A lookup costs nothing to ask: its proposal says which kind it is (a verbatim copy or a
                 # weaker guess), and that kind's own K how much of it to keep.
                 draft = source.propose(context, max_tokens, params, noise)
-                verbatim = source.proposal_is_verbatim()
-                if not len(draft) or (outpaced and not verbatim):
-                    continue
-                key = (index, "verbatim" if verbatim else "guess")
-                k = self._length(key, max_tokens)
-                if k == 0:
-                    continue
-                draft = draft.prefix(k)
-            else:
-                key = (index, "draft")
-                k = self._length(key, max_tokens)
-                if k == 0:
-                    continue
-                draft = source.propose(context, k, params, noise)
-                verbatim = False
-                if not len(draft):
-                    continue
-            self.proposer, self.verbatim = index, verbatim
-            self.catch_up_seconds = source.catch_up_seconds
-            return draft if self.lengths is None else replace(draft, source=key, asked=k)
+                if len(draft) and source.proposal_is_verbatim():
+                    chosen = self._chosen(index, (index, "verbatim"), draft, max_tokens, verbatim=True)
+                    if chosen is not None:
+                        return chosen
+                elif len(draft) and guess is None:
+                    guess = (index, draft)
+                continue
+            if self._outpaced(index):
+                continue
+            key = (index, "draft")
+            k = self._length(key, max_tokens)
+            draft = source.propose(context, k, params, noise) if k else Draft.empty()
+            if len(draft):
+                return self._chosen(index, key, draft, k, verbatim=False)
+        if guess is not None:
+            chosen = self._chosen(guess[0], (guess[0], "guess"), guess[1], max_tokens, verbatim=False)
+            if chosen is not None:
+                return chosen
+        self.proposer = None
         self.catch_up_seconds = 0.0
         return Draft.empty() if self.lengths is None else replace(Draft.empty(), asked=0)
+
+    def _chosen(self, index: int, key: tuple[int, str], draft: Draft, max_tokens: int,
+                verbatim: bool) -> Draft | None:
+        """Source `index`'s draft, cut to its kind's K (None where that K is 0), as this round's proposal."""
+        k = self._length(key, max_tokens)
+        if k == 0:
+            return None
+        self.proposer, self.verbatim = index, verbatim
+        self.catch_up_seconds = self.sources[index].catch_up_seconds
+        draft = draft.prefix(k)
+        return draft if self.lengths is None else replace(draft, source=key, asked=k)
 
     def _length(self, key: tuple[int, str], max_tokens: int) -> int:
         """How many tokens source kind `key` drafts this round: its own K when K is auto, else max_tokens."""
         return max_tokens if self.lengths is None else min(max_tokens, self.lengths.next_k_for(key))
 
     def _outpaced(self, index: int) -> bool:
-        """Whether a later source (for the last one: rounds without a draft) has measured a higher rate than
-        this one; then skip it, but not forever."""
-        last = index + 1 == len(self.sources)
+        """Whether a later model (for the last model: rounds without a model's draft) has measured a higher
+        rate than model `index`; then skip it, but not forever."""
+        last = index == self.last_model
         own = self.rates[index]
-        if last and own is not None and self.undrafted_rate is None:
-            # the model always proposes, so a round without a draft is measured by skipping it now and then
+        if last and own is not None and self.modelless_rate is None:
+            # the model always proposes, so a round without it is measured by skipping it now and then
             self.passed[index] += 1
             return self.passed[index] % RETRY_EVERY == 0
-        if isinstance(self.sources[index], LookupSource) and None in self.rates[index + 1:]:
-            return True  # a lookup's weak guess waits until the model after it has been measured
-        later = [rate for rate in [*self.rates[index + 1:], self.undrafted_rate if last else None]
-                 if rate is not None]
+        later = [self.rates[i] for i in range(index + 1, len(self.sources)) if not self._is_lookup(i)]
+        later = [rate for rate in [*later, self.modelless_rate if last else None] if rate is not None]
         if own is None or not later or own >= max(later):
             return False
         self.passed[index] += 1
         return self.passed[index] % RETRY_EVERY != 0
+
+    def _is_lookup(self, index: int) -> bool:
+        return isinstance(self.sources[index], LookupSource)
 
     def on_verified(self, context: Sequence[int], draft: Draft, result: VerifyResult) -> None:
         # A draft model's catch-up on what other sources committed is the price of the rounds it sat out,
@@ -168,15 +176,17 @@ class CombinedDrafter(Drafter):
         # so it sat out more and caught up on more at its next try.
         seconds = time.perf_counter() - self.started - self.catch_up_seconds
         rate = len(result.tokens) / max(seconds, 1e-9)
-        if self.proposer is None:
-            old = self.undrafted_rate
-            self.undrafted_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
+        if self.proposer is not None:
+            self.sources[self.proposer].on_verified(context, draft, result)
+            self.proposals[self.proposer] += 1
+        if self.proposer is None or (self._is_lookup(self.proposer) and not self.verbatim):
+            # what the rounds without a model commit: the alternative the last model is measured against
+            old = self.modelless_rate
+            self.modelless_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
             return
-        self.sources[self.proposer].on_verified(context, draft, result)
-        self.proposals[self.proposer] += 1
         if self.proposals[self.proposer] == 1 or self.verbatim:
-            # A source's first round is cold (a draft model prefills the prompt in it). A verbatim copy is taken
-            # whatever the rates say, and its high yield must not carry the same source's weak guesses.
+            # A model's first round is cold (it prefills the prompt in it). A verbatim copy is taken whatever
+            # the rates say, and its high yield must not count for the rounds without a model.
             return
         old = self.rates[self.proposer]
         self.rates[self.proposer] = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
