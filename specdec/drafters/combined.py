@@ -115,9 +115,10 @@ class CombinedDrafter(Drafter):
                 # weaker guess), and that kind's own K how much of it to keep.
                 draft = source.propose(context, max_tokens, params, noise)
                 if len(draft) and source.proposal_is_verbatim():
-                    chosen = self._chosen(index, (index, "verbatim"), draft, max_tokens, verbatim=True)
-                    if chosen is not None:
-                        return chosen
+                    key = (index, "verbatim")
+                    k = self._length(key, max_tokens)
+                    if k:
+                        return self._chosen(index, key, draft.prefix(k), k, verbatim=True)
                 elif len(draft) and guess is None:
                     guess = (index, draft)
                 continue
@@ -129,22 +130,17 @@ class CombinedDrafter(Drafter):
             if len(draft):
                 return self._chosen(index, key, draft, k, verbatim=False)
         if guess is not None:
-            chosen = self._chosen(guess[0], (guess[0], "guess"), guess[1], max_tokens, verbatim=False)
-            if chosen is not None:
-                return chosen
-        self.proposer = None
+            key = (guess[0], "guess")
+            k = self._length(key, max_tokens)
+            if k:
+                return self._chosen(guess[0], key, guess[1].prefix(k), k, verbatim=False)
         self.catch_up_seconds = 0.0
         return Draft.empty() if self.lengths is None else replace(Draft.empty(), asked=0)
 
-    def _chosen(self, index: int, key: tuple[int, str], draft: Draft, max_tokens: int,
-                verbatim: bool) -> Draft | None:
-        """Source `index`'s draft, cut to its kind's K (None where that K is 0), as this round's proposal."""
-        k = self._length(key, max_tokens)
-        if k == 0:
-            return None
+    def _chosen(self, index: int, key: tuple[int, str], draft: Draft, k: int, verbatim: bool) -> Draft:
+        """Source `index`'s draft (of its kind `key`, asked for `k` tokens) as this round's proposal."""
         self.proposer, self.verbatim = index, verbatim
         self.catch_up_seconds = self.sources[index].catch_up_seconds
-        draft = draft.prefix(k)
         return draft if self.lengths is None else replace(draft, source=key, asked=k)
 
     def _length(self, key: tuple[int, str], max_tokens: int) -> int:
