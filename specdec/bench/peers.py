@@ -65,7 +65,7 @@ def _load(path: str, device: str, dtype: str = "float32"):
     """One copy of each model, however many peers use it (a 1.5B float32 model is 6 GB)."""
     from transformers import AutoModelForCausalLM
 
-    from specdec.models.sources.loading import ensure_float32_weights
+    from specdec.models.sources.checkpoint import ensure_float32_weights
 
     ensure_float32_weights(Path(path))
     return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()

@@ -92,7 +92,8 @@ def gguf_block_layers(target: LoadedModel) -> dict:
     """Packed layer name -> GgufLinear for a float32 target converted from a GGUF file (quant:gguf): the
     file's own blocks, whose values the float32 weights are; loading them once writes the packed-weight
     cache a `--weights gguf` target reads too."""
-    from specdec.models.sources.loading import load_native_gguf, read_config
+    from specdec.models.sources.checkpoint import read_config
+    from specdec.models.sources.native_load import load_native_gguf
     from specdec.models.quantized.packed_linear import PackedLinear
 
     blocks = load_native_gguf(target.name, target.path, read_config(target.path))

@@ -46,7 +46,7 @@ def weights_identities(model_dir: Path) -> set[str]:
 
 
 def safetensors_sha256(model_dir: Path) -> str:
-    from specdec.models.sources.loading import safetensors_files
+    from specdec.models.sources.checkpoint import safetensors_files
 
     digests = [f"{file.name}:{file_sha256(file)}" for file in safetensors_files(Path(model_dir))]
     return digests[0].split(":", 1)[1] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest()

@@ -9,8 +9,6 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
 from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import HeadInfo, LoadedHead, TargetIdentity, read_head_info, save_head
 from specdec.paths import specdec_home

@@ -65,7 +65,7 @@ class LoraDraft:
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
 
-        from specdec.models.sources.loading import ensure_float32_weights
+        from specdec.models.sources.checkpoint import ensure_float32_weights
 
         torch.manual_seed(config.seed)
         base = AutoModelForCausalLM.from_pretrained(str(ensure_float32_weights(model_dir)), dtype=torch.float32)
@@ -145,7 +145,7 @@ class LoraDraft:
 
 def check_same_vocabulary(target, draft_name: str, draft_dir: Path) -> None:
     """The target's top-8 ids must mean the draft's tokens."""
-    from specdec.models.sources.loading import load_tokenizer
+    from specdec.models.sources.tokenizer_files import load_tokenizer
 
     if load_tokenizer(draft_dir).get_vocab() != target.tokenizer.get_vocab():
         raise InvalidParameterError(f"{draft_name}: its tokenizer differs from {target.name}'s; distillation needs "

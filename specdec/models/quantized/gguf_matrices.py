@@ -2,7 +2,7 @@
 blocks (GgufLinear) or float panels of its own type, fused projections stacked, projections the file stores
 fused (Phi-3) kept as one layer, a mixture's experts one layer each from their 3-D tensors. Layers come one
 at a time and the file's pages are released as they are read, so a first load can stream them into the
-packed cache (models/sources/loading.py: load_native_gguf).
+packed cache (models/sources/native_load.py: load_native_gguf).
 """
 
 from __future__ import annotations
