@@ -18,6 +18,7 @@ import torch
 
 from specdec.bench.tasks import SPEC_BENCH_TASKS, find_spec_bench, load_prompts
 from specdec.models.base import positions_after
+from specdec.models.sources.loading import load_model
 
 
 @dataclass
@@ -46,8 +47,6 @@ def log_probs(model, ids: list[int]) -> torch.Tensor:
 
 
 def measure(model_name: str, formats: list[str], tokens: int) -> list[FormatQuality]:
-    from specdec.models.sources.loading import load_model
-
     rows, reference = [], {}
     for weights in ["float32"] + [f for f in formats if f != "float32"]:
         loaded = load_model(model_name, weights=weights)

@@ -16,6 +16,11 @@ import subprocess
 import sys
 import time
 
+from specdec.api.generator import SpeculativeGenerator, auto_drafter
+from specdec.drafters import DrafterChoice, make_drafter
+from specdec.models.sources.loading import load_model
+from specdec.models.sources.zoo import DEFAULT_MODEL
+
 # phase -> the functions whose cumulative time makes it up (module path suffix, function name)
 PHASES = {
     "config": [("sources/checkpoint.py", "read_config"), ("sources/loading.py", "auto_weights")],
@@ -54,11 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     # the import row is timed in a fresh interpreter instead (less the interpreter's own start).
     import_seconds = _child_seconds("import specdec.cli") - _child_seconds("pass")
     import specdec.cli  # noqa: F401  what the command imports before it parses its options
-    from specdec.api.generator import SpeculativeGenerator, auto_drafter
-    from specdec.drafters import DrafterChoice, make_drafter
-    from specdec.models.sources.loading import load_model
-    from specdec.models.sources.zoo import DEFAULT_MODEL
-
     imported = time.perf_counter()
     profiles = {"target": cProfile.Profile(), "drafter": cProfile.Profile()}
     with profiles["target"]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from specdec.errors import InvalidParameterError
+from specdec.models.derived import head_prefix_copy
+from specdec.models.llama import LlamaForCausalLM
 from specdec.models.sources.loading import LoadedModel
 
 
@@ -52,9 +54,6 @@ def with_head_vocab(draft: LoadedModel, head_vocab: int | None, kind: str = "dra
     """The draft with an LM head over ids < head_vocab only (vocab=N), or as it is."""
     if head_vocab is None:
         return draft
-    from specdec.models.derived import head_prefix_copy
-    from specdec.models.llama import LlamaForCausalLM
-
     if not isinstance(draft.model, LlamaForCausalLM):
         raise InvalidParameterError(f"{kind} drafter: vocab=N needs the native backend")
     try:

@@ -22,6 +22,7 @@ from specdec.core.sampling import SamplingParams, check_seed
 from specdec.core.speculation_length import KSetting
 from specdec.errors import InvalidParameterError
 from specdec.server.request_body import BadRequest, load_json, refuse_unless_neutral
+from specdec.server.tools import auto_grammar, call_grammar
 
 # OpenAI fields we accept only at their neutral value: field -> values that mean "off".
 NEUTRAL_ONLY: dict[str, tuple] = {
@@ -288,8 +289,6 @@ class ChatCompletionRequest(_Common):
         request = super().generation_request(default_max_tokens, tokenizer)
         if not self.uses_tools:
             return request
-        from specdec.server.tools import auto_grammar, call_grammar
-
         forced, grammar, tools = self.forced_tool, request.grammar, list(self.tool_definitions())
         if forced:
             if grammar is not None:

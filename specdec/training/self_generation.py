@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.training.corpus import chat_ids
 from specdec.training.features import TOP_K, joined_features
 
 
@@ -86,8 +87,6 @@ def generated_features(target, prompts: list[str], max_new_tokens: int, out_dir:
     shards under out_dir like the corpus features."""
     from safetensors.torch import load_file, save_file
     from tqdm import tqdm
-
-    from specdec.training.corpus import chat_ids
 
     out_dir.mkdir(parents=True, exist_ok=True)
     model, tokenizer = target.model, target.tokenizer

@@ -26,7 +26,10 @@ from typing import Iterable
 import torch
 
 from specdec.kernels import FLOAT_PANEL_DTYPES, INTEGER_BLOCK, INTEGER_COLUMNS, PANEL
+from specdec.models.quantized.gguf_linear import GgufLinear
 from specdec.models.quantized.packed_linear import PackedLinear
+from specdec.models.sources.content_key import gguf_content_key
+from specdec.models.sources.gguf_source import gguf_source
 from specdec.paths import replace_flushed, specdec_home
 
 # Bump when a packed layout changes (panels, code order, scale layout): old files are then ignored.
@@ -42,9 +45,6 @@ def is_cached_format(weights: str) -> bool:
 def packed_cache_path(model_dir: Path, weights: str, adapter_key: str | None = None) -> Path:
     """Where the `weights`-format packing of the checkpoint in `model_dir` lives (merged with the LoRA adapter
     whose `adapters.adapter_fingerprint` is adapter_key, if any)."""
-    from specdec.models.sources.content_key import gguf_content_key
-    from specdec.models.sources.gguf_source import gguf_source
-
     # a GGUF-sourced checkpoint is its GGUF file, whether or not its float32 safetensors were written yet
     gguf = gguf_source(model_dir)
     files = ([] if gguf is not None else sorted(model_dir.glob("*.safetensors"))) + [model_dir / "config.json"]
@@ -179,8 +179,6 @@ def load_packed(path: Path) -> dict[str, PackedLinear] | None:
 
 
 def layer_class(layout: dict) -> type[PackedLinear]:
-    from specdec.models.quantized.gguf_linear import GgufLinear
-
     return GgufLinear if "gguf" in layout else PackedLinear
 
 

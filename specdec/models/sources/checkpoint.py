@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from specdec.errors import CorruptModelError
+from specdec.models.sources.gguf_convert import write_float32_weights
 from specdec.models.sources.gguf_source import gguf_only_source
 
 
@@ -35,8 +36,6 @@ def safetensors_files(model_dir: Path) -> list[Path]:
 def ensure_float32_weights(model_dir: Path) -> Path:
     """`model_dir`, with float32 safetensors written from its GGUF file first if it has none yet
     (what transformers and float32 loads read; runs on the GGUF's blocks never need it)."""
-    from specdec.models.sources.gguf_convert import write_float32_weights
-
     source = gguf_only_source(model_dir)
     if source is not None:
         logging.getLogger("specdec").warning(

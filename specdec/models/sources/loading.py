@@ -18,16 +18,19 @@ from pathlib import Path
 import torch
 
 from specdec.errors import InvalidParameterError, UnknownModelError, UnsupportedModelError
+from specdec.kernels import packed_kernel
 from specdec.models.adapters import adapter_fingerprint, check_adapter_dir, merge_lora
 from specdec.models.base import CausalLM
 from specdec.models.config import NATIVE_MODEL_TYPES
+from specdec.models.hf_adapter import HFCausalLM
 from specdec.models.quantized.packed_cache import is_cached_format, packed_cache_path, save_packed
 from specdec.models.quantized.packed_linear import parse_weight_format
+from specdec.models.sources import zoo
 from specdec.models.sources.checkpoint import ensure_float32_weights, read_config, stored_float_format
 from specdec.models.sources.content_key import gguf_content_key, zoo_name_of
+from specdec.models.sources.gguf_convert import convert_gguf
 from specdec.models.sources.gguf_source import gguf_source
-from specdec.models.sources.native_load import (gguf_embedding_table, load_native, load_native_gguf,
-                                                load_native_packed)
+from specdec.models.sources.native_load import gguf_embedding_table, load_native, load_native_gguf, load_native_packed
 from specdec.models.sources.stores import resolve_store_name
 from specdec.models.sources.tokenizer_files import eos_token_ids, load_tokenizer, same_vocabulary
 from specdec.paths import converted_dir
@@ -65,8 +68,6 @@ def check_model_spec(spec: str) -> None:
 
 def _model_path(spec: str) -> tuple[str, Path | None]:
     """(display name, the directory or GGUF file it names; None for a zoo name)."""
-    from specdec.models.sources import zoo
-
     stored = resolve_store_name(spec) if spec not in zoo.REGISTRY else None
     path = stored.path if stored is not None else Path(spec).expanduser()
     name = stored.name if stored is not None else (path.name if path.is_dir() else path.stem)
@@ -88,8 +89,6 @@ def _model_path(spec: str) -> tuple[str, Path | None]:
 def resolve_model_dir(spec: str, pull_missing: bool = True) -> tuple[str, Path]:
     """(display name, Hugging Face directory) for a zoo name, a model directory, a .gguf file or a stored
     model."""
-    from specdec.models.sources import zoo
-
     name, path = _model_path(spec)
     if path is None:
         return spec, zoo.ensure_pulled(spec) if pull_missing else zoo.model_dir(spec)
@@ -103,8 +102,6 @@ def gguf_cache_dir(gguf_path: Path, label: str | None = None) -> Path:
     """The converted directory of a GGUF file, converting it on first use; one per content (content_key), so
     the same bytes under another path reuse it, and it names the path it was last reached by. `label`: the
     model's name (a store's blob is named by its digest), in the directory's name."""
-    from specdec.models.sources.gguf_convert import convert_gguf
-
     readable = re.sub(r"[^A-Za-z0-9._-]+", "-", label or gguf_path.stem).strip("-") or "model"
     out = converted_dir() / f"{readable}-{gguf_content_key(gguf_path)[:16]}"
     if not (out / "config.json").exists():
@@ -228,8 +225,6 @@ def auto_weights(model_dir: Path, native_on_kernel: bool) -> str:
 
 
 def uses_packed_kernel(device: str, dtype: torch.dtype) -> bool:
-    from specdec.kernels import packed_kernel
-
     return torch.device(device).type == "cpu" and dtype == torch.float32 and packed_kernel() is not None
 
 
@@ -247,8 +242,6 @@ def check_device(device: str) -> None:
 
 def load_transformers(model_dir: Path, device: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
-
-    from specdec.models.hf_adapter import HFCausalLM
 
     path = str(ensure_float32_weights(model_dir))
     try:

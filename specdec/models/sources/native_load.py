@@ -11,8 +11,15 @@ import torch
 from specdec.errors import CorruptModelError, InvalidParameterError, UnsupportedModelError
 from specdec.models.config import ModelConfig
 from specdec.models.fused_checkpoints import split_fused_projections
-from specdec.models.quantized.packed_cache import (discard_packed, is_cached_format, load_packed, packed_cache_path,
-                                                   write_packed)
+from specdec.models.llama import EMBEDDING_TABLE, LlamaForCausalLM
+from specdec.models.quantized.gguf_matrices import GgufMatrices
+from specdec.models.quantized.packed_cache import (
+    discard_packed,
+    is_cached_format,
+    load_packed,
+    packed_cache_path,
+    write_packed,
+)
 from specdec.models.quantized.packed_linear import PackedLinear
 from specdec.models.sources.checkpoint import ensure_float32_weights, is_linear_weight, read_checkpoint
 from specdec.models.sources.gguf_source import gguf_source
@@ -21,8 +28,6 @@ from specdec.models.sources.gguf_source import gguf_source
 def load_native(model_dir: Path, hf_config: dict, device: str, dtype: torch.dtype, keep_float32: bool = True):
     """The full-precision model; `keep_float32` writes a GGUF-sourced directory's float32 safetensors for
     the next load (else its tensors are dequantized in memory, for a caller that packs and caches them)."""
-    from specdec.models.llama import LlamaForCausalLM
-
     config = ModelConfig.from_hf_dict(hf_config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -62,8 +67,6 @@ def load_native_packed(model_dir: Path, hf_config: dict, weights: str, adapter_k
 def native_from_packed_layers(model_dir: Path, hf_config: dict, weights: str, layers: dict):
     """A CPU model with `layers` (packed layer name -> PackedLinear) as its matrices and the checkpoint's
     other tensors (norms, untied embeddings unless `layers` has them); ValueError if they do not fit."""
-    from specdec.models.llama import EMBEDDING_TABLE, LlamaForCausalLM
-
     config = ModelConfig.from_hf_dict(hf_config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -93,8 +96,6 @@ def load_native_gguf(name: str, model_dir: Path, hf_config: dict):
     cache and the model is then read from it as every later load reads it: a first load holds one layer's
     packing beside the file's mapped pages, never a whole second copy of the model. Where the cache cannot
     be written, the layers are kept in memory instead."""
-    from specdec.models.quantized.gguf_matrices import GgufMatrices
-
     source = gguf_source(model_dir)
     if source is None:
         raise InvalidParameterError(f"gguf weights: {name} was not loaded from a GGUF file "
@@ -124,8 +125,6 @@ def gguf_embedding_table(model_dir: Path, hf_config: dict, weights: str):
     """For a model packed into a cached (quantized) format from a GGUF file: its untied token embeddings as
     the file's own blocks, the very values the float32 table holds, at a fraction of the bytes (cached with
     the packed layers). None where the embeddings are tied (read from the LM head) or there is no GGUF."""
-    from specdec.models.quantized.gguf_matrices import GgufMatrices
-
     source = gguf_source(model_dir)
     if source is None or hf_config.get("tie_word_embeddings", False) or not is_cached_format(weights):
         return None
