@@ -6,6 +6,8 @@ forward(K + 1) where plain decoding pays forward(1) per token.
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 
 from specdec.cli_options import threads_argument, use_threads
@@ -27,8 +29,6 @@ RUNTIMES = {
 
 def main(argv: list[str] | None = None) -> None:
     """python -m specdec.bench.forward_cost MODEL...: markdown table, packed kernel vs stock torch vs transformers."""
-    import argparse
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("models", nargs="+")
     parser.add_argument("--context", type=int, default=300)

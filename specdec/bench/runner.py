@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from specdec.api.generator import SpeculativeGenerator, auto_drafter
 from specdec.api.request import GenerationRequest
+from specdec.bench.llama_cpp import LlamaCppPeer, parse_peer
 from specdec.bench.peers import TransformersPeer
 from specdec.bench.roofline import Roofline, measure_roofline
 from specdec.bench.tasks import BenchPrompt
@@ -161,8 +162,6 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
     for peer in config.peers:
         mode, _, model = peer.partition(":")
         if mode.startswith("llamacpp"):
-            from specdec.bench.llama_cpp import LlamaCppPeer, parse_peer
-
             cpp_modes = parse_peer(peer, zoo_draft(target))
             if not cpp_modes:
                 raise InvalidParameterError(f"unknown llama.cpp peer {peer!r} (llamacpp, llamacpp-draft:MODEL[@N], "

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
 from specdec.api.generator import SpeculativeGenerator
 from specdec.bench.tasks import SPEC_BENCH_TASKS, BenchPrompt, find_spec_bench, load_prompts
 from specdec.certify.endpoint import Endpoint, certify_endpoint
@@ -130,8 +132,6 @@ def run_certify(args) -> int:
 
 
 def run_endpoint_certify(args, params, settings, prompts) -> int:
-    from tqdm import tqdm
-
     if not args.model:
         raise InvalidParameterError("--endpoint needs --model, the name the server serves")
     endpoint = Endpoint(args.endpoint, args.model, args.api_key)

@@ -37,6 +37,7 @@ from specdec.core.randomness import NoiseStream, unseeded_stream
 from specdec.core.rounds import Draft, VerifyResult
 from specdec.core.sampling import SamplingParams, inverse_cdf, processed_probs
 from specdec.drafters.base import Drafter, module_bytes
+from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
 from specdec.drafters.draft_options import with_head_vocab
 from specdec.errors import InvalidParameterError
 from specdec.models.base import positions_after
@@ -179,8 +180,6 @@ def build(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDraft
     draft = load_model(model, device=device, dtype=dtype, weights=weights, cuda_graphs=graphs,
                        ids_tokenizer=target.tokenizer, adapter=draft_options.adapter)
     if not same_tokenizer(target, draft):  # drafts as text, re-tokenized for the target
-        from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
-
         if draft_options.vocab or draft_options.context or draft_options.confidence:
             raise InvalidParameterError(f"draft:{model}: its tokenizer differs from the target's; only weights=FORMAT and adapter=DIR "
                                         "apply to such a draft")

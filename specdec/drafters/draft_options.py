@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 from specdec.errors import InvalidParameterError
+from specdec.models.adapters import check_adapter_dir
 from specdec.models.derived import head_prefix_copy
 from specdec.models.llama import LlamaForCausalLM
+from specdec.models.quantized.packed_linear import parse_weight_format
 from specdec.models.sources.loading import LoadedModel
 
 
@@ -38,12 +40,8 @@ class DraftModelOptions(DraftOptions):
     def __post_init__(self):
         super().__post_init__()
         if self.adapter is not None:
-            from specdec.models.adapters import check_adapter_dir
-
             check_adapter_dir(self.adapter)
         if self.weights is not None:
-            from specdec.models.quantized.packed_linear import parse_weight_format
-
             try:
                 parse_weight_format(self.weights)
             except ValueError as error:

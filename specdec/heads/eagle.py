@@ -11,6 +11,7 @@ KV cache holds committed pairs (from the target's true features) plus the tree b
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
@@ -42,8 +43,6 @@ def packed_head_copy(head: nn.Module) -> nn.Module:
     step's few rows). Else the head itself. A copy, so the trained module stays as it is (training saves
     it afterwards). A head loaded from disk holds bfloat16 values: its panels are then bf16, the same products
     from half the bytes each draft step streams."""
-    import copy
-
     if head.fc.weight.device.type != "cpu" or head.fc.weight.dtype != torch.float32 or packed_kernel() is None:
         return head
     twin = copy.deepcopy(head)

@@ -22,6 +22,8 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from specdec.errors import CorruptModelError, InvalidParameterError
 from specdec.heads.checkpoint import HeadInfo, LoadedHead, load_head, read_head_info, target_identity
@@ -116,8 +118,6 @@ def export_speculators(head_dir: Path, target, out_dir: Path, verifier: str | No
     """Write the specdec head at head_dir (trained for `target`, a LoadedModel) as a speculators eagle3
     checkpoint in out_dir; verifier: the name the checkpoint gives its target (a Hugging Face id for vLLM;
     default the target's directory)."""
-    from safetensors.torch import save_file
-
     head_dir, out_dir = Path(head_dir).expanduser(), Path(out_dir).expanduser()
     check_exportable(head_dir, out_dir)
     loaded = load_head(head_dir, target, ("eagle3",))
@@ -180,9 +180,6 @@ def _check_layer(layer: dict, where: str) -> None:
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     """model.safetensors, or the EAGLE repository's pytorch_model.bin (read as plain tensors only)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     try:
         if (path / "model.safetensors").is_file() or not (path / "pytorch_model.bin").is_file():
             return load_file(str(path / "model.safetensors"))

@@ -20,6 +20,8 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+import torch
+
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.options import GeneratorOptions
 from specdec.errors import InvalidParameterError
@@ -50,8 +52,6 @@ def require_ray():
 
 def build_replica_app(spec: ReplicaSpec):
     """Runs in each replica's process: load the model and build the server's app."""
-    import torch
-
     threads = spec.threads_per_replica or max(1, (os.cpu_count() or 1) // max(1, spec.replicas))
     torch.set_num_threads(threads)  # replicas share the machine: oversubscribed threads slow every one
     generator = SpeculativeGenerator.from_options(spec.generator)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from specdec.drafters.registry import make_drafter
 from specdec.errors import InvalidParameterError
@@ -111,8 +112,6 @@ class LoraDraft:
     def fit(self, train: FeatureSet, progress: bool = True) -> list[float]:
         """config.steps AdamW steps over shuffled windows (cosine learning rate after a short warmup); the
         losses of every step."""
-        from tqdm import tqdm
-
         config, params = self.config, self.parameters()
         optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / WARMUP_STEPS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
+import gguf
 import numpy as np
 import torch
 
@@ -81,8 +82,6 @@ class GgufMatrices:
 
     def _floats(self, name: str) -> torch.Tensor:
         """(N, K) float32: the file's float values, exactly."""
-        import gguf
-
         tensor, permute = self.tensors[name]
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         values = np.asarray(values, dtype=np.float32).reshape(int(tensor.shape[1]), int(tensor.shape[0]))
@@ -182,8 +181,6 @@ class GgufMatrices:
 
     def _expert_layer(self, names: Sequence[str], expert: int) -> PackedLinear:
         """One expert's slice of the (experts, rows, inputs) tensors `names`, stacked into one layer."""
-        import gguf
-
         tensors = [self.tensors[name][0] for name in names]
         kinds = {tensor.tensor_type.name for tensor in tensors}
         float_kind = FLOAT_FORMATS.get(next(iter(kinds)))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from specdec.kernels import FLOAT_PANEL_DTYPES, INTEGER_BLOCK, INTEGER_COLUMNS, PANEL
 from specdec.models.quantized.gguf_linear import GgufLinear
@@ -160,8 +161,6 @@ class PackedCacheWriter:
 def load_packed(path: Path) -> dict[str, PackedLinear] | None:
     """Packed layer name -> PackedLinear, or None when there is no usable file (a damaged one is removed,
     and the caller quantizes again)."""
-    from safetensors import SafetensorError, safe_open
-
     if not path.exists():
         return None
     try:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from specdec.errors import CorruptModelError
-from specdec.models.sources.gguf_convert import write_float32_weights
+from specdec.models.sources.gguf_convert import dequantized_state_dict, read_gguf, write_float32_weights
 from specdec.models.sources.gguf_source import gguf_only_source
 
 
@@ -47,12 +48,8 @@ def ensure_float32_weights(model_dir: Path) -> Path:
 def read_checkpoint(model_dir: Path, wanted: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors (those whose name `wanted` accepts), as stored; for a GGUF-sourced directory
     without float32 safetensors, dequantized from the GGUF in memory."""
-    from safetensors import SafetensorError, safe_open
-
     source = gguf_only_source(model_dir)
     if source is not None:
-        from specdec.models.sources.gguf_convert import dequantized_state_dict, read_gguf
-
         return dequantized_state_dict(read_gguf(source), wanted)
     state: dict[str, torch.Tensor] = {}
     for file in safetensors_files(model_dir):
@@ -82,8 +79,6 @@ STORED_FORMATS = {"BF16": "bf16", "F16": "fp16"}  # safetensors dtype names -> o
 def stored_float_format(model_dir: Path) -> str:
     """bf16 or fp16 where every linear layer's weight in the checkpoint is stored in that type, else float32
     (read from the safetensors headers: no tensor is loaded)."""
-    from safetensors import SafetensorError, safe_open
-
     dtypes = set()
     for file in sorted(model_dir.glob("*.safetensors")):
         try:

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from gguf import LlamaFileType
+
 from specdec.errors import SpecdecError
 from specdec.models.fingerprint import tokenizer_fingerprint
 from specdec.models.sources import stores, zoo
@@ -56,8 +58,6 @@ def draft_candidates(target: LocalModel, models: list[LocalModel]) -> list[Local
 
 
 def gguf_facts(path: Path) -> tuple[str, str, str]:
-    from gguf import LlamaFileType
-
     reader = GgufFile(path)
     file_type = reader.field("general.file_type")
     try:
