@@ -12,7 +12,8 @@ The rest of the package imports at module level, but for these, each imported in
 needs it: transformers (about two seconds to import; only where a transformers object is built:
 models/hf_adapter.py, models/sources/loading.py, tokenizer_files.py and gguf_convert.py, bench/peers.py,
 training/distill.py); llguidance (api/structured.py: requests and options are checked on the CLI's fast path,
-a grammar is compiled only when one is asked for); the optional peft (models/adapters.py, training/distill.py),
-ray (server/ray_app.py) and pydivsufsort (heads/datastore.py); `resource` (POSIX only, bench/runner.py); and
-cli_options.py, which the verbs' parsers share.
+a grammar is compiled only when one is asked for); peft (several seconds: it imports transformers and more;
+only a LoRA merge needs it: models/adapters.py, training/distill.py); pydivsufsort (only building a retrieval
+datastore needs it: heads/datastore.py); the optional ray (server/ray_app.py); `resource` (POSIX only,
+bench/runner.py); and cli_options.py, which the verbs' parsers share.
 """
