@@ -156,22 +156,7 @@ def load_model(
         raise InvalidParameterError(f"--kv-dtype {kv_dtype} needs the native backend; {name} loads with transformers")
     adapter_key = checked_adapter_key(adapter, name, backend, weights)
     if backend == "native":
-        # low-bit formats: the packing saved by an earlier load (models/quantized/packed_cache.py), else quantize and save
-        model = load_native_packed(model_dir, hf_config, weights, adapter_key) if is_cached_format(weights) else None
-        if model is None and weights == "gguf":
-            model = load_native_gguf(name, model_dir, hf_config)
-        if model is None:
-            # a float32 model maps its safetensors on every load; a quantized one is cached packed instead
-            model = load_native(model_dir, hf_config, device, DTYPES[dtype], keep_float32=weights == "float32")
-            if adapter is not None:
-                model = merge_lora(model, adapter)
-            if kernels and uses_packed_kernel(device, DTYPES[dtype]):
-                try:
-                    model.pack_weights(weights, embedding_table=gguf_embedding_table(model_dir, hf_config, weights))
-                except ValueError as error:  # e.g. an int4 group size that does not divide a layer
-                    raise InvalidParameterError(f"{name}: {error}") from None
-                if is_cached_format(weights):
-                    save_packed(model, packed_cache_path(model_dir, weights, adapter_key))
+        model = _native_model(name, model_dir, hf_config, device, dtype, kernels, weights, adapter, adapter_key)
         if kv_dtype != "auto":
             model.kv_dtype = DTYPES[kv_dtype]
         if cuda_graphs and torch.device(device).type == "cuda":
@@ -181,6 +166,30 @@ def load_model(
     tokenizer = ids_tokenizer if same_vocabulary(ids_tokenizer, model_dir) else load_tokenizer(model_dir)
     eos = eos_token_ids(model_dir, hf_config, tokenizer)
     return LoadedModel(name, model_dir, model, tokenizer, eos, backend)
+
+
+def _native_model(name: str, model_dir: Path, hf_config: dict, device: str, dtype: str, kernels: bool,
+                  weights: str, adapter: str | None, adapter_key: str | None):
+    """The native runtime's model in `weights`: a low-bit format from the packing an earlier load saved
+    (models/quantized/packed_cache.py), GGUF blocks from the file, else built from the checkpoint (the LoRA
+    adapter merged), packed for the CPU kernel and, in a cached format, saved for the next load."""
+    model = load_native_packed(model_dir, hf_config, weights, adapter_key) if is_cached_format(weights) else None
+    if model is None and weights == "gguf":
+        model = load_native_gguf(name, model_dir, hf_config)
+    if model is not None:
+        return model
+    # a float32 model maps its safetensors on every load; a quantized one is cached packed instead
+    model = load_native(model_dir, hf_config, device, DTYPES[dtype], keep_float32=weights == "float32")
+    if adapter is not None:
+        model = merge_lora(model, adapter)
+    if kernels and uses_packed_kernel(device, DTYPES[dtype]):
+        try:
+            model.pack_weights(weights, embedding_table=gguf_embedding_table(model_dir, hf_config, weights))
+        except ValueError as error:  # e.g. an int4 group size that does not divide a layer
+            raise InvalidParameterError(f"{name}: {error}") from None
+        if is_cached_format(weights):
+            save_packed(model, packed_cache_path(model_dir, weights, adapter_key))
+    return model
 
 
 def checked_adapter_key(adapter: str | None, name: str, backend: str, weights: str) -> str | None:
