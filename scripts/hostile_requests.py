@@ -64,7 +64,7 @@ CALL_WITH_SURROGATE = {"role": "assistant", "content": None, "tool_calls": [
     {"id": "1", "type": "function", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}]}
 DEEP_SCHEMA = '{"type": "object", "properties": {"a": ' * 1000 + "{}" + "}}" * 1000
 # grammar sizes around and past the bounds (api/grammar_bounds.py): rule chains, nesting, $ref chains
-SIZED_GRAMMARS = [f"root ::= r0\n" + "".join(f'r{i} ::= "x" r{i + 1}\n' for i in range(n)) + f'r{n} ::= "y"\n'
+SIZED_GRAMMARS = ["root ::= r0\n" + "".join(f'r{i} ::= "x" r{i + 1}\n' for i in range(n)) + f'r{n} ::= "y"\n'
                   for n in (100, 1000, 10_000)] + ["root ::= " + "(" * n + '"a"' + ")" * n for n in (100, 1000)]
 SIZED_SCHEMAS = [{"$ref": "#/$defs/a0", "$defs": {**{f"a{i}": {"$ref": f"#/$defs/a{i + 1}"} for i in range(n)},
                                                   f"a{n}": {"type": "integer"}}} for n in (100, 1000, 3000)]

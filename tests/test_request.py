@@ -41,7 +41,8 @@ def test_cli_and_server_build_the_same_request(tiny_dirs):
     """The CLI's flags and the server's JSON body for the same settings give equal requests."""
     from specdec.cli import build_parser
     from specdec.cli_options import request_from_args
-    from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+    from specdec.server.protocol import ChatCompletionRequest, CompletionRequest
+    from specdec.server.request_body import parse_request
 
     args = build_parser().parse_args(["generate", "hello", "--no-chat", "--max-new-tokens", "12", "--temperature",
                                       "0.7", "--top-p", "0.9", "--top-k", "5", "--stop", "END", "--seed", "3"])

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from specdec.heads.datastore import Datastore, build_datastore
-from specdec.drafters import make_drafter
 from specdec.errors import InvalidParameterError
 from specdec.api.generator import SpeculativeGenerator
 from specdec.models.sources.loading import load_model

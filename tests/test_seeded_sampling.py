@@ -23,7 +23,7 @@ from specdec.api.generator import SpeculativeGenerator
 from specdec.kernels import packed_kernel
 from specdec.models.sources.loading import load_model
 from specdec.core.randomness import PositionalNoise, Purpose
-from specdec.core.sampling import SamplingParams, inverse_cdf
+from specdec.core.sampling import inverse_cdf
 from tiny_models import save_tiny_model
 
 PROMPTS = ["hello hello the world", "in the beginning", "x", "the the the the", "a b c a b c a b",

@@ -57,7 +57,8 @@ def test_generated_requests_never_get_a_server_error(short_context_server):
 from hypothesis import strategies as st  # noqa: E402
 
 from specdec.errors import SpecdecError  # noqa: E402
-from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, parse_request  # noqa: E402
+from specdec.server.protocol import ChatCompletionRequest, CompletionRequest  # noqa: E402
+from specdec.server.request_body import parse_request
 
 PARSER_EXAMPLES = int(os.environ.get("SPECDEC_PARSER_EXAMPLES", "2000"))
 # What broke the parser before (issue 52): integers past int()'s 4,300 digits, lone surrogates, deep nesting,

@@ -63,7 +63,8 @@ def random_matrix_calls(weights: str, rows: int, threads: int, cache: bool) -> l
 def gguf_calls(rows: int, threads: int, cache: bool) -> dict[str, list]:
     """Label -> calls over the 1.5B's GGUF blocks (pulls the model if needed)."""
     from specdec.models.quantized.gguf_linear import GgufLinear
-    from specdec.models.sources.loading import load_native_gguf, read_config
+    from specdec.models.sources.checkpoint import read_config
+    from specdec.models.sources.native_load import load_native_gguf
     from specdec.models.sources.zoo import ensure_pulled
 
     name = "qwen2.5-coder-1.5b-instruct"

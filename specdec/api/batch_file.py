@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from specdec.api.request import GenerationRequest
 from specdec.errors import InvalidParameterError
 
@@ -70,8 +72,6 @@ def run_batch_file(generator, input_path: Path, output_path: Path, template: Gen
                    progress: bool = True) -> tuple[int, int]:
     """Generate every prompt of input_path not yet in output_path, each with the template's settings;
     (generated now, skipped as done)."""
-    from tqdm import tqdm
-
     prompts = read_prompts(input_path)
     output_path = Path(output_path)
     if not output_path.parent.is_dir():

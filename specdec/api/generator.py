@@ -15,7 +15,9 @@ from typing import Iterator, Sequence, Unpack
 
 from jinja2 import TemplateError
 
+from specdec.api.batch import BatchRunner
 from specdec.api.options import GeneratorOptions
+from specdec.api.prefix_cache import PrefixCache
 from specdec.api.request import GenerationRequest, Prompt, RequestKeywords, check_text
 from specdec.api.structured import GrammarConstraint, first_line
 from specdec.core.commit import StopCriteria
@@ -139,9 +141,6 @@ class SpeculativeGenerator:
         accepted most, while they pay (batch_drafts.py). Prompts that share a prefix (a few-shot header)
         compute it once: up to prefix_cache_bytes of prompts' keys and values are kept (prefix_cache.py;
         0: none). on_result(index, result) is called as each one finishes."""
-        from specdec.api.batch import BatchRunner
-        from specdec.api.prefix_cache import PrefixCache
-
         runner = BatchRunner(self, PrefixCache(self.target.model, prefix_cache_bytes), row_budget)
         return runner.run(list(requests), max_batch, on_result)
 

@@ -6,9 +6,13 @@ forward(K + 1) where plain decoding pays forward(1) per token.
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 
+from specdec.cli_options import threads_argument, use_threads
 from specdec.models.forward_timing import interleaved_forward_costs
+from specdec.models.sources.loading import load_model
 
 RUNTIMES = {
     "packed": ("native, packed kernel, float32", {}),
@@ -25,11 +29,6 @@ RUNTIMES = {
 
 def main(argv: list[str] | None = None) -> None:
     """python -m specdec.bench.forward_cost MODEL...: markdown table, packed kernel vs stock torch vs transformers."""
-    import argparse
-
-    from specdec.cli_options import threads_argument, use_threads
-    from specdec.models.sources.loading import load_model
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("models", nargs="+")
     parser.add_argument("--context", type=int, default=300)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from specdec.bench.peers import PeerRun
 from specdec.errors import InvalidParameterError, PeerError
+from specdec.models.sources import zoo
 
 NGRAM_TYPES = ("ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache")
 BEST_PREFIX = "llama.cpp"  # every llama.cpp method's name starts so; the report's best row reads them
@@ -105,8 +106,6 @@ def find_program(name: str) -> Path:
 
 def gguf_file(spec: str) -> Path:
     """The GGUF behind a model spec: a .gguf path, or the file a zoo model was pulled as."""
-    from specdec.models.sources import zoo
-
     path = Path(spec).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         return path

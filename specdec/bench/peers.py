@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from specdec.models.sources.checkpoint import ensure_float32_weights
+
 
 @dataclass
 class PeerRun:
@@ -64,8 +66,6 @@ class TransformersPeer:
 def _load(path: str, device: str, dtype: str = "float32"):
     """One copy of each model, however many peers use it (a 1.5B float32 model is 6 GB)."""
     from transformers import AutoModelForCausalLM
-
-    from specdec.models.sources.loading import ensure_float32_weights
 
     ensure_float32_weights(Path(path))
     return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()

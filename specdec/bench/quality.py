@@ -8,6 +8,7 @@ its top-1 next token equals the float32 model's, and the mean KL(float32 || form
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 import math
@@ -18,6 +19,7 @@ import torch
 
 from specdec.bench.tasks import SPEC_BENCH_TASKS, find_spec_bench, load_prompts
 from specdec.models.base import positions_after
+from specdec.models.sources.loading import load_model
 
 
 @dataclass
@@ -46,8 +48,6 @@ def log_probs(model, ids: list[int]) -> torch.Tensor:
 
 
 def measure(model_name: str, formats: list[str], tokens: int) -> list[FormatQuality]:
-    from specdec.models.sources.loading import load_model
-
     rows, reference = [], {}
     for weights in ["float32"] + [f for f in formats if f != "float32"]:
         loaded = load_model(model_name, weights=weights)
@@ -68,8 +68,6 @@ def measure(model_name: str, formats: list[str], tokens: int) -> list[FormatQual
 
 def main(argv: list[str] | None = None) -> None:
     """python -m specdec.bench.quality MODEL... [--formats float32,int8,int4,int7] [--tokens 1024]"""
-    import argparse
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("models", nargs="+")
     parser.add_argument("--formats", default="float32,int8,int4,int7")

@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from specdec.bench.llama_cpp import BEST_PREFIX
+from specdec.bench.plots import plot_speedup_per_task, plot_tokens_per_round
 from specdec.bench.roofline import Roofline
 from specdec.bench.runner import PLAIN, BenchResults, PromptRun
 
@@ -140,8 +141,6 @@ def drafter_k(results: BenchResults, method: str) -> int:
 
 def write_report_dir(results: BenchResults, out_dir: Path) -> list[Path]:
     """report.md, results.json and the PNG charts, each written whole or not at all."""
-    from specdec.bench.plots import plot_speedup_per_task, plot_tokens_per_round
-
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(results)
     measured = [(method, by_task["overall"]["acceptance_rate"], by_task["overall"]["tau"],

@@ -9,17 +9,20 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm import tqdm
 
-from specdec.bench.peers import TransformersPeer
-from specdec.core.speculation_length import KSetting
-from specdec.core.verify import Acceptance
-from specdec.bench.roofline import Roofline, measure_roofline
 from specdec.api.generator import SpeculativeGenerator, auto_drafter
 from specdec.api.request import GenerationRequest
+from specdec.bench.llama_cpp import LlamaCppPeer, parse_peer
+from specdec.bench.peers import TransformersPeer
+from specdec.bench.roofline import Roofline, measure_roofline
 from specdec.bench.tasks import BenchPrompt
 from specdec.core.sampling import SamplingParams
+from specdec.core.speculation_length import KSetting
+from specdec.core.verify import Acceptance
 from specdec.drafters import DrafterChoice, make_drafter
 from specdec.errors import InvalidParameterError
+from specdec.models.sources import zoo
 from specdec.models.sources.loading import LoadedModel, load_model, resolve_model_dir
+from specdec.pairing.candidates import candidates_for
 
 PLAIN = "plain"
 
@@ -141,9 +144,6 @@ class Method:
 def zoo_draft(target: LoadedModel) -> str | None:
     """The zoo model `--drafter auto` weighs as this target's same-tokenizer draft (llama.cpp's draft peers run
     the same one), if any."""
-    from specdec.pairing.candidates import candidates_for
-    from specdec.models.sources import zoo
-
     return next((c.draft for c in candidates_for(target, "cpu").chosen_from
                  if c.kind == "same tokenizer" and c.draft in zoo.REGISTRY), None)
 
@@ -162,8 +162,6 @@ def build_methods(config: BenchConfig, target: LoadedModel) -> list[Method]:
     for peer in config.peers:
         mode, _, model = peer.partition(":")
         if mode.startswith("llamacpp"):
-            from specdec.bench.llama_cpp import LlamaCppPeer, parse_peer
-
             cpp_modes = parse_peer(peer, zoo_draft(target))
             if not cpp_modes:
                 raise InvalidParameterError(f"unknown llama.cpp peer {peer!r} (llamacpp, llamacpp-draft:MODEL[@N], "

@@ -25,6 +25,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specdec.bench.llama_cpp import find_program, gguf_file
 from specdec.bench.server_load import LoadReport, run_load
 from specdec.bench.tasks import load_prompts
 from specdec.errors import InvalidParameterError, SpecdecError
@@ -59,8 +60,6 @@ def ours(target: str, extra: str, port: int) -> ServerUnderTest:
 
 
 def llama_server(target: str, parallel: int, threads: int, slot_context: int, port: int) -> ServerUnderTest:
-    from specdec.bench.llama_cpp import find_program, gguf_file
-
     command = [str(find_program("llama-server")), "-m", str(gguf_file(target)), "--port", str(port),
                "--host", "127.0.0.1", "-t", str(threads), "--parallel", str(parallel),
                "-c", str(parallel * slot_context)]

@@ -16,12 +16,17 @@ import subprocess
 import sys
 import time
 
+from specdec.api.generator import SpeculativeGenerator, auto_drafter
+from specdec.drafters import DrafterChoice, make_drafter
+from specdec.models.sources.loading import load_model
+from specdec.models.sources.zoo import DEFAULT_MODEL
+
 # phase -> the functions whose cumulative time makes it up (module path suffix, function name)
 PHASES = {
-    "config": [("sources/loading.py", "read_config"), ("sources/loading.py", "auto_weights")],
-    "weights": [("sources/loading.py", "load_native_packed"), ("sources/loading.py", "load_native_gguf"),
-                ("sources/loading.py", "load_native")],
-    "tokenizer": [("sources/loading.py", "load_tokenizer")],
+    "config": [("sources/checkpoint.py", "read_config"), ("sources/loading.py", "auto_weights")],
+    "weights": [("sources/native_load.py", "load_native_packed"), ("sources/native_load.py", "load_native_gguf"),
+                ("sources/native_load.py", "load_native")],
+    "tokenizer": [("sources/tokenizer_files.py", "load_tokenizer")],
     "kernels": [("kernels/build.py", "default_kernel")],
 }
 
@@ -53,13 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     # Run as `python -m specdec.bench.startup`, this process imported the specdec package before main():
     # the import row is timed in a fresh interpreter instead (less the interpreter's own start).
     import_seconds = _child_seconds("import specdec.cli") - _child_seconds("pass")
-    started = time.perf_counter()
     import specdec.cli  # noqa: F401  what the command imports before it parses its options
-    from specdec.api.generator import SpeculativeGenerator, auto_drafter
-    from specdec.drafters import DrafterChoice, make_drafter
-    from specdec.models.sources.loading import load_model
-    from specdec.models.sources.zoo import DEFAULT_MODEL
-
     imported = time.perf_counter()
     profiles = {"target": cProfile.Profile(), "drafter": cProfile.Profile()}
     with profiles["target"]:

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.request import GenerationRequest
 from specdec.bench.tasks import BenchPrompt
-from specdec.certify.statistics import ChiSquareResult, goodness_of_fit, homogeneity
+from specdec.certify.statistics import MIN_EXPECTED, ChiSquareResult, goodness_of_fit, homogeneity
 from specdec.core.sampling import SamplingParams, processed_probs
 from specdec.core.verify import Acceptance
 from specdec.models.base import positions_after
@@ -120,8 +120,6 @@ def most_telling(generator: SpeculativeGenerator, encoded: list, params: Samplin
     """The prompts for the sampled tests: the first `sampled_prompts` whose first new token is uncertain
     enough to test (more than MIN_EXPECTED of the draws expected off the likeliest token), then others.
     A chat answer often opens with one near-certain token, which a goodness-of-fit test cannot probe."""
-    from specdec.certify.statistics import MIN_EXPECTED
-
     def uncertain(ids: list[int]) -> bool:
         history = torch.tensor(ids, device=generator.target.model.device)
         logits = next_token_logits(generator, ids).unsqueeze(0).to(history.device)

@@ -20,7 +20,9 @@ def add_parser(commands) -> None:
 
 def run(args) -> int:
     from specdec.heads.datastore import build_datastore
-    from specdec.models.sources.loading import load_tokenizer, read_config, resolve_model_dir
+    from specdec.models.sources.checkpoint import read_config
+    from specdec.models.sources.loading import resolve_model_dir
+    from specdec.models.sources.tokenizer_files import load_tokenizer
 
     name, model_dir = resolve_model_dir(args.target)
     tokenizer = load_tokenizer(model_dir)

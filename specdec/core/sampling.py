@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from specdec.core.rounds import TokenLogprob
 from specdec.errors import InvalidParameterError
 
 
@@ -129,8 +130,6 @@ def token_logprobs(
     drawn from: the processed one (temperature, top-k/p, min-p, repetition penalty: what OpenAI reports
     with sampling), or for greedy decoding the model's own softmax (a one-hot law says nothing). Row by
     row, each with its own history, so the figures are those of plain decoding whatever the rounds."""
-    from specdec.core.rounds import TokenLogprob
-
     out = []
     for row, token in enumerate(tokens):
         seen = torch.tensor([*history, *tokens[:row]], device=logits.device)

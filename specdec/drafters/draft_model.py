@@ -33,15 +33,16 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdec.drafters.base import Drafter, module_bytes
 from specdec.core.randomness import NoiseStream, unseeded_stream
 from specdec.core.rounds import Draft, VerifyResult
+from specdec.core.sampling import SamplingParams, inverse_cdf, processed_probs
+from specdec.drafters.base import Drafter, module_bytes
+from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
+from specdec.drafters.draft_options import with_head_vocab
 from specdec.errors import InvalidParameterError
 from specdec.models.base import positions_after
 from specdec.models.kv_cache import KVCache
-from specdec.models.sources.loading import LoadedModel
-from specdec.core.sampling import SamplingParams, inverse_cdf, processed_probs
-
+from specdec.models.sources.loading import LoadedModel, load_model
 
 # More unseen tokens than the draft's own rounds leave behind (one or two): the first forward of this
 # proposal is a prefill (the prompt, or what other sources drafted since).
@@ -170,9 +171,6 @@ class DraftModelDrafter(Drafter):
 
 def build(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDrafter:
     """`draft:MODEL[@options]` (a spec.DrafterSpec; its options: a DraftModelOptions)."""
-    from specdec.drafters.draft_options import with_head_vocab
-    from specdec.models.sources.loading import load_model
-
     model, draft_options = spec.argument, spec.options
     # a draft model runs in the target's weight format unless weights=FORMAT says otherwise: who quantized
     # the target for speed wants a draft that is as fast (an int4 target gets an int4 draft)
@@ -182,8 +180,6 @@ def build(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDraft
     draft = load_model(model, device=device, dtype=dtype, weights=weights, cuda_graphs=graphs,
                        ids_tokenizer=target.tokenizer, adapter=draft_options.adapter)
     if not same_tokenizer(target, draft):  # drafts as text, re-tokenized for the target
-        from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
-
         if draft_options.vocab or draft_options.context or draft_options.confidence:
             raise InvalidParameterError(f"draft:{model}: its tokenizer differs from the target's; only weights=FORMAT and adapter=DIR "
                                         "apply to such a draft")

@@ -6,6 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 from specdec.errors import InvalidParameterError
+from specdec.models.adapters import check_adapter_dir
+from specdec.models.derived import head_prefix_copy
+from specdec.models.llama import LlamaForCausalLM
+from specdec.models.quantized.packed_linear import parse_weight_format
 from specdec.models.sources.loading import LoadedModel
 
 
@@ -36,12 +40,8 @@ class DraftModelOptions(DraftOptions):
     def __post_init__(self):
         super().__post_init__()
         if self.adapter is not None:
-            from specdec.models.adapters import check_adapter_dir
-
             check_adapter_dir(self.adapter)
         if self.weights is not None:
-            from specdec.models.quantized.packed_linear import parse_weight_format
-
             try:
                 parse_weight_format(self.weights)
             except ValueError as error:
@@ -52,9 +52,6 @@ def with_head_vocab(draft: LoadedModel, head_vocab: int | None, kind: str = "dra
     """The draft with an LM head over ids < head_vocab only (vocab=N), or as it is."""
     if head_vocab is None:
         return draft
-    from specdec.models.derived import head_prefix_copy
-    from specdec.models.llama import LlamaForCausalLM
-
     if not isinstance(draft.model, LlamaForCausalLM):
         raise InvalidParameterError(f"{kind} drafter: vocab=N needs the native backend")
     try:

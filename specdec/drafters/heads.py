@@ -11,6 +11,7 @@ from specdec.drafters.eagle import EagleDrafter, TreeShape, tree_with
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import load_head
+from specdec.interop.speculators import is_speculators_checkpoint, load_speculators_head
 
 SHIPPED_HEADS = Path(__file__).resolve().parent.parent / "heads" / "shipped"
 # The EAGLE tree a CPU target gets by default: on a CPU a forward's cost grows with its rows, and of the
@@ -32,8 +33,6 @@ def head_drafter(kind: str, spec, target):
     options, location = spec.options, spec.argument
     path = Path(location).expanduser() if location else shipped_head(kind, target.name)
     if kind == "eagle":  # specdec's EAGLE and EAGLE-3 heads, or a speculators EAGLE-3 checkpoint
-        from specdec.interop.speculators import is_speculators_checkpoint, load_speculators_head
-
         head = (load_speculators_head(path, target) if is_speculators_checkpoint(path)
                 else load_head(path, target, ("eagle", "eagle3")))
     else:

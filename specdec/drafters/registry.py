@@ -15,6 +15,7 @@ from typing import Callable
 
 from specdec.drafters import draft_model, heads, lookahead, ngram, recycle, retrieval, self_draft
 from specdec.drafters.base import Drafter
+from specdec.drafters.combined import CombinedDrafter
 from specdec.drafters.draft_options import DraftModelOptions, DraftOptions
 from specdec.drafters.eagle import TreeOptions
 from specdec.drafters.spec import DrafterSpec, NoOptions, option_types
@@ -171,7 +172,5 @@ def make_drafter(choice: "str | DrafterChoice", target, device: str, dtype: str)
         raise InvalidParameterError(f"drafter {choice.text!r} is resolved by the generator for its target")
     drafters = [REGISTRY[spec.kind].build(spec, target, device, dtype) for spec in choice.specs]
     if len(drafters) > 1:
-        from specdec.drafters.combined import CombinedDrafter
-
         return CombinedDrafter(drafters)
     return drafters[0] if drafters else None

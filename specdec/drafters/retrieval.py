@@ -13,12 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from specdec.heads.datastore import Datastore
-from specdec.drafters.base import Drafter
 from specdec.core.randomness import NoiseStream
 from specdec.core.rounds import Draft, VerifyResult
 from specdec.core.sampling import SamplingParams
 from specdec.core.tree import TokenTree
+from specdec.drafters.base import Drafter
+from specdec.drafters.eagle import TreeShape, tree_with
+from specdec.heads.datastore import Datastore
 
 MAX_SUFFIX, MIN_SUFFIX = 16, 2
 
@@ -65,8 +66,6 @@ class RetrievalOptions:
     depth: int = 8
 
     def __post_init__(self):
-        from specdec.drafters.eagle import TreeShape, tree_with
-
         tree_with(TreeShape(), depth=self.depth, budget=self.budget)  # the ranges
 
 

@@ -19,10 +19,13 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.draft_options import DraftOptions, with_head_vocab
 from specdec.errors import InvalidParameterError
 from specdec.kernels import FLOAT_PANEL_DTYPES
-from specdec.models.sources.loading import LoadedModel
 from specdec.models.derived import cached_quantized_copy, layer_subset_copy, quantized_copy
 from specdec.models.llama import LlamaForCausalLM
 from specdec.models.quantized.packed_linear import PackedLinear, parse_weight_format
+from specdec.models.quantized.torch_quant_linear import TORCH_QUANT_FORMATS
+from specdec.models.sources.checkpoint import read_config
+from specdec.models.sources.loading import LoadedModel
+from specdec.models.sources.native_load import load_native_gguf
 
 LAYERSKIP_SPECS = "first:N | every:N | RANGES (e.g. 0-7,28-29)"
 
@@ -76,8 +79,6 @@ def torch_quantized_self_draft(target: LoadedModel, weights: str, kind: str, opt
                                spec: str) -> DraftModelDrafter:
     """quant:int8 / quant:int4[:G] for a target on stock torch layers (a GPU, a CPU without the kernel,
     bfloat16/float16 weights): the copy runs on torch's own low-bit operators (models/quantized/torch_quant_linear.py)."""
-    from specdec.models.quantized.torch_quant_linear import TORCH_QUANT_FORMATS
-
     if kind not in TORCH_QUANT_FORMATS:
         raise InvalidParameterError(f"quant drafter: {weights} needs the CPU kernel (float32 weights on an x86 CPU "
                                     "with AVX2 and a C++ compiler); on this target choose int8 or int4[:GROUP]")
@@ -92,9 +93,6 @@ def gguf_block_layers(target: LoadedModel) -> dict:
     """Packed layer name -> GgufLinear for a float32 target converted from a GGUF file (quant:gguf): the
     file's own blocks, whose values the float32 weights are; loading them once writes the packed-weight
     cache a `--weights gguf` target reads too."""
-    from specdec.models.sources.loading import load_native_gguf, read_config
-    from specdec.models.quantized.packed_linear import PackedLinear
-
     blocks = load_native_gguf(target.name, target.path, read_config(target.path))
     return {name: module for name, module in blocks.named_modules() if isinstance(module, PackedLinear)}
 

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from specdec.errors import CorruptModelError, InvalidParameterError
@@ -110,8 +112,6 @@ def build_head(kind: str, target_model, shape: dict) -> nn.Module:
 def save_head(out_dir: Path, kind: str, module: nn.Module, draft_vocab: torch.Tensor, target: TargetIdentity,
               training: dict) -> None:
     """Write the head atomically: an interrupted save leaves no half-written directory behind."""
-    from safetensors.torch import save_file
-
     out_dir = Path(out_dir)
     info = {
         "format_version": FORMAT_VERSION,
@@ -162,9 +162,6 @@ def check_target(info: HeadInfo, target, path: Path) -> None:
 def load_head(path: Path, target, kinds: tuple[str, ...] = HEAD_KINDS) -> LoadedHead:
     """Load the head at `path` for `target` (a LoadedModel), checking it was trained for that target and
     is of one of `kinds`."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = Path(path).expanduser()
     info = read_head_info(path)
     if info.kind not in kinds:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from specdec.errors import CorruptModelError, InvalidParameterError
 from specdec.models.fingerprint import tokenizer_sha256
@@ -42,8 +43,6 @@ def build_datastore(paths: list[Path], tokenizer, vocab_size: int, out_dir: Path
                     progress: bool = True) -> dict:
     """Tokenize, join and index the corpus; write DIR atomically; returns datastore.json's dict."""
     from pydivsufsort import divsufsort
-    from tqdm import tqdm
-
     files = corpus_files([Path(p) for p in paths])
     pieces: list[np.ndarray] = []
     separator = np.array([vocab_size], dtype=np.int32)

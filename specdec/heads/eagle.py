@@ -11,17 +11,21 @@ KV cache holds committed pairs (from the target's true features) plus the tree b
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
 from torch import nn
 
+from specdec.kernels import packed_kernel
+from specdec.models.attention import ROW_BY_ROW_MAX, RowAttention
+from specdec.models.base import causal_attention_mask
 from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import KVCache
 from specdec.models.layer_plan import layer_plan
-from specdec.models.attention import ROW_BY_ROW_MAX, RowAttention
 from specdec.models.llama import DecoderLayer
 from specdec.models.norm import RMSNorm
+from specdec.models.quantized.packed_linear import PackedLinear
 from specdec.models.rope import rope_cos_sin, rope_inverse_frequencies
 
 
@@ -39,11 +43,6 @@ def packed_head_copy(head: nn.Module) -> nn.Module:
     step's few rows). Else the head itself. A copy, so the trained module stays as it is (training saves
     it afterwards). A head loaded from disk holds bfloat16 values: its panels are then bf16, the same products
     from half the bytes each draft step streams."""
-    import copy
-
-    from specdec.kernels import packed_kernel
-    from specdec.models.quantized.packed_linear import PackedLinear
-
     if head.fc.weight.device.type != "cpu" or head.fc.weight.dtype != torch.float32 or packed_kernel() is None:
         return head
     twin = copy.deepcopy(head)
@@ -89,8 +88,6 @@ class EagleHead(nn.Module):
         attn_mask: torch.Tensor | None,  # (B or 1, T, cache.length + T) bool; None = causal over the new pairs
     ) -> torch.Tensor:
         """(B, T, C) predicted features f_{j+1}; appends T entries to the cache."""
-        from specdec.models.base import causal_attention_mask
-
         num_new = token_embeds.shape[1]
         cache.check_room(num_new)
         if attn_mask is None and num_new > 1:

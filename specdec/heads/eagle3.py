@@ -23,6 +23,7 @@ from torch import nn
 
 from specdec.errors import InvalidParameterError
 from specdec.heads.eagle import packed_head_copy
+from specdec.models.base import causal_attention_mask
 from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import KVCache
 from specdec.models.llama import DecoderLayer
@@ -129,8 +130,6 @@ class Eagle3Head(nn.Module):
     ) -> torch.Tensor:
         """(B, T, C) the head's outputs before its final norm (fed back while drafting); appends T entries
         to the cache."""
-        from specdec.models.base import causal_attention_mask
-
         num_new = token_embeds.shape[1]
         cache.check_room(num_new)
         if attn_mask is None and num_new > 1:

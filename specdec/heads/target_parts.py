@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 
 from specdec.errors import InvalidParameterError
+from specdec.kernels import packed_kernel
+from specdec.models.quantized.packed_linear import PackedLinear
 
 
 def native_model(model):
@@ -22,8 +24,6 @@ def native_model(model):
 
 def lm_head_rows(model, token_ids: torch.Tensor) -> torch.Tensor:
     """(N, C) rows of the target's LM head for token_ids (N,), in float32, whatever its storage."""
-    from specdec.models.quantized.packed_linear import PackedLinear
-
     head = model.lm_head
     if isinstance(head, PackedLinear):  # packed panels, int4/int7 codes, a GGUF file's blocks
         return head.embedding_rows(token_ids).float()
@@ -41,9 +41,6 @@ class DraftVocabulary:
 
     def __init__(self, model, token_ids: torch.Tensor, rows: torch.Tensor | None = None):
         """rows: the head's own LM-head rows for token_ids (a head trained elsewhere); None = the target's."""
-        from specdec.kernels import packed_kernel
-        from specdec.models.quantized.packed_linear import PackedLinear
-
         self.token_ids = token_ids.to(torch.int64)  # (N,) target ids, most frequent first
         if rows is None:
             rows = lm_head_rows(model, self.token_ids.to(model.device))

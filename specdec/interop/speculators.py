@@ -22,6 +22,8 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from specdec.errors import CorruptModelError, InvalidParameterError
 from specdec.heads.checkpoint import HeadInfo, LoadedHead, load_head, read_head_info, target_identity
@@ -116,8 +118,6 @@ def export_speculators(head_dir: Path, target, out_dir: Path, verifier: str | No
     """Write the specdec head at head_dir (trained for `target`, a LoadedModel) as a speculators eagle3
     checkpoint in out_dir; verifier: the name the checkpoint gives its target (a Hugging Face id for vLLM;
     default the target's directory)."""
-    from safetensors.torch import save_file
-
     head_dir, out_dir = Path(head_dir).expanduser(), Path(out_dir).expanduser()
     check_exportable(head_dir, out_dir)
     loaded = load_head(head_dir, target, ("eagle3",))
@@ -180,9 +180,6 @@ def _check_layer(layer: dict, where: str) -> None:
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     """model.safetensors, or the EAGLE repository's pytorch_model.bin (read as plain tensors only)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     try:
         if (path / "model.safetensors").is_file() or not (path / "pytorch_model.bin").is_file():
             return load_file(str(path / "model.safetensors"))
@@ -195,44 +192,15 @@ def load_speculators_head(path: Path, target) -> LoadedHead:
     """A speculators eagle3 checkpoint (or the EAGLE repository's layout) at `path`, checked against
     `target` (a LoadedModel)."""
     path = Path(path).expanduser()
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CorruptModelError(f"{path}/config.json: unreadable ({exc})") from None
-    repository_layout = "speculators_model_type" not in config
-    if repository_layout:  # the EAGLE repository's config is the layer's own Llama config
-        config = {"speculators_model_type": "eagle3", "draft_vocab_size": config.get("draft_vocab_size"),
-                  "transformer_layer_config": {**config, "model_type": "llama"}}
-    kind = config.get("speculators_model_type")
-    if kind != "eagle3":
-        raise InvalidParameterError(f"{path}: a speculators {kind!r} checkpoint; specdec drafts with eagle3 ones")
-    for option, meaning in UNSUPPORTED_OPTIONS.items():
-        if config.get(option):
-            raise InvalidParameterError(f"{path}: {option} ({meaning}) is not supported by specdec's EAGLE-3 head")
+    config, repository_layout = _read_head_config(path)
     layer = config.get("transformer_layer_config") or {}
-    _check_layer(layer, str(path))
     model = native_model(target.model)
     hidden, vocab_size = model.hidden_size, model.vocab_size
-    if layer.get("hidden_size") != hidden or layer.get("vocab_size", vocab_size) != vocab_size:
-        raise InvalidParameterError(
-            f"{path}: this head was made for hidden size {layer.get('hidden_size')} and vocabulary "
-            f"{layer.get('vocab_size')}; {target.name!r} has {hidden} and {vocab_size}")
-    recorded = (config.get("specdec") or {}).get("target") or {}
-    if recorded.get("tokenizer_sha256") not in (None, tokenizer_sha256(target.tokenizer)):
-        raise InvalidParameterError(f"{path}: this head was made for {recorded.get('name')!r}, whose tokenizer "
-                                    f"differs from {target.name!r}'s")
+    recorded = _check_fits_target(path, config, layer, target)
     tensors = _read_weights(path)
     if repository_layout:
         tensors = {name.replace("midlayer.", "layers.0.", 1): value for name, value in tensors.items()}
-    count = int(config.get("draft_vocab_size", 0))
-    d2t = tensors.pop("d2t", None)
-    if d2t is None:  # a head scoring the whole vocabulary
-        d2t = torch.zeros(vocab_size, dtype=torch.int64)
-    if d2t.shape[0] != count:
-        raise CorruptModelError(f"{path}: d2t has {d2t.shape[0]} entries, draft_vocab_size is {count}")
-    draft_vocab = d2t.to(torch.int64) + torch.arange(count)
-    if count and (int(draft_vocab.min()) < 0 or int(draft_vocab.max()) >= vocab_size):
-        raise CorruptModelError(f"{path}: d2t maps outside the target's vocabulary of {vocab_size}")
+    draft_vocab = _draft_vocabulary(path, tensors.pop("d2t", None), int(config.get("draft_vocab_size", 0)), vocab_size)
     # the EAGLE repository (and speculators without explicit ids) fuse the default low, middle, high layers
     ids = config.get("eagle_aux_hidden_state_layer_ids") or default_feature_layers(model.num_layers)
     shape = Eagle3Shape(int(layer.get("intermediate_size", 0)), tuple(ids), bool(config.get("norm_before_residual")))
@@ -251,19 +219,70 @@ def load_speculators_head(path: Path, target) -> LoadedHead:
         module.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         raise CorruptModelError(f"{path}: weights do not match the head's config ({str(exc).splitlines()[0]})") from None
-    if embeddings is not None:
-        # A head trained with frozen target embeddings carries a copy of them: use the target's own (no
-        # second table in memory). One trained with its own embeddings keeps them.
-        with torch.no_grad():
-            probe = torch.arange(0, vocab_size, max(1, vocab_size // 512))
-            ours = embed(model, probe.unsqueeze(0).to(model.device))[0].cpu()
-        theirs = embeddings[probe].float()
-        if embeddings.shape == (vocab_size, hidden) and torch.allclose(theirs, ours, rtol=1e-2, atol=1e-3):
-            embeddings = None
-        else:
-            embeddings = embeddings.to(torch.bfloat16).to(model.device)  # as stored: half float32's memory
     verifier = (config.get("speculators_config") or {}).get("verifier") or {}
     info = HeadInfo("eagle3", target_identity(recorded, str(path)), recorded.get("name") or verifier.get("name_or_path"),
                     (config.get("specdec") or {}).get("training") or {})
     return LoadedHead(info, module.to(model.device).eval(), draft_vocab,
-                      lm_rows=None if lm_rows is None else lm_rows.float(), embeddings=embeddings)
+                      lm_rows=None if lm_rows is None else lm_rows.float(),
+                      embeddings=None if embeddings is None else _own_embeddings(model, embeddings))
+
+
+def _read_head_config(path: Path) -> tuple[dict, bool]:
+    """(the checkpoint's config in speculators' form, whether it came in the EAGLE repository's layout)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CorruptModelError(f"{path}/config.json: unreadable ({exc})") from None
+    repository_layout = "speculators_model_type" not in config
+    if repository_layout:  # the EAGLE repository's config is the layer's own Llama config
+        config = {"speculators_model_type": "eagle3", "draft_vocab_size": config.get("draft_vocab_size"),
+                  "transformer_layer_config": {**config, "model_type": "llama"}}
+    kind = config.get("speculators_model_type")
+    if kind != "eagle3":
+        raise InvalidParameterError(f"{path}: a speculators {kind!r} checkpoint; specdec drafts with eagle3 ones")
+    for option, meaning in UNSUPPORTED_OPTIONS.items():
+        if config.get(option):
+            raise InvalidParameterError(f"{path}: {option} ({meaning}) is not supported by specdec's EAGLE-3 head")
+    return config, repository_layout
+
+
+def _check_fits_target(path: Path, config: dict, layer: dict, target) -> dict:
+    """InvalidParameterError unless the head's layer, width, vocabulary and tokenizer fit `target`; returns
+    the target the checkpoint records (specdec's own metadata), if any."""
+    _check_layer(layer, str(path))
+    model = native_model(target.model)
+    hidden, vocab_size = model.hidden_size, model.vocab_size
+    if layer.get("hidden_size") != hidden or layer.get("vocab_size", vocab_size) != vocab_size:
+        raise InvalidParameterError(
+            f"{path}: this head was made for hidden size {layer.get('hidden_size')} and vocabulary "
+            f"{layer.get('vocab_size')}; {target.name!r} has {hidden} and {vocab_size}")
+    recorded = (config.get("specdec") or {}).get("target") or {}
+    if recorded.get("tokenizer_sha256") not in (None, tokenizer_sha256(target.tokenizer)):
+        raise InvalidParameterError(f"{path}: this head was made for {recorded.get('name')!r}, whose tokenizer "
+                                    f"differs from {target.name!r}'s")
+    return recorded
+
+
+def _draft_vocabulary(path: Path, d2t: torch.Tensor | None, count: int, vocab_size: int) -> torch.Tensor:
+    """The target token id of each of the head's `count` rows (speculators' d2t holds offsets)."""
+    if d2t is None:  # a head scoring the whole vocabulary
+        d2t = torch.zeros(vocab_size, dtype=torch.int64)
+    if d2t.shape[0] != count:
+        raise CorruptModelError(f"{path}: d2t has {d2t.shape[0]} entries, draft_vocab_size is {count}")
+    draft_vocab = d2t.to(torch.int64) + torch.arange(count)
+    if count and (int(draft_vocab.min()) < 0 or int(draft_vocab.max()) >= vocab_size):
+        raise CorruptModelError(f"{path}: d2t maps outside the target's vocabulary of {vocab_size}")
+    return draft_vocab
+
+
+def _own_embeddings(model, embeddings: torch.Tensor) -> torch.Tensor | None:
+    """A head trained with frozen target embeddings carries a copy of them: None then, to use the target's own
+    (no second table in memory). One trained with its own embeddings keeps them, in bfloat16 as stored."""
+    vocab_size, hidden = model.vocab_size, model.hidden_size
+    with torch.no_grad():
+        probe = torch.arange(0, vocab_size, max(1, vocab_size // 512))
+        ours = embed(model, probe.unsqueeze(0).to(model.device))[0].cpu()
+    theirs = embeddings[probe].float()
+    if embeddings.shape == (vocab_size, hidden) and torch.allclose(theirs, ours, rtol=1e-2, atol=1e-3):
+        return None
+    return embeddings.to(torch.bfloat16).to(model.device)  # as stored: half float32's memory

@@ -123,22 +123,8 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
         model_type = cfg.get("model_type", "")
-        if model_type not in NATIVE_MODEL_TYPES:
-            raise UnsupportedModelError(
-                f"model type {model_type!r} has no native decoder (native: {', '.join(NATIVE_MODEL_TYPES)}); "
-                "use backend='transformers' for other architectures"
-            )
-        activation = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
-        if activation not in ACTIVATIONS:
-            raise UnsupportedModelError(
-                f"activation {activation!r} is not supported natively (supported: {', '.join(ACTIVATIONS)})")
+        activation = _native_activation(cfg, model_type)
         gemma = model_type == "gemma3_text"
-        if model_type == "qwen2" and cfg.get("use_sliding_window"):
-            raise UnsupportedModelError("Qwen2 with use_sliding_window is not supported natively; "
-                                        "use backend='transformers'")
-        for unsupported in ("attn_logit_softcapping", "use_bidirectional_attention"):
-            if cfg.get(unsupported):
-                raise UnsupportedModelError(f"{unsupported}={cfg[unsupported]!r} is not supported natively")
         num_heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
         head_dim = cfg.get("head_dim") or hidden // num_heads
@@ -147,14 +133,7 @@ class ModelConfig:
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         num_layers = cfg["num_hidden_layers"]
         oss = model_type == "gpt_oss"
-        window = cfg.get("sliding_window") if gemma or oss or model_type in ("mistral", "phi3") else None
-        if model_type == "phi3" and window and window >= cfg.get("max_position_embeddings", 4096):
-            window = None  # Phi-3.5 / Phi-4-mini's 262144: no window within the context
-        sliding_layers: tuple[int, ...] = ()
-        if window:
-            # Gemma 3 names each layer's kind; Mistral's window (when set) applies to every layer
-            kinds = cfg.get("layer_types") or ["sliding_attention"] * num_layers
-            sliding_layers = tuple(i for i, kind in enumerate(kinds) if kind == "sliding_attention")
+        window, sliding_layers = _sliding_from_hf(cfg, model_type, num_layers)
         query_scale = None
         if gemma and cfg.get("query_pre_attn_scalar", head_dim) != head_dim:
             query_scale = float(cfg["query_pre_attn_scalar"]) ** -0.5
@@ -189,6 +168,40 @@ class ModelConfig:
             attention_sinks=oss,
             **_mixture_from_hf(cfg, model_type, num_layers),
         )
+
+
+def _native_activation(cfg: dict[str, Any], model_type: str) -> str:
+    """The feed-forward's activation name, once the native decoder is known to run this config; else
+    UnsupportedModelError naming what it lacks."""
+    if model_type not in NATIVE_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"model type {model_type!r} has no native decoder (native: {', '.join(NATIVE_MODEL_TYPES)}); "
+            "use backend='transformers' for other architectures"
+        )
+    activation = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    if activation not in ACTIVATIONS:
+        raise UnsupportedModelError(
+            f"activation {activation!r} is not supported natively (supported: {', '.join(ACTIVATIONS)})")
+    if model_type == "qwen2" and cfg.get("use_sliding_window"):
+        raise UnsupportedModelError("Qwen2 with use_sliding_window is not supported natively; "
+                                    "use backend='transformers'")
+    for unsupported in ("attn_logit_softcapping", "use_bidirectional_attention"):
+        if cfg.get(unsupported):
+            raise UnsupportedModelError(f"{unsupported}={cfg[unsupported]!r} is not supported natively")
+    return activation
+
+
+def _sliding_from_hf(cfg: dict[str, Any], model_type: str, num_layers: int) -> tuple[int | None, tuple[int, ...]]:
+    """(the sliding window, the layers that use it); (None, ()) for full attention everywhere."""
+    sliding = model_type in ("gemma3_text", "gpt_oss", "mistral", "phi3")
+    window = cfg.get("sliding_window") if sliding else None
+    if model_type == "phi3" and window and window >= cfg.get("max_position_embeddings", 4096):
+        window = None  # Phi-3.5 / Phi-4-mini's 262144: no window within the context
+    if not window:
+        return None, ()
+    # Gemma 3 names each layer's kind; Mistral's window (when set) applies to every layer
+    kinds = cfg.get("layer_types") or ["sliding_attention"] * num_layers
+    return window, tuple(i for i, kind in enumerate(kinds) if kind == "sliding_attention")
 
 
 def _mixture_from_hf(cfg: dict[str, Any], model_type: str, num_layers: int) -> dict[str, Any]:

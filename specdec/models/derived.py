@@ -13,8 +13,15 @@ from torch import nn
 
 from specdec.models.cuda_graphs import CudaGraphs
 from specdec.models.llama import LlamaForCausalLM
-from specdec.models.quantized.packed_cache import (discard_packed, is_cached_format, load_packed, packed_cache_path,
-                                                   save_packed)
+from specdec.models.quantized.packed_cache import (
+    discard_packed,
+    is_cached_format,
+    load_packed,
+    packed_cache_path,
+    save_packed,
+)
+from specdec.models.quantized.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
+from specdec.models.quantized.torch_quant_linear import TorchQuantLinear
 
 
 def quantized_copy(model: LlamaForCausalLM, weights: str, cached: dict[str, nn.Module] | None = None
@@ -27,9 +34,6 @@ def quantized_copy(model: LlamaForCausalLM, weights: str, cached: dict[str, nn.M
     instead of quantizing. Stock torch layers (a GPU, no kernel here, bfloat16) get int8 or int4[:G]
     copies on torch's own low-bit operators (models/quantized/torch_quant_linear.py), with an int8 LM head
     for int4, as the packed form keeps a 7-bit one."""
-    from specdec.models.quantized.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
-    from specdec.models.quantized.torch_quant_linear import TorchQuantLinear
-
     packed = isinstance(model.lm_head, PackedLinear)
 
     def clone(module: nn.Module, name: str) -> nn.Module:

@@ -12,7 +12,10 @@ import json
 import re
 from pathlib import Path
 
+from specdec.models.sources.checkpoint import safetensors_files
 from specdec.models.sources.file_memo import remembered
+from specdec.models.sources.gguf_file import GgufFile
+from specdec.models.sources.gguf_source import gguf_source
 
 
 def file_sha256(path: Path) -> str:
@@ -30,8 +33,6 @@ def _sha256(path: Path) -> str:
 def weights_sha256(model_dir: Path) -> str:
     """The GGUF file's digest for a model converted from one (its float32 safetensors, written only when
     needed, are a function of it); else one digest over the *.safetensors files (each file's, in name order)."""
-    from specdec.models.sources.gguf_source import gguf_source
-
     source = gguf_source(Path(model_dir))
     return file_sha256(source) if source is not None else safetensors_sha256(model_dir)
 
@@ -46,8 +47,6 @@ def weights_identities(model_dir: Path) -> set[str]:
 
 
 def safetensors_sha256(model_dir: Path) -> str:
-    from specdec.models.sources.loading import safetensors_files
-
     digests = [f"{file.name}:{file_sha256(file)}" for file in safetensors_files(Path(model_dir))]
     return digests[0].split(":", 1)[1] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest()
 
@@ -82,8 +81,6 @@ _PADDING = re.compile(r"\[PAD\d+\]|<\|?pad_?\d*\|?>")
 
 
 def gguf_tokens(path: Path) -> list[str]:
-    from specdec.models.sources.gguf_file import GgufFile
-
     return GgufFile(path).strings("tokenizer.ggml.tokens")
 
 

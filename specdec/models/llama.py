@@ -20,10 +20,23 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from specdec.models.attention import (PREFILL_BLOCK, PREFILL_ROW_LIMIT, ROW_BY_ROW_MAX, Attention, CausalBlock,
-                                      RowAttention)
-from specdec.models.base import (CausalLM, ForwardOutput, ForwardRequest, causal_attention_mask, forward_each,
-                                 sliding_window_mask)
+from specdec.kernels import FLOAT_PANEL_DTYPES
+from specdec.models.attention import (
+    PREFILL_BLOCK,
+    PREFILL_ROW_LIMIT,
+    ROW_BY_ROW_MAX,
+    Attention,
+    CausalBlock,
+    RowAttention,
+)
+from specdec.models.base import (
+    CausalLM,
+    ForwardOutput,
+    ForwardRequest,
+    causal_attention_mask,
+    forward_each,
+    sliding_window_mask,
+)
 from specdec.models.config import ModelConfig
 from specdec.models.cuda_graphs import CudaGraphs
 from specdec.models.feed_forward import MLP, MixtureOfExperts
@@ -31,7 +44,9 @@ from specdec.models.grouped_attention import GroupedMask
 from specdec.models.kv_cache import KVCache
 from specdec.models.layer_plan import LayerPlan, layer_plan, plan_applies
 from specdec.models.norm import RMSNorm
+from specdec.models.quantized.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
 from specdec.models.rope import rope_cos_sin, rope_inverse_frequencies
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, index: int = 0):
@@ -127,9 +142,6 @@ class LlamaForCausalLM(nn.Module, CausalLM):
         the same values as the untied embeddings, e.g. a GGUF file's blocks) replaces the float32 table: a
         lookup reads one row a token, and the table is the largest matrix of a small model.
         """
-        from specdec.kernels import FLOAT_PANEL_DTYPES
-        from specdec.models.quantized.packed_linear import PackedEmbedding, PackedLinear, head_weight_format
-
         def packed(name: str, linears, weights=weights):
             if cached is not None:
                 return cached[name]

@@ -16,7 +16,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specdec.server.protocol import MAX_STOP_CHARS, BadRequest, ChatCompletionRequest
+from specdec.server.protocol import MAX_STOP_CHARS, ChatCompletionRequest
+from specdec.server.request_body import BadRequest
 
 SUPPORTED_BLOCKS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 # Chat fields whose errors name the Anthropic field the client sent.

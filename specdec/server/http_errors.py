@@ -11,7 +11,8 @@ from starlette.requests import ClientDisconnect
 from specdec.server.served_models import ModelNotFound
 from specdec.api.events import Cancelled, Event, Failed
 from specdec.errors import SpecdecError
-from specdec.server.protocol import BadRequest, error_body
+from specdec.server.protocol import error_body
+from specdec.server.request_body import BadRequest
 
 BODY_SECONDS = 30.0  # a body not received whole by then gets 408 (a client trickling it holds a connection)
 RETRY_AFTER_SECONDS = "5"  # what a 503 (queue full, shutting down) suggests to a client

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from specdec.server.llama_server import LlamaSampling
-from specdec.server.protocol import BadRequest
+from specdec.server.request_body import BadRequest
 
 REPOSITORY = "myproject"  # the repository name llama.cpp puts before the files, when the model has the token
 

@@ -16,7 +16,8 @@ from specdec.api.request import GenerationRequest
 from specdec.core.rounds import GenerationResult
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.server.http_errors import ended_text, error
-from specdec.server.protocol import BadRequest, error_body
+from specdec.server.protocol import error_body
+from specdec.server.request_body import BadRequest
 from specdec.server.replies import sse
 from specdec.server.scheduler import Job, QueueFullError
 from specdec.server.state import ServerState

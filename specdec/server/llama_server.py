@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specdec.core.rounds import GenerationResult
 from specdec.core.sampling import SamplingParams
-from specdec.server.protocol import MAX_STOP_CHARS, BadRequest, ChatMessage
+from specdec.server.protocol import MAX_STOP_CHARS, ChatMessage
+from specdec.server.request_body import BadRequest
 from specdec.server.replies import speculative_stats, timings
 
 

@@ -20,9 +20,13 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+import torch
+
+from specdec.api.generator import SpeculativeGenerator
 from specdec.api.options import GeneratorOptions
 from specdec.errors import InvalidParameterError
-from specdec.server.app import ServerSettings
+from specdec.models.sources.zoo import DEFAULT_MODEL
+from specdec.server.app import ServerSettings, create_app
 
 APP_NAME = "specdec"
 
@@ -48,11 +52,6 @@ def require_ray():
 
 def build_replica_app(spec: ReplicaSpec):
     """Runs in each replica's process: load the model and build the server's app."""
-    import torch
-
-    from specdec.api.generator import SpeculativeGenerator
-    from specdec.server.app import create_app
-
     threads = spec.threads_per_replica or max(1, (os.cpu_count() or 1) // max(1, spec.replicas))
     torch.set_num_threads(threads)  # replicas share the machine: oversubscribed threads slow every one
     generator = SpeculativeGenerator.from_options(spec.generator)
@@ -106,8 +105,6 @@ def replica_spec_of(args: dict) -> ReplicaSpec:
     unknown = set(args) - set(APP_BUILDER_KEYS)
     if unknown:
         raise InvalidParameterError(f"unknown app_builder arguments {sorted(unknown)} (known: {list(APP_BUILDER_KEYS)})")
-    from specdec.models.sources.zoo import DEFAULT_MODEL
-
     try:
         numbers = {key: int(args.get(key, default)) for key, default in
                    (("replicas", 2), ("max_active", 4), ("max_queue", 64))}

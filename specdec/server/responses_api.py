@@ -16,7 +16,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specdec.server.protocol import BadRequest, ChatCompletionRequest, refuse_unless_neutral
+from specdec.server.protocol import ChatCompletionRequest
+from specdec.server.request_body import BadRequest, refuse_unless_neutral
 
 NEUTRAL_ONLY: dict[str, tuple] = {"background": (None, False), "conversation": (None,), "prompt": (None,),
                                   "max_tool_calls": (None,), "top_logprobs": (None, 0)}

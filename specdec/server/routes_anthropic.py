@@ -12,7 +12,8 @@ from specdec.server.anthropic_messages import MessagesInput, MessagesRequest
 from specdec.server.anthropic_reply import AnthropicReply
 from specdec.server.http_errors import ERROR_RESPONSES, read_body, refused
 from specdec.server.jobs import run_jobs
-from specdec.server.protocol import openapi_body, parse_request
+from specdec.server.protocol import openapi_body
+from specdec.server.request_body import parse_request
 from specdec.server.routes_completions import make_request
 from specdec.server.state import ServerState, server_state
 

@@ -10,7 +10,8 @@ from specdec.errors import SpecdecError
 from specdec.server.http_errors import ERROR_RESPONSES, read_body, refused
 from specdec.server.infill import require_fim
 from specdec.server.jobs import run_jobs
-from specdec.server.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, openapi_body, parse_request
+from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, openapi_body
+from specdec.server.request_body import BadRequest, parse_request
 from specdec.server.replies import Reply
 from specdec.server.state import ServerState, server_state
 from specdec.server.tools import check_tool_parameters, speaks_hermes

@@ -11,7 +11,7 @@ from specdec.server.http_errors import ERROR_RESPONSES, read_body, refused
 from specdec.server.infill import InfillRequest, require_fim
 from specdec.server.llama_server import LlamaReply
 from specdec.server.jobs import run_jobs
-from specdec.server.protocol import parse_request
+from specdec.server.request_body import parse_request
 from specdec.server.state import ServerState, server_state
 
 router = APIRouter()

@@ -14,7 +14,8 @@ from specdec.server.http_errors import ERROR_RESPONSES, read_body, refused
 from specdec.server.jobs import run_jobs
 from specdec.server.llama_server import (ApplyTemplateBody, CompletionBody, DetokenizeBody, LlamaReply,
                                          TokenizeBody)
-from specdec.server.protocol import BadRequest, openapi_body, parse_request
+from specdec.server.protocol import openapi_body
+from specdec.server.request_body import BadRequest, parse_request
 from specdec.server.state import ServerState, server_state
 
 router = APIRouter()

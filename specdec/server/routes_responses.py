@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse, Response
 from specdec.errors import SpecdecError
 from specdec.server.http_errors import ERROR_RESPONSES, error, read_body, refused
 from specdec.server.jobs import run_jobs
-from specdec.server.protocol import openapi_body, parse_request
+from specdec.server.protocol import openapi_body
+from specdec.server.request_body import parse_request
 from specdec.server.responses_api import ResponsesRequest
 from specdec.server.responses_reply import ResponsesReply
 from specdec.server.routes_completions import make_request

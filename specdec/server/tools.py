@@ -19,6 +19,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Sequence
 
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import SchemaError
+
 from specdec.api.structured import GrammarSpec, check_startable, with_json_options
 from specdec.errors import InvalidParameterError
 
@@ -205,9 +208,6 @@ def written_call(text: str, tools: Sequence[dict]) -> ToolCall | None:
 
 
 def _allowed(arguments: dict, schema: dict | None) -> bool:
-    from jsonschema import Draft202012Validator, validators
-    from jsonschema.exceptions import SchemaError
-
     if not schema:
         return True
     try:

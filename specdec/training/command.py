@@ -9,15 +9,17 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
+from specdec.api.generator import SpeculativeGenerator
+from specdec.drafters.eagle import EagleDrafter, TreeShape
+from specdec.drafters.medusa import MedusaDrafter
 from specdec.errors import InvalidParameterError
 from specdec.heads.checkpoint import HeadInfo, LoadedHead, TargetIdentity, read_head_info, save_head
+from specdec.heads.target_parts import native_model
 from specdec.paths import specdec_home
 from specdec.training.corpus import CorpusConfig, build_corpus, generation_prompts
 from specdec.training.features import FeatureSet, cache_features, concatenate, draft_vocabulary, pack_sequences
 from specdec.training.self_generation import generated_features
-from specdec.training.train import TrainConfig, feature_layers, fit
+from specdec.training.train import Objective, TrainConfig, feature_layers, fit
 
 VALIDATION_FRACTION = 0.05
 # End-to-end check after training: the head drafts for the target on prompts it never saw.
@@ -54,9 +56,6 @@ def corpus_windows(target, corpus: CorpusConfig, directory: Path, progress: bool
 
 def measure_end_to_end(target, head: LoadedHead, max_new_tokens: int = 64) -> dict:
     """tau and exactness of the new head drafting for the target (drafting_figures)."""
-    from specdec.drafters.eagle import EagleDrafter, TreeShape
-    from specdec.drafters.medusa import MedusaDrafter
-
     drafter = (EagleDrafter(head, target.model, TreeShape(), head.kind) if head.kind in ("eagle", "eagle3")
                else MedusaDrafter(head, target.model, 16, "medusa"))
     return drafting_figures(target, drafter, max_new_tokens)
@@ -65,8 +64,6 @@ def measure_end_to_end(target, head: LoadedHead, max_new_tokens: int = 64) -> di
 def drafting_figures(target, drafter, max_new_tokens: int = 64) -> dict:
     """tau and exactness of `drafter` (a head's, or a distilled draft model) drafting for the target, greedy, on
     VALIDATION_PROMPTS, which training never saw."""
-    from specdec.api.generator import SpeculativeGenerator
-
     plain, speculative = SpeculativeGenerator(target, None), SpeculativeGenerator(target, drafter)
     taus, matches = [], []
     for prompt in VALIDATION_PROMPTS:
@@ -83,8 +80,6 @@ def target_windows(target, corpus: CorpusConfig, layers: tuple[int, ...] | None 
     """(train, validation): the corpus and the target's own answers to it as windows with the target's features
     at `layers` (None: the final normed state) and top-8 law, computed once and cached (feature_dir). The
     held-out windows are the last ones: the target's own answers when there are any."""
-    from specdec.heads.target_parts import native_model
-
     model = native_model(target.model)
     layers = layers or (model.num_layers,)
     directory = feature_dir(target, TargetIdentity.of(target), corpus, layers)
@@ -106,8 +101,6 @@ def target_windows(target, corpus: CorpusConfig, layers: tuple[int, ...] | None 
 def run_training(kind: str, target, out_dir: Path, corpus: CorpusConfig, config: TrainConfig,
                  progress: bool = True) -> HeadInfo:
     """Train a head for `target` (a LoadedModel, native backend) and save it to out_dir."""
-    from specdec.heads.target_parts import native_model
-
     model = native_model(target.model)
     identity = TargetIdentity.of(target)
     train, validation = target_windows(target, corpus, feature_layers(config, model), progress)
@@ -115,8 +108,6 @@ def run_training(kind: str, target, out_dir: Path, corpus: CorpusConfig, config:
     checkpoint = specdec_home() / "training" / (
         hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:16] + f"-{kind}.pt")
     module, figures = fit(config, model, train, vocab, checkpoint, progress)
-    from specdec.training.train import Objective
-
     figures["validation"] = Objective(config, model, vocab).validate(module, validation)
     figures["draft_vocab_coverage"] = round(coverage, 4)
     figures["corpus"] = asdict(corpus)

@@ -12,6 +12,7 @@ Selection is deterministic for a seed.
 
 from __future__ import annotations
 
+import ast
 import random
 import sysconfig
 from dataclasses import dataclass
@@ -104,8 +105,6 @@ def pieces(files: list[Path], instructions: list[str], budget: int, tokenizer, c
 def generation_prompts(count: int, rng: random.Random) -> list[str]:
     """Instructions made from docstrings of installed Python code: two thirds "write this function",
     one third "explain this module"; what users ask a small chat/code model."""
-    import ast
-
     code: list[str] = []
     prose: list[str] = []
     files = source_files((".py",))

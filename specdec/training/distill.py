@@ -23,8 +23,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
+from specdec.drafters.registry import make_drafter
 from specdec.errors import InvalidParameterError
+from specdec.models.sources.checkpoint import ensure_float32_weights
+from specdec.models.sources.loading import resolve_model_dir
+from specdec.models.sources.tokenizer_files import load_tokenizer
+from specdec.training.command import drafting_figures, target_windows
 from specdec.training.features import FeatureSet
 from specdec.training.precision import training_arithmetic
 
@@ -64,8 +70,6 @@ class LoraDraft:
     def __init__(self, model_dir: Path, config: DistillConfig):
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
-
-        from specdec.models.sources.loading import ensure_float32_weights
 
         torch.manual_seed(config.seed)
         base = AutoModelForCausalLM.from_pretrained(str(ensure_float32_weights(model_dir)), dtype=torch.float32)
@@ -108,8 +112,6 @@ class LoraDraft:
     def fit(self, train: FeatureSet, progress: bool = True) -> list[float]:
         """config.steps AdamW steps over shuffled windows (cosine learning rate after a short warmup); the
         losses of every step."""
-        from tqdm import tqdm
-
         config, params = self.config, self.parameters()
         optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / WARMUP_STEPS)
@@ -145,8 +147,6 @@ class LoraDraft:
 
 def check_same_vocabulary(target, draft_name: str, draft_dir: Path) -> None:
     """The target's top-8 ids must mean the draft's tokens."""
-    from specdec.models.sources.loading import load_tokenizer
-
     if load_tokenizer(draft_dir).get_vocab() != target.tokenizer.get_vocab():
         raise InvalidParameterError(f"{draft_name}: its tokenizer differs from {target.name}'s; distillation needs "
                                     "a draft that reads the target's token ids")
@@ -154,9 +154,6 @@ def check_same_vocabulary(target, draft_name: str, draft_dir: Path) -> None:
 
 def drafted_tau(target, spec: str) -> dict:
     """tau and exactness of the draft `spec` drafting for the target, as a trained head is measured."""
-    from specdec.drafters.registry import make_drafter
-    from specdec.training.command import drafting_figures
-
     return drafting_figures(target, make_drafter(spec, target, str(target.model.device), "float32"))
 
 
@@ -169,9 +166,6 @@ def run_distillation(target, draft: str, out_dir: Path, corpus, config: DistillC
                      progress: bool = True) -> dict:
     """Distill `draft` (a model spec) toward `target` (a LoadedModel, native backend) on `corpus`; save the
     adapter to out_dir and return its figures (held-out loss and agreement, tau before and after)."""
-    from specdec.models.sources.loading import resolve_model_dir
-    from specdec.training.command import target_windows
-
     draft_name, draft_dir = resolve_model_dir(draft)
     check_same_vocabulary(target, draft_name, draft_dir)
     train, validation = target_windows(target, corpus, progress=progress)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
 
 from specdec.models.base import positions_after
 
@@ -61,9 +63,6 @@ def compute_shard(model, windows: list[list[int]], layers: tuple[int, ...] | Non
 def cache_features(model, windows: list[list[int]], out_dir: Path, shard_windows: int = 4,
                    progress: bool = True, layers: tuple[int, ...] | None = None) -> FeatureSet:
     """Compute (or reuse) the features of `windows` under out_dir; return them all."""
-    from safetensors.torch import load_file, save_file
-    from tqdm import tqdm
-
     out_dir.mkdir(parents=True, exist_ok=True)
     shards = [windows[i: i + shard_windows] for i in range(0, len(windows), shard_windows)]
     (out_dir / "corpus.json").write_text(json.dumps({"windows": len(windows), "window": len(windows[0]),

@@ -15,6 +15,7 @@ import contextlib
 import torch
 
 from specdec.errors import InvalidParameterError
+from specdec.kernels.build import cpu_flags
 
 PRECISIONS = ("auto", "float32", "bfloat16")
 # /proc/cpuinfo flags of native bf16 arithmetic, and the names users know them by, fastest first
@@ -25,8 +26,6 @@ def native_bf16(device: str) -> str | None:
     """The name of the native bf16 arithmetic `device` ('cpu' or 'cuda...') has, or None."""
     if device.startswith("cuda"):
         return "CUDA bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else None
-    from specdec.kernels.build import cpu_flags
-
     flags = cpu_flags()
     return next((name for flag, name in FAST_BF16_CPU_FLAGS.items() if flag in flags), None)
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
 
+from specdec.training.corpus import chat_ids
 from specdec.training.features import TOP_K, joined_features
 
 
@@ -84,11 +87,6 @@ def generated_features(target, prompts: list[str], max_new_tokens: int, out_dir:
                        progress: bool = True, layers: tuple[int, ...] | None = None) -> list[dict[str, torch.Tensor]]:
     """The target's answers to `prompts` with their features (`generate_batch`), in batches cached as
     shards under out_dir like the corpus features."""
-    from safetensors.torch import load_file, save_file
-    from tqdm import tqdm
-
-    from specdec.training.corpus import chat_ids
-
     out_dir.mkdir(parents=True, exist_ok=True)
     model, tokenizer = target.model, target.tokenizer
     batches = [prompts[i: i + GENERATION_BATCH] for i in range(0, len(prompts), GENERATION_BATCH)]

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from specdec.heads.eagle import EagleHead, EagleShape
 from specdec.heads.eagle3 import Eagle3Head, Eagle3Shape, default_feature_layers
@@ -198,8 +199,6 @@ def learning_rate(config: TrainConfig, step: int) -> float:
 def fit(config: TrainConfig, target_model, train: FeatureSet, draft_vocab: torch.Tensor, checkpoint_path,
         progress: bool = True) -> tuple[torch.nn.Module, dict]:
     """Train from scratch or resume from checkpoint_path; returns the module and training figures."""
-    from tqdm import tqdm
-
     torch.manual_seed(config.seed)
     module = new_head(config, target_model)
     optimizer = torch.optim.AdamW(module.parameters(), lr=config.learning_rate, weight_decay=0.0)

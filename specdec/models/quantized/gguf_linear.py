@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from specdec.kernels import GGUF_LAYOUTS, INTEGER_COLUMNS, gguf_matmul, pack_codes, unpack_codes

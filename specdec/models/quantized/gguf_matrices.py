@@ -2,7 +2,7 @@
 blocks (GgufLinear) or float panels of its own type, fused projections stacked, projections the file stores
 fused (Phi-3) kept as one layer, a mixture's experts one layer each from their 3-D tensors. Layers come one
 at a time and the file's pages are released as they are read, so a first load can stream them into the
-packed cache (models/sources/loading.py: load_native_gguf).
+packed cache (models/sources/native_load.py: load_native_gguf).
 """
 
 from __future__ import annotations
@@ -10,13 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
+import gguf
 import numpy as np
 import torch
 
 from specdec.kernels import INTEGER_COLUMNS
+from specdec.models.fused_checkpoints import fused_split_sizes, qkv_row_order
 from specdec.models.quantized.gguf_blocks import FLOAT_FORMATS, SUPPORTED_FORMATS, BlockWeights, concatenate, decode
 from specdec.models.quantized.gguf_linear import GgufLinear
 from specdec.models.quantized.packed_linear import PackedLinear
+from specdec.models.sources.gguf_convert import gguf_field, hf_tensor_name, read_gguf, unpermute_llama_qk
 
 if TYPE_CHECKING:
     from specdec.models.config import ModelConfig
@@ -35,8 +38,6 @@ class GgufMatrices:
 
     def __init__(self, gguf_path: Path, config: "ModelConfig | None" = None):
         """`config`: the model's, needed where the file stores projections fused (Phi-3) to split them."""
-        from specdec.models.sources.gguf_convert import gguf_field, hf_tensor_name, read_gguf
-
         self.config = config
 
         reader = read_gguf(gguf_path)
@@ -68,8 +69,6 @@ class GgufMatrices:
 
     def _blocks(self, name: str, first: int = 0, stop: int | None = None) -> BlockWeights:
         """Rows first..stop of a block matrix (all of them by default), decoded."""
-        from specdec.models.sources.gguf_convert import unpermute_llama_qk
-
         tensor, permute = self.tensors[name]
         cols, rows = int(tensor.shape[0]), int(tensor.shape[1])
         if (first, stop) != (0, None):
@@ -83,18 +82,12 @@ class GgufMatrices:
 
     def _floats(self, name: str) -> torch.Tensor:
         """(N, K) float32: the file's float values, exactly."""
-        import gguf
-
-        from specdec.models.sources.gguf_convert import unpermute_llama_qk
-
         tensor, permute = self.tensors[name]
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         values = np.asarray(values, dtype=np.float32).reshape(int(tensor.shape[1]), int(tensor.shape[0]))
         return torch.from_numpy(np.array(unpermute_llama_qk(values, permute) if permute else values, order="C"))
 
     def _bias(self, name: str) -> torch.Tensor | None:
-        from specdec.models.sources.gguf_convert import unpermute_llama_qk
-
         if name not in self.tensors:
             return None
         tensor, permute = self.tensors[name]
@@ -148,8 +141,6 @@ class GgufMatrices:
     def _stored_fused(self, fused: str, prefix: str) -> PackedLinear:
         """A projection the file stores fused (FUSED_PROJECTIONS' `fused`) as one layer: its parts' sizes, and
         under partial rotary its query/key rows in the order the rope tables expect."""
-        from specdec.models.fused_checkpoints import fused_split_sizes, qkv_row_order
-
         if self.config is None:
             raise ValueError(f"{prefix} is stored fused: splitting it needs the model's config")
         name = f"{prefix}.{fused.split('.')[1]}.weight"
@@ -190,8 +181,6 @@ class GgufMatrices:
 
     def _expert_layer(self, names: Sequence[str], expert: int) -> PackedLinear:
         """One expert's slice of the (experts, rows, inputs) tensors `names`, stacked into one layer."""
-        import gguf
-
         tensors = [self.tensors[name][0] for name in names]
         kinds = {tensor.tensor_type.name for tensor in tensors}
         float_kind = FLOAT_FORMATS.get(next(iter(kinds)))

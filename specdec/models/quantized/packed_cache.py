@@ -24,9 +24,13 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from specdec.kernels import FLOAT_PANEL_DTYPES, INTEGER_BLOCK, INTEGER_COLUMNS, PANEL
+from specdec.models.quantized.gguf_linear import GgufLinear
 from specdec.models.quantized.packed_linear import PackedLinear
+from specdec.models.sources.content_key import gguf_content_key
+from specdec.models.sources.gguf_source import gguf_source
 from specdec.paths import replace_flushed, specdec_home
 
 # Bump when a packed layout changes (panels, code order, scale layout): old files are then ignored.
@@ -42,9 +46,6 @@ def is_cached_format(weights: str) -> bool:
 def packed_cache_path(model_dir: Path, weights: str, adapter_key: str | None = None) -> Path:
     """Where the `weights`-format packing of the checkpoint in `model_dir` lives (merged with the LoRA adapter
     whose `adapters.adapter_fingerprint` is adapter_key, if any)."""
-    from specdec.models.sources.content_key import gguf_content_key
-    from specdec.models.sources.gguf_source import gguf_source
-
     # a GGUF-sourced checkpoint is its GGUF file, whether or not its float32 safetensors were written yet
     gguf = gguf_source(model_dir)
     files = ([] if gguf is not None else sorted(model_dir.glob("*.safetensors"))) + [model_dir / "config.json"]
@@ -160,8 +161,6 @@ class PackedCacheWriter:
 def load_packed(path: Path) -> dict[str, PackedLinear] | None:
     """Packed layer name -> PackedLinear, or None when there is no usable file (a damaged one is removed,
     and the caller quantizes again)."""
-    from safetensors import SafetensorError, safe_open
-
     if not path.exists():
         return None
     try:
@@ -179,8 +178,6 @@ def load_packed(path: Path) -> dict[str, PackedLinear] | None:
 
 
 def layer_class(layout: dict) -> type[PackedLinear]:
-    from specdec.models.quantized.gguf_linear import GgufLinear
-
     return GgufLinear if "gguf" in layout else PackedLinear
 
 

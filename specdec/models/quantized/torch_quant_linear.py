@@ -13,6 +13,8 @@ These are drafts only: the target keeps its own weights and the exact acceptance
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -100,8 +102,6 @@ class TorchQuantLinear(nn.Module):
 
     def first_outputs(self, count: int) -> "TorchQuantLinear":
         """The same int8 layer computing only its first `count` outputs, sharing the codes (vocab=N drafts)."""
-        import copy
-
         if not 0 < count <= self.out_features:
             raise ValueError(f"the head has {self.out_features} outputs, not {count}")
         if self.weight_format != "int8":  # an int4 draft's head is int8 (quantized_copy)

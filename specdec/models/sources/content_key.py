@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from specdec.models.sources import zoo
 from specdec.models.sources.file_memo import remembered
 
 HEAD_BYTES = 8 << 20
@@ -39,8 +40,6 @@ def _content_digest(path: Path) -> str:
 
 def zoo_name_of(path: Path) -> str | None:
     """The zoo model whose pulled GGUF file has this file's content (a renamed or linked copy), if any."""
-    from specdec.models.sources import zoo
-
     size = path.stat().st_size
     for name in zoo.REGISTRY:
         source = zoo.model_dir(name) / f"{name}.gguf" if zoo.is_pulled(name) else None

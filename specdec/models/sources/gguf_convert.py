@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
+import gguf
 import numpy as np
 import torch
 from safetensors.torch import save_file
@@ -127,8 +128,6 @@ def gguf_field(reader: GgufFile, key: str, default=None):
 def dequantized_state_dict(reader, wanted: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
     """float32 tensors under Hugging Face names (those `wanted` accepts, by the name of the whole tensor; the
     others are not dequantized)."""
-    import gguf
-
     arch = gguf_field(reader, "general.architecture")
     num_heads = gguf_field(reader, f"{arch}.attention.head_count")
     num_kv_heads = gguf_field(reader, f"{arch}.attention.head_count_kv", num_heads)

