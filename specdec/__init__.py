@@ -2,6 +2,14 @@
 
 __version__ = "0.1.0"
 
-from specdec.api.generator import SpeculativeGenerator  # noqa: E402
-
 __all__ = ["SpeculativeGenerator", "__version__"]
+
+
+def __getattr__(name: str):
+    # `specdec.SpeculativeGenerator` is imported on first use: the `specdec` command imports this package
+    # too, and answers a mistyped option before torch and the runtime load.
+    if name == "SpeculativeGenerator":
+        from specdec.api.generator import SpeculativeGenerator
+
+        return SpeculativeGenerator
+    raise AttributeError(f"module 'specdec' has no attribute {name!r}")

