@@ -23,7 +23,7 @@ from specdec.models.base import causal_attention_mask
 from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import KVCache
 from specdec.models.layer_plan import layer_plan
-from specdec.models.llama import DecoderLayer
+from specdec.models.decoder_layer import DecoderLayer
 from specdec.models.norm import RMSNorm
 from specdec.models.quantized.packed_linear import PackedLinear
 from specdec.models.rope import rope_cos_sin, rope_inverse_frequencies

@@ -26,7 +26,7 @@ from specdec.heads.eagle import packed_head_copy
 from specdec.models.base import causal_attention_mask
 from specdec.models.config import ModelConfig
 from specdec.models.kv_cache import KVCache
-from specdec.models.llama import DecoderLayer
+from specdec.models.decoder_layer import DecoderLayer
 from specdec.models.norm import RMSNorm
 from specdec.models.rope import rope_cos_sin, rope_inverse_frequencies
 
