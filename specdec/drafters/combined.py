@@ -38,14 +38,15 @@ from specdec.core.speculation_length import SourceLengths
 
 
 RATE_DECAY = 0.8  # weight of the past in each source's rate
-RETRY_EVERY = 8  # a source passed over is tried again after this many of its proposals were passed over
+RETRY_EVERY = 8  # a model passed over is tried again after this many rounds it was passed over
 
 
 class LookupSource:
     """What a combined drafter asks of a source beyond the Drafter interface, declared by the sources that
     are lookups (n-gram): proposing costs next to nothing, so it is asked every round, and its proposal says
-    whether it copies a long run of the context verbatim, which the combined drafter takes over any rate it
-    measured. Other sources (a draft model) are asked only while they pay."""
+    whether it copies a long run of the context verbatim, which the combined drafter takes first; its weaker
+    guesses are taken only in rounds no model drafts. Other sources (a draft model) are asked only while they
+    pay."""
 
     def proposal_is_verbatim(self) -> bool:
         return False

@@ -196,7 +196,7 @@ def load_speculators_head(path: Path, target) -> LoadedHead:
     layer = config.get("transformer_layer_config") or {}
     model = native_model(target.model)
     hidden, vocab_size = model.hidden_size, model.vocab_size
-    recorded = _check_fits_target(path, config, layer, target)
+    recorded = _check_fits_target(path, config, layer, target, model)
     tensors = _read_weights(path)
     if repository_layout:
         tensors = {name.replace("midlayer.", "layers.0.", 1): value for name, value in tensors.items()}
@@ -246,11 +246,10 @@ def _read_head_config(path: Path) -> tuple[dict, bool]:
     return config, repository_layout
 
 
-def _check_fits_target(path: Path, config: dict, layer: dict, target) -> dict:
+def _check_fits_target(path: Path, config: dict, layer: dict, target, model) -> dict:
     """InvalidParameterError unless the head's layer, width, vocabulary and tokenizer fit `target`; returns
-    the target the checkpoint records (specdec's own metadata), if any."""
+    the target the checkpoint records (specdec's own metadata), if any. `model`: the target's native model."""
     _check_layer(layer, str(path))
-    model = native_model(target.model)
     hidden, vocab_size = model.hidden_size, model.vocab_size
     if layer.get("hidden_size") != hidden or layer.get("vocab_size", vocab_size) != vocab_size:
         raise InvalidParameterError(
