@@ -304,6 +304,7 @@ def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
     restarts = 0
     for prompt in PROMPTS:
         drafter = make_drafter(spec, target, "cpu", "float32")
+        drafter.model_after_tokens = 0  # 40 tokens: the model drafts from the first
         model = drafter.sources[1]
         unseen = model._unseen
 
@@ -339,6 +340,9 @@ def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
 def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     from specdec.drafters.base import Drafter
     from specdec.drafters.combined import RETRY_EVERY, CombinedDrafter, LookupSource
+
+    def combined(*sources):  # the model asked from the first token: these rounds test the rates
+        return CombinedDrafter(list(sources), model_after_tokens=0)
     from specdec.core.rounds import Draft
 
     class Fixed(Drafter):
@@ -357,12 +361,13 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
         def fresh(self):
             return self
 
-    drafter = CombinedDrafter([Fixed("lookup", [70, 50]), Fixed("model", [1, 2])])
+    drafter = combined(Fixed("lookup", [70, 50]), Fixed("model", [1, 2]))
     drafter.begin([50, 60], SamplingParams(), 64)
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]  # unmeasured: cheapest first
     drafter.rates, drafter.modelless_rate = [10.0, 40.0], 1.0  # tokens/s of the rounds each source drafted
-    chosen = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens[0] for _ in range(2 * RETRY_EVERY)]
-    assert chosen.count(70) == 2 and chosen.count(1) == 2 * RETRY_EVERY - 2  # retried every RETRY_EVERY rounds
+    chosen = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens[0] for _ in range(3 * RETRY_EVERY)]
+    # retried after RETRY_EVERY rounds, then after twice as many while it still loses
+    assert [i for i, token in enumerate(chosen) if token == 70] == [RETRY_EVERY - 1, 3 * RETRY_EVERY - 1]
     drafter.rates = [50.0, 40.0]
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]
 
@@ -374,7 +379,7 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
             return self.verbatim
 
     lookup = Lookup("lookup", [70, 50])
-    drafter = CombinedDrafter([lookup, Fixed("model", [1, 2])])
+    drafter = combined(lookup, Fixed("model", [1, 2]))
     drafter.begin([50, 60], SamplingParams(), 64)
     drafter.rates = [10.0, 40.0]
     assert all(drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50] for _ in range(RETRY_EVERY))
@@ -385,18 +390,61 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [1, 2]
     drafter.rates, drafter.modelless_rate = [None, 5.0], 30.0  # ... unless the model sits the round out
     drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(2 * RETRY_EVERY)]
-    assert drafts.count([70, 50]) == 2 * RETRY_EVERY - 2 and drafts.count([1, 2]) == 2
+    assert drafts.count([70, 50]) == 2 * RETRY_EVERY - 1 and drafts.count([1, 2]) == 1
 
     # the model is passed over where rounds without a draft commit faster
-    drafter = CombinedDrafter([Fixed("lookup", []), Fixed("model", [1, 2])])
+    drafter = combined(Fixed("lookup", []), Fixed("model", [1, 2]))
     drafter.begin([50, 60], SamplingParams(), 64)
     drafter.rates, drafter.modelless_rate = [None, 5.0], 20.0
     drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(2 * RETRY_EVERY)]
-    assert drafts.count([]) == 2 * RETRY_EVERY - 2 and drafts.count([1, 2]) == 2
+    assert drafts.count([]) == 2 * RETRY_EVERY - 1 and drafts.count([1, 2]) == 1
+    drafter.rates = [None, 30.0]  # a retry that pays: tried every RETRY_EVERY rounds again once it loses
+    drafter.propose([50, 60], 2, SamplingParams(), None)
+    drafter.rates = [None, 5.0]
+    drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(RETRY_EVERY)]
+    assert drafts.count([1, 2]) == 1
     drafter.begin([50, 60], SamplingParams(), 64)  # no round without a draft measured yet: one now and then
     drafter.rates = [None, 5.0]
     drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(2 * RETRY_EVERY)]
     assert drafts.count([]) == 2
+
+
+def test_no_model_is_asked_before_the_first_tokens_unless_nothing_else_drafts():
+    """A draft model's first proposal prefills its window, which a short answer never earns back: lookup
+    drafts the first `model_after_tokens` alone, unless there is no lookup to draft them."""
+    from specdec.core.rounds import Draft
+    from specdec.drafters.base import Drafter
+    from specdec.drafters.combined import CombinedDrafter, LookupSource
+
+    class Asked(Drafter):
+        def __init__(self, name):
+            self.name, self.asked = name, 0
+
+        def begin(self, prompt_ids, params, max_length):
+            pass
+
+        def propose(self, context, max_tokens, params, noise):
+            self.asked += 1
+            return Draft.chain([1])
+
+        def on_verified(self, context, draft, result):
+            pass
+
+        def fresh(self):
+            return self
+
+    class Lookup(Asked, LookupSource):
+        pass
+
+    lookup, model = Lookup("lookup"), Asked("model")
+    drafter = CombinedDrafter([lookup, model], model_after_tokens=3)
+    drafter.begin([7, 8], SamplingParams(), 64)
+    assert [drafter.propose([7, 8, *range(n)], 1, SamplingParams(), None).tokens for n in range(5)] == [[1]] * 5
+    assert (lookup.asked, model.asked) == (5, 2)  # asked once 3 tokens are committed
+    models_only = CombinedDrafter([Asked("quant"), model], model_after_tokens=3)
+    models_only.begin([7, 8], SamplingParams(), 64)
+    models_only.propose([7, 8], 1, SamplingParams(), None)
+    assert model.asked == 2 and models_only.sources[0].asked == 1
 
 
 def test_a_draft_models_catch_up_is_not_counted_against_its_round():
@@ -426,7 +474,7 @@ def test_a_draft_models_catch_up_is_not_counted_against_its_round():
             self.catch_up_seconds = 0.2
             return Draft.chain([1, 2])
 
-    drafter = CombinedDrafter([NgramDrafter(), CatchingUp()])
+    drafter = CombinedDrafter([NgramDrafter(), CatchingUp()], model_after_tokens=0)
     drafter.begin([50, 60], SamplingParams(), 64)
     for _ in range(2):  # the first round of a source is cold and not rated
         draft = drafter.propose([50, 60], 2, SamplingParams(), None)

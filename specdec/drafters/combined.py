@@ -8,9 +8,13 @@ is mostly wrong where the model would have drafted well) are taken only in round
 The models, cheapest first, are measured: for each, the tokens committed per second of the rounds it
 drafted (draft + verify). A model is passed over when a later model's rate is higher, and the last model
 when the rounds without a model's draft (a weak guess, or none) commit faster, so a model only runs where
-it pays; every few rounds a passed-over model is tried anyway, so one that starts paying is taken again.
-A draft model prefills the prompt at its first proposal, so a generation that lookup drafts throughout
-never pays for the model.
+it pays; a passed-over model is tried again now and then, so one that starts paying is taken again, and
+less often each time it still loses, so a model that never pays on this text costs little.
+A draft model prefills its window of the context at its first proposal, which costs several target steps:
+an answer of a few dozen tokens never earns that back, so no model is asked before the generation has
+committed `MODEL_AFTER_TOKENS` (lookup drafts alone until then, which also measures the rounds without a
+model that the model is then weighed against). A generation that lookup drafts throughout never pays for
+the model.
 
 With `k="auto"` each source drafts to its own length (speculation_length.SourceLengths): a lookup's verbatim
 copies, its weaker guesses and the model each have an AdaptiveK fitted to their own acceptance, so a copy
@@ -38,7 +42,9 @@ from specdec.core.speculation_length import SourceLengths
 
 
 RATE_DECAY = 0.8  # weight of the past in each source's rate
-RETRY_EVERY = 8  # a model passed over is tried again after this many rounds it was passed over
+RETRY_EVERY = 8  # a model passed over is tried again after this many rounds it was passed over ...
+RETRY_AT_MOST_EVERY = 64  # ... twice as many after each retry it still lost, up to this many
+MODEL_AFTER_TOKENS = 32  # committed tokens before any model is asked: short answers never pay its prefill
 
 
 class LookupSource:
@@ -55,7 +61,7 @@ class LookupSource:
 class CombinedDrafter(Drafter):
     drafts_per_source = True
 
-    def __init__(self, sources: Sequence[Drafter]):
+    def __init__(self, sources: Sequence[Drafter], model_after_tokens: int = MODEL_AFTER_TOKENS):
         if len(sources) < 2:
             raise InvalidParameterError("a combined drafter needs at least two drafters joined by '+'")
         for source in sources:
@@ -64,6 +70,9 @@ class CombinedDrafter(Drafter):
                                             "only chain drafters (ngram, draft:, quant:, layerskip) combine with '+'")
         self.sources = list(sources)
         self.name = "+".join(source.name for source in self.sources)
+        # without a lookup to draft the first tokens, waiting for the model would only decode them plainly
+        self.model_after_tokens = model_after_tokens if any(isinstance(s, LookupSource) for s in sources) else 0
+        self.prompt_length = 0
         self.reads_logits = any(source.reads_logits for source in self.sources)
         self.proposer: int | None = None
         self.verbatim = False  # the proposer's draft copied a long run of the context
@@ -75,12 +84,13 @@ class CombinedDrafter(Drafter):
 
     def begin_rates(self) -> None:
         self.rates: list[float | None] = [None] * len(self.sources)  # committed tokens per second, per model
-        self.passed = [0] * len(self.sources)
+        self.passed = [0] * len(self.sources)  # rounds each model was passed over since it was last tried
+        self.retry_every = [RETRY_EVERY] * len(self.sources)
         self.proposals = [0] * len(self.sources)
         self.modelless_rate: float | None = None  # the same for rounds no model drafted (a weak guess or none)
 
     def fresh(self) -> "CombinedDrafter":
-        return CombinedDrafter([source.fresh() for source in self.sources])
+        return CombinedDrafter([source.fresh() for source in self.sources], self.model_after_tokens)
 
     def memory_bytes(self) -> int:
         return sum(source.memory_bytes() for source in self.sources)
@@ -100,6 +110,7 @@ class CombinedDrafter(Drafter):
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         for source in self.sources:
             source.begin(prompt_ids, params, max_length)
+        self.prompt_length = len(prompt_ids)
         self.begin_rates()
 
     def use_source_lengths(self, lengths: SourceLengths) -> None:
@@ -110,6 +121,7 @@ class CombinedDrafter(Drafter):
         self.proposer = None
         self.started = time.perf_counter()
         guess: tuple[int, Draft] | None = None  # a lookup's weak guess: taken where no model drafts this round
+        models_wait = len(context) - self.prompt_length < self.model_after_tokens
         for index, source in enumerate(self.sources):
             if isinstance(source, LookupSource):
                 # A lookup costs nothing to ask: its proposal says which kind it is (a verbatim copy or a
@@ -123,7 +135,7 @@ class CombinedDrafter(Drafter):
                 elif len(draft) and guess is None:
                     guess = (index, draft)
                 continue
-            if self._outpaced(index):
+            if models_wait or self._outpaced(index):
                 continue
             key = (index, "draft")
             k = self._length(key, max_tokens)
@@ -160,9 +172,15 @@ class CombinedDrafter(Drafter):
         later = [self.rates[i] for i in range(index + 1, len(self.sources)) if not self._is_lookup(i)]
         later = [rate for rate in [*later, self.modelless_rate if last else None] if rate is not None]
         if own is None or not later or own >= max(later):
+            self.retry_every[index] = RETRY_EVERY
             return False
         self.passed[index] += 1
-        return self.passed[index] % RETRY_EVERY != 0
+        if self.passed[index] < self.retry_every[index]:
+            return True
+        # tried again now; should it still lose, the next try waits twice as long
+        self.passed[index] = 0
+        self.retry_every[index] = min(2 * self.retry_every[index], RETRY_AT_MOST_EVERY)
+        return False
 
     def _is_lookup(self, index: int) -> bool:
         return isinstance(self.sources[index], LookupSource)
