@@ -339,10 +339,16 @@ def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
 
 def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     from specdec.drafters.base import Drafter
-    from specdec.drafters.combined import RETRY_EVERY, CombinedDrafter, LookupSource
+    from specdec.drafters.combined import RATED_AFTER, RETRY_EVERY, CombinedDrafter, LookupSource, Throughput
 
     def combined(*sources):  # the model asked from the first token: these rounds test the rates
         return CombinedDrafter(list(sources), model_after_tokens=0)
+
+    def measured(drafter, rates, modelless=None):
+        """Each source's tokens per second as if measured over enough rounds (None: not yet)."""
+        def throughput(rate):
+            return Throughput() if rate is None else Throughput(tokens=rate, seconds=1.0, rounds=RATED_AFTER)
+        drafter.throughputs, drafter.modelless = [throughput(r) for r in rates], throughput(modelless)
     from specdec.core.rounds import Draft
 
     class Fixed(Drafter):
@@ -364,11 +370,10 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     drafter = combined(Fixed("lookup", [70, 50]), Fixed("model", [1, 2]))
     drafter.begin([50, 60], SamplingParams(), 64)
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]  # unmeasured: cheapest first
-    drafter.rates, drafter.modelless_rate = [10.0, 40.0], 1.0  # tokens/s of the rounds each source drafted
-    chosen = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens[0] for _ in range(3 * RETRY_EVERY)]
-    # retried after RETRY_EVERY rounds, then after twice as many while it still loses
-    assert [i for i, token in enumerate(chosen) if token == 70] == [RETRY_EVERY - 1, 3 * RETRY_EVERY - 1]
-    drafter.rates = [50.0, 40.0]
+    measured(drafter, [10.0, 40.0], 1.0)  # tokens/s of the rounds each source drafted
+    chosen = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens[0] for _ in range(2 * RETRY_EVERY)]
+    assert chosen.count(70) == 2 and chosen.count(1) == 2 * RETRY_EVERY - 2  # retried every RETRY_EVERY rounds
+    measured(drafter, [50.0, 40.0], 1.0)
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]
 
     # a free lookup is always asked, and a verbatim copy is taken whatever the rates say
@@ -381,30 +386,25 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     lookup = Lookup("lookup", [70, 50])
     drafter = combined(lookup, Fixed("model", [1, 2]))
     drafter.begin([50, 60], SamplingParams(), 64)
-    drafter.rates = [10.0, 40.0]
+    measured(drafter, [10.0, 40.0])
     assert all(drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50] for _ in range(RETRY_EVERY))
     lookup.verbatim = False  # a weak guess gives way to the model ...
-    drafter.rates = [None, None]
+    measured(drafter, [None, None])
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [1, 2]
-    drafter.rates, drafter.modelless_rate = [None, 30.0], 20.0
+    measured(drafter, [None, 30.0], 20.0)
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [1, 2]
-    drafter.rates, drafter.modelless_rate = [None, 5.0], 30.0  # ... unless the model sits the round out
+    measured(drafter, [None, 5.0], 30.0)  # ... unless the model sits the round out
     drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(2 * RETRY_EVERY)]
-    assert drafts.count([70, 50]) == 2 * RETRY_EVERY - 1 and drafts.count([1, 2]) == 1
+    assert drafts.count([70, 50]) == 2 * RETRY_EVERY - 2 and drafts.count([1, 2]) == 2
 
     # the model is passed over where rounds without a draft commit faster
     drafter = combined(Fixed("lookup", []), Fixed("model", [1, 2]))
     drafter.begin([50, 60], SamplingParams(), 64)
-    drafter.rates, drafter.modelless_rate = [None, 5.0], 20.0
+    measured(drafter, [None, 5.0], 20.0)
     drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(2 * RETRY_EVERY)]
-    assert drafts.count([]) == 2 * RETRY_EVERY - 1 and drafts.count([1, 2]) == 1
-    drafter.rates = [None, 30.0]  # a retry that pays: tried every RETRY_EVERY rounds again once it loses
-    drafter.propose([50, 60], 2, SamplingParams(), None)
-    drafter.rates = [None, 5.0]
-    drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(RETRY_EVERY)]
-    assert drafts.count([1, 2]) == 1
+    assert drafts.count([]) == 2 * RETRY_EVERY - 2 and drafts.count([1, 2]) == 2
     drafter.begin([50, 60], SamplingParams(), 64)  # no round without a draft measured yet: one now and then
-    drafter.rates = [None, 5.0]
+    measured(drafter, [None, 5.0])
     drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(2 * RETRY_EVERY)]
     assert drafts.count([]) == 2
 
@@ -454,7 +454,7 @@ def test_a_draft_models_catch_up_is_not_counted_against_its_round():
 
     from specdec.core.rounds import Draft, VerifyResult
     from specdec.drafters.base import Drafter
-    from specdec.drafters.combined import CombinedDrafter
+    from specdec.drafters.combined import RATED_AFTER, CombinedDrafter
     from specdec.drafters.ngram import NgramDrafter
 
     class CatchingUp(Drafter):  # a draft model, tried after the lookup finds nothing
@@ -476,10 +476,26 @@ def test_a_draft_models_catch_up_is_not_counted_against_its_round():
 
     drafter = CombinedDrafter([NgramDrafter(), CatchingUp()], model_after_tokens=0)
     drafter.begin([50, 60], SamplingParams(), 64)
-    for _ in range(2):  # the first round of a source is cold and not rated
+    for _ in range(1 + RATED_AFTER):  # the first round of a source is cold and not rated
         draft = drafter.propose([50, 60], 2, SamplingParams(), None)
         drafter.on_verified([50, 60, 1, 2, 3], draft, VerifyResult(2, [0, 1], [1, 2, 3]))
-    assert drafter.rates[1] > 3 / 0.2 * 5  # three tokens in far less than the catch-up took
+    assert drafter.throughputs[1].rate > 3 / 0.2 * 5  # three tokens in far less than the catch-up took
+
+
+def test_a_sources_rate_is_its_tokens_over_its_seconds_and_waits_for_a_few_rounds():
+    """One round's yield swings from one token to K + 1: a model judged on one unlucky round sat out most
+    of a short answer."""
+    from specdec.drafters.combined import RATE_DECAY, RATED_AFTER, Throughput
+
+    throughput = Throughput()
+    rounds = [(1, 0.05), (4, 0.06), (1, 0.05)][:RATED_AFTER]
+    for tokens, seconds in rounds[:-1]:
+        throughput.add(tokens, seconds)
+        assert throughput.rate is None
+    throughput.add(*rounds[-1])
+    weights = [RATE_DECAY ** (len(rounds) - 1 - i) for i in range(len(rounds))]
+    expected = sum(w * t for w, (t, _) in zip(weights, rounds)) / sum(w * s for w, (_, s) in zip(weights, rounds))
+    assert throughput.rate == pytest.approx(expected)
 
 
 def test_combined_drafter_refuses_tree_drafters_and_none(models):

@@ -8,8 +8,10 @@ is mostly wrong where the model would have drafted well) are taken only in round
 The models, cheapest first, are measured: for each, the tokens committed per second of the rounds it
 drafted (draft + verify). A model is passed over when a later model's rate is higher, and the last model
 when the rounds without a model's draft (a weak guess, or none) commit faster, so a model only runs where
-it pays; a passed-over model is tried again now and then, so one that starts paying is taken again, and
-less often each time it still loses, so a model that never pays on this text costs little.
+it pays; every few rounds a passed-over model is tried anyway, so one that starts paying is taken again.
+A rate is committed tokens over seconds summed over the recent rounds, and judges nothing before a few
+rounds: one round's yield swings from one token to K + 1, and a model passed over after one unlucky round
+would sit out most of a short answer.
 A draft model prefills its window of the context at its first proposal, which costs several target steps:
 an answer of a few dozen tokens never earns that back, so no model is asked before the generation has
 committed `MODEL_AFTER_TOKENS` (lookup drafts alone until then, which also measures the rounds without a
@@ -30,7 +32,7 @@ that proposed is told the round's result.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from specdec.drafters.base import Drafter
@@ -41,10 +43,30 @@ from specdec.core.sampling import SamplingParams
 from specdec.core.speculation_length import SourceLengths
 
 
-RATE_DECAY = 0.8  # weight of the past in each source's rate
-RETRY_EVERY = 8  # a model passed over is tried again after this many rounds it was passed over ...
-RETRY_AT_MOST_EVERY = 64  # ... twice as many after each retry it still lost, up to this many
+RATE_DECAY = 0.8  # weight of the past in each source's rate, per round it drafts
+RATED_AFTER = 3  # rounds measured before a rate judges
+RETRY_EVERY = 8  # a model passed over is tried again after this many rounds it was passed over
 MODEL_AFTER_TOKENS = 32  # committed tokens before any model is asked: short answers never pay its prefill
+
+
+@dataclass
+class Throughput:
+    """Committed tokens per second over a source's recent rounds: the decayed sums of both, so each round
+    weighs by its time."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    rounds: int = 0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens = RATE_DECAY * self.tokens + tokens
+        self.seconds = RATE_DECAY * self.seconds + seconds
+        self.rounds += 1
+
+    @property
+    def rate(self) -> float | None:
+        """Tokens per second, once enough rounds are measured to judge by."""
+        return self.tokens / max(self.seconds, 1e-9) if self.rounds >= RATED_AFTER else None
 
 
 class LookupSource:
@@ -83,11 +105,10 @@ class CombinedDrafter(Drafter):
         self.begin_rates()
 
     def begin_rates(self) -> None:
-        self.rates: list[float | None] = [None] * len(self.sources)  # committed tokens per second, per model
-        self.passed = [0] * len(self.sources)  # rounds each model was passed over since it was last tried
-        self.retry_every = [RETRY_EVERY] * len(self.sources)
+        self.throughputs = [Throughput() for _ in self.sources]  # of the rounds each model drafted
+        self.modelless = Throughput()  # of the rounds no model drafted (a weak guess or none)
+        self.passed = [0] * len(self.sources)
         self.proposals = [0] * len(self.sources)
-        self.modelless_rate: float | None = None  # the same for rounds no model drafted (a weak guess or none)
 
     def fresh(self) -> "CombinedDrafter":
         return CombinedDrafter([source.fresh() for source in self.sources], self.model_after_tokens)
@@ -164,23 +185,17 @@ class CombinedDrafter(Drafter):
         """Whether a later model (for the last model: rounds without a model's draft) has measured a higher
         rate than model `index`; then skip it, but not forever."""
         last = index == self.last_model
-        own = self.rates[index]
-        if last and own is not None and self.modelless_rate is None:
+        own, modelless = self.throughputs[index].rate, self.modelless.rate
+        if last and own is not None and modelless is None:
             # the model always proposes, so a round without it is measured by skipping it now and then
             self.passed[index] += 1
             return self.passed[index] % RETRY_EVERY == 0
-        later = [self.rates[i] for i in range(index + 1, len(self.sources)) if not self._is_lookup(i)]
-        later = [rate for rate in [*later, self.modelless_rate if last else None] if rate is not None]
+        later = [self.throughputs[i].rate for i in range(index + 1, len(self.sources)) if not self._is_lookup(i)]
+        later = [rate for rate in [*later, modelless if last else None] if rate is not None]
         if own is None or not later or own >= max(later):
-            self.retry_every[index] = RETRY_EVERY
             return False
         self.passed[index] += 1
-        if self.passed[index] < self.retry_every[index]:
-            return True
-        # tried again now; should it still lose, the next try waits twice as long
-        self.passed[index] = 0
-        self.retry_every[index] = min(2 * self.retry_every[index], RETRY_AT_MOST_EVERY)
-        return False
+        return self.passed[index] % RETRY_EVERY != 0
 
     def _is_lookup(self, index: int) -> bool:
         return isinstance(self.sources[index], LookupSource)
@@ -190,18 +205,15 @@ class CombinedDrafter(Drafter):
         # not of this one: counted here it made a model tried now and then look slower than a plain step,
         # so it sat out more and caught up on more at its next try.
         seconds = time.perf_counter() - self.started - self.catch_up_seconds
-        rate = len(result.tokens) / max(seconds, 1e-9)
         if self.proposer is not None:
             self.sources[self.proposer].on_verified(context, draft, result)
             self.proposals[self.proposer] += 1
         if self.proposer is None or (self._is_lookup(self.proposer) and not self.verbatim):
             # what the rounds without a model commit: the alternative the last model is measured against
-            old = self.modelless_rate
-            self.modelless_rate = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
+            self.modelless.add(len(result.tokens), seconds)
             return
         if self.proposals[self.proposer] == 1 or self.verbatim:
             # A model's first round is cold (it prefills the prompt in it). A verbatim copy is taken whatever
             # the rates say, and its high yield must not count for the rounds without a model.
             return
-        old = self.rates[self.proposer]
-        self.rates[self.proposer] = rate if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * rate
+        self.throughputs[self.proposer].add(len(result.tokens), seconds)
