@@ -12,13 +12,13 @@ EXTRA = 0.008  # each further verified token
 
 def simulate(acceptance: float, draft_per_token: float, catch_up_per_token: float = 0.0, rounds: int = 300,
              seed: int = 0, useless_rounds: int = 0, step: float = STEP, extra: float = EXTRA,
-             pass_ratio=None) -> list[int]:
+             pass_ratio=None, min_k: int = 0) -> list[int]:
     """Ks chosen over `rounds` rounds; a draft model skipped by K = 0 rounds catches up on those tokens in
     its next round, at `catch_up_per_token` each. The first `useless_rounds` rounds accept nothing (text
     the draft cannot predict), then `acceptance` holds. A verification over T rows costs step + extra (T - 1),
     or step * pass_ratio(T) where given."""
     rng = np.random.default_rng(seed)
-    choose = AdaptiveK(max_k=8)
+    choose = AdaptiveK(max_k=8, min_k=min_k)
     skipped = 0
     for index in range(rounds):
         k = choose.next_k()
@@ -41,6 +41,12 @@ def test_cheap_accurate_draft_gets_a_long_k():
 
 def test_useless_draft_is_switched_off():
     assert np.mean(np.array(simulate(0.05, 0.015)[-100:]) == 0) > 0.8
+
+
+def test_a_k_bounded_below_drafts_every_round_and_still_fits_its_length():
+    """A combined drafter's model: whether it drafts is decided by measured rates; its K stays >= 1."""
+    assert min(simulate(0.05, 0.015, min_k=1)) == 1
+    assert np.mean(simulate(0.9, 0.002, min_k=1)[-100:]) >= 5
 
 
 def test_catch_up_after_plain_steps_does_not_keep_k_at_zero():

@@ -113,8 +113,10 @@ PRIOR_ROUNDS = 2.0  # how many rounds' worth of evidence a prior (pooled, or pri
 
 
 class AdaptiveK:
-    def __init__(self, max_k: int = 8, initial_k: int = 4, decay: float = 0.95, prior_alpha: float = 0.6):
+    def __init__(self, max_k: int = 8, initial_k: int = 4, decay: float = 0.95, prior_alpha: float = 0.6,
+                 min_k: int = 0):
         self.max_k = max_k
+        self.min_k = min_k  # 1: never a plain step, where something else decides whether this drafts at all
         self.decay = decay
         self.k = initial_k
         # Counts per draft position, decayed every round; the pool starts at prior_alpha.
@@ -153,7 +155,7 @@ class AdaptiveK:
 
     def next_k(self) -> int:
         if self.draft_per_token is not None and self.verify_seconds:
-            self.k = int(np.argmax(self.predicted_rates()))
+            self.k = self.min_k + int(np.argmax(self.predicted_rates()[self.min_k:]))
             # Keep measuring one longer K now and then, or a low start could never grow; but not for a
             # drafter whose draft token costs a whole plain step: no K pays then, even with every draft
             # accepted, and each probe also pays the draft's catch-up on the tokens it skipped (torch's int4
@@ -207,16 +209,17 @@ class SourceLengths:
         self.max_k = max_k
         self.lengths: dict[Hashable, AdaptiveK] = {}
 
-    def length(self, source: Hashable) -> AdaptiveK:
+    def length(self, source: Hashable, min_k: int = 0) -> AdaptiveK:
         if source not in self.lengths:
-            self.lengths[source] = AdaptiveK(max_k=self.max_k)
+            self.lengths[source] = AdaptiveK(max_k=self.max_k, min_k=min_k)
         return self.lengths[source]
 
     def next_k(self) -> int:
         return self.max_k
 
-    def next_k_for(self, source: Hashable) -> int:
-        return self.length(source).next_k()
+    def next_k_for(self, source: Hashable, min_k: int = 0) -> int:
+        """Source's K this round; min_k (given at its first call) bounds it below."""
+        return self.length(source, min_k).next_k()
 
     def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float,
                 source: Hashable | None = None) -> None:

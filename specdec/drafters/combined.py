@@ -178,8 +178,13 @@ class CombinedDrafter(Drafter):
         return draft if self.lengths is None else replace(draft, source=key, asked=k)
 
     def _length(self, key: tuple[int, str], max_tokens: int) -> int:
-        """How many tokens source kind `key` drafts this round: its own K when K is auto, else max_tokens."""
-        return max_tokens if self.lengths is None else min(max_tokens, self.lengths.next_k_for(key))
+        """How many tokens source kind `key` drafts this round: its own K when K is auto, else max_tokens.
+        A model's K is at least 1: whether it drafts at all is the rates' call, which retry it every few
+        rounds; a K of 0 was a second switch, which a first round or two of rejections left off for most of an
+        answer (a longer K is probed only every 16 rounds)."""
+        if self.lengths is None:
+            return max_tokens
+        return min(max_tokens, self.lengths.next_k_for(key, min_k=int(key[1] == "draft")))
 
     def _outpaced(self, index: int) -> bool:
         """Whether a later model (for the last model: rounds without a model's draft) has measured a higher
