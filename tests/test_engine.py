@@ -337,6 +337,33 @@ def test_combined_drafter_equals_plain_and_drafts_from_each_source(models, k):
         assert (1, "draft") in kinds and kinds & {(0, "verbatim"), (0, "guess")}, kinds
 
 
+def test_combined_drafter_with_its_default_wait_equals_plain_whole_and_streamed(models):
+    """As `auto` builds it (no model before MODEL_AFTER_TOKENS): the output is plain decoding's, and the
+    model first drafts once that many tokens are committed."""
+    from specdec.drafters.combined import MODEL_AFTER_TOKENS
+
+    target = models["target"]
+    new_tokens = MODEL_AFTER_TOKENS + 16
+    drafter = make_drafter(f"ngram+draft:{target.path}@weights=float32", target, "cpu", "float32")
+    model = drafter.sources[1]
+    asked_at: list[int] = []
+    propose = model.propose
+
+    def recording(context, *args):
+        asked_at.append(len(context))
+        return propose(context, *args)
+    model.propose = recording
+    gen = SpeculativeGenerator(target, drafter, "auto")
+    prompt = PROMPTS[1]
+    prompt_length = len(target.tokenizer.encode(prompt, add_special_tokens=True))
+    result = gen.generate(prompt, new_tokens, chat=False)
+    assert result.token_ids == plain_ids(target, prompt, new_tokens)
+    assert asked_at and min(asked_at) - prompt_length >= MODEL_AFTER_TOKENS, (asked_at, prompt_length)
+    streamed = list(gen.stream(prompt, new_tokens, chat=False))
+    assert [t for chunk in streamed for t in chunk.token_ids] == result.token_ids
+    assert "".join(chunk.text for chunk in streamed) == result.text
+
+
 def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     from specdec.drafters.base import Drafter
     from specdec.drafters.combined import RATED_AFTER, RETRY_EVERY, CombinedDrafter, LookupSource, Throughput
