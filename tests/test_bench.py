@@ -1,6 +1,7 @@
 """`specdec bench` on a tiny model with two drafters and the transformers peers: well-formed reports."""
 
 import json
+import platform
 
 from specdec.bench.tasks import load_prompts
 from specdec.cli import main
@@ -37,6 +38,14 @@ def test_bench_report_and_json(tiny_dirs, tmp_path, capsys):
     memory = results["memory"]  # the tiny target's float32 weights, as the bench loaded them
     assert abs(memory["target_weights_mb"] - module_bytes(load_model(target).model) / 1e6) < 1e-9
     assert memory["peak_rss_mb"] > memory["target_weights_mb"] and "memory: the target's weights" in printed
+    # which machine the figures came from: the CPU's name and the kernel build that ran on it
+    from specdec.kernels.build import cpu_has_avx2_fma_f16c, cpu_has_avx512_vnni, cpuinfo_field, default_kernel_name
+    machine = results["machine"]
+    assert machine["cpu"] == (cpuinfo_field("model name") or platform.machine())
+    assert machine["cpu_kernels"] == default_kernel_name()
+    if cpu_has_avx2_fma_f16c():  # the CPUs CI runs on: their build is named by what it uses
+        assert machine["cpu_kernels"].startswith("AVX-512 VNNI" if cpu_has_avx512_vnni() else "AVX2")
+    assert f"machine: {machine['cpu']}, CPU kernels {machine['cpu_kernels']}" in printed
 
     assert main(["analyze", "--from-bench", str(tmp_path / "r.json"), "--plot", str(tmp_path / "fit.png")]) == 0
     fitted = capsys.readouterr().out

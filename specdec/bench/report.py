@@ -82,6 +82,8 @@ def markdown(results: BenchResults) -> str:
         f"temperature {config.sampling.temperature}, max_new_tokens {config.max_new_tokens}, "
         f"K {config.k}, {len({(r.task, r.prompt_id) for r in results.runs})} prompts, "
         f"{results.machine['threads']} threads, torch {results.machine['torch']}",
+        *([f"machine: {results.machine['cpu']}, CPU kernels {results.machine['cpu_kernels']}"]
+          if "cpu" in results.machine else []),
         *([f"memory: the target's weights {results.memory['target_weights_mb']:.0f} MB as loaded, process peak "
            f"resident {results.memory['peak_rss_mb']:.0f} MB"] if results.memory else []),
         "",

@@ -100,7 +100,11 @@ def memory_info(target: LoadedModel) -> dict:
 
 
 def machine_info() -> dict:
+    """Where the figures came from: the CPU by name and the kernel build it runs (AVX2, AVX-512, AMX)."""
+    from specdec.kernels.build import cpuinfo_field, default_kernel_name
+
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu": cpuinfo_field("model name") or platform.machine(), "cpu_kernels": default_kernel_name(),
             "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 

@@ -142,6 +142,18 @@ def default_kernel() -> ctypes.CDLL | None:
     return choose_kernel(default_builds())
 
 
+def default_kernel_name() -> str:
+    """Which build of the CPU kernels runs here ('AVX-512 VNNI + AMX', 'AVX-512 VNNI', 'AVX2', or "none
+    (torch's matmuls)"): the same model runs different code on different CPUs, so a figure says which."""
+    library = default_kernel()
+    chosen = next((flags for flags in default_builds() if library is not None and build_kernel(flags) is library), None)
+    if chosen is None:
+        return "none (torch's matmuls)"
+    if set(AMX_FLAGS) <= set(chosen):
+        return "AVX-512 VNNI + AMX"
+    return "AVX-512 VNNI" if set(AVX512_FLAGS) <= set(chosen) else "AVX2"
+
+
 _DEFAULT = object()
 _selected: list = [_DEFAULT]  # a stack: using_kernel() pushes, leaving pops
 
