@@ -62,13 +62,16 @@ def drafters(models):
                                                    "cpu", "float32"),
         "draft-prompt-window": lambda: make_drafter(f"draft:{models['target'].path}@context=2", models["target"], "cpu",
                                                     "float32"),
+        # a window of 6 whose first proposal prefills only the last 2 tokens (start=N)
+        "draft-start-window": lambda: make_drafter(f"draft:{models['target'].path}@context=6,start=2",
+                                                   models["target"], "cpu", "float32"),
         "layerskip": lambda: make_drafter("layerskip:first:1", models["target"], "cpu", "float32"),
     }
 
 
 needs_kernel = pytest.mark.skipif(packed_kernel() is None, reason="low-bit weights need the CPU kernel (AVX2, g++)")
 ALL_DRAFTERS = ["ngram", "draft-random", "draft-self", "draft-padded-vocab", "draft-early-exit", "draft-head-prefix",
-                "draft-prompt-window", pytest.param("quant-int8", marks=needs_kernel),
+                "draft-prompt-window", "draft-start-window", pytest.param("quant-int8", marks=needs_kernel),
                 pytest.param("quant-int4", marks=needs_kernel), pytest.param("quant-int4-window", marks=needs_kernel),
                 pytest.param("draft-int4-weights", marks=needs_kernel),
                 "layerskip"]
@@ -587,6 +590,7 @@ def test_draft_vocab_option_errors_are_clear(models):
                           (f"draft:{target.path}@size=3", "unknown option"),
                           (f"draft:{target.path}@confidence=2", r"\[0, 1\)"),
                           (f"draft:{target.path}@context=0", "N >= 1"),
+                          (f"draft:{target.path}@start=0", "N >= 1"),
                           ("quant:int4@context=x", "not a whole number"),
                           (f"draft:{target.path}@weights=int5", "unknown weight format"),
                           ("quant:int4@weights=int8", "unknown option")]:
@@ -616,6 +620,37 @@ def test_prompt_window_prefills_only_the_last_tokens(models):
     fresh = make_drafter(f"draft:{target.path}@context=4", target, "cpu", "float32")
     fresh.begin(context, SamplingParams(), 64)  # the same 4 tokens as a prompt's window: the same draft
     assert fresh.propose(context, 3, SamplingParams(), None).tokens == draft.tokens
+
+
+def test_start_window_prefills_only_the_last_tokens_at_the_first_proposal(models):
+    """start=N: the first proposal prefills only the context's last N tokens (a draft behind lookup is first
+    asked some way into the answer); every token after that stays in the draft's cache, and a restart (a
+    catch-up longer than context=N) takes the full window again. With start=N alone the first proposal
+    prefills N tokens of a whole prompt, and the draft then keeps all it sees."""
+    target = models["target"]
+    drafter = make_drafter(f"draft:{target.path}@context=8,start=3", target, "cpu", "float32")
+    prompt = list(range(5, 25))
+    drafter.begin(prompt, SamplingParams(), 64)
+    context = prompt + [7, 8]  # lookup drafted the first two tokens of the answer
+    draft = drafter.propose(context, 3, SamplingParams(), None)
+    assert (drafter.skipped, drafter.cache.length) == (len(context) - 3, 3 + 2)  # 3 tokens at their positions
+    fresh = make_drafter(f"draft:{target.path}@context=3", target, "cpu", "float32")
+    fresh.begin(context, SamplingParams(), 64)  # the same 3 tokens as a prompt's window: the same draft
+    assert fresh.propose(context, 3, SamplingParams(), None).tokens == draft.tokens
+    drafter.on_verified(context, draft, VerifyResult(3, [0], [draft.tokens[0], 9]))  # one accepted, then 9
+    context = context + [draft.tokens[0], 9]
+    draft = drafter.propose(context, 2, SamplingParams(), None)
+    assert drafter.cache.length == 3 + 1 + 1 + 1  # it kept its start and fed only the new token, then a draft
+    drafter.on_verified(context, draft, VerifyResult(2, [], [4]))
+    context = context + [4] + list(range(30, 40))  # sat out 11 tokens: more than the window of 8
+    drafter.propose(context, 2, SamplingParams(), None)
+    assert (drafter.skipped, drafter.cache.length) == (len(context) - 8, 8 + 1)  # a restart takes the window
+    alone = make_drafter(f"draft:{target.path}@start=4", target, "cpu", "float32")
+    alone.begin(prompt, SamplingParams(), 64)
+    alone.propose(prompt, 2, SamplingParams(), None)
+    assert (alone.skipped, alone.cache.length) == (len(prompt) - 4, 4 + 1)
+    quant = make_drafter("quant:int4@start=4", target, "cpu", "float32") if packed_kernel() else None
+    assert quant is None or not quant.shares_prompt_cache  # a cheap start is asked for: no shared prompt
 
 
 @needs_kernel

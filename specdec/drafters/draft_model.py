@@ -13,6 +13,11 @@ late in an answer, or back after a combined drafter's lookup drafted a long run)
 context's last N instead. Output stays exact (only the draft's proposals change); acceptance drops
 where the answer needs the prompt's beginning (a summary: halved, benchmarks 13).
 
+Start window (`start=N`): the first proposal prefills only the last N committed tokens, and the draft
+keeps every token it sees after that. Behind lookup (a combined drafter) a draft is first asked some way
+into the answer, and its first prefill is what an answer that turns out short never earns back; a few
+tokens of context are enough for its first guesses, and the context grows as the answer does.
+
 Shared prompt cache (self-drafts): a quantized copy of the target has the target's layout, so instead of
 prefilling the prompt a second time it starts from a copy of the target's prompt keys and values
 (`take_prompt_cache`, called by the engine after the target's prefill): no draft prefill at all, and
@@ -57,12 +62,14 @@ def same_tokenizer(target: LoadedModel, draft: LoadedModel) -> bool:
 class DraftModelDrafter(Drafter):
     def __init__(self, draft: LoadedModel, target_vocab_size: int, min_confidence: float = 0.0,
                  name: str | None = None, shares_with: nn.Module | None = None, prompt_window: int | None = None,
-                 shares_prompt_cache: bool = False):
+                 shares_prompt_cache: bool = False, start_window: int | None = None):
         """min_confidence: stop drafting early when the draft's top probability falls below it
         (after at least one token): unlikely tokens cost a draft step and are rarely accepted.
         shares_with: the target's model when the draft reuses some of its tensors (self-drafts), so
         that memory_bytes counts only what the draft adds.
         prompt_window: prefill only the prompt's last prompt_window tokens (None: all of it).
+        start_window: the first proposal prefills at most the last start_window committed tokens (None: as
+        prompt_window says); the cache keeps every token fed after that.
         shares_prompt_cache: start from the target's prompt cache when the engine offers one (self-drafts of
         the target's layout; quant: drafts share unless a prompt window was asked for)."""
         self.name = name or f"draft:{draft.name}"
@@ -72,6 +79,7 @@ class DraftModelDrafter(Drafter):
         self.vocab_size = target_vocab_size
         self.min_confidence = min_confidence
         self.prompt_window = prompt_window
+        self.start_window = start_window
         self.shares_prompt_cache = shares_prompt_cache
         self.target_cache = None  # the target's cache holding the prompt, when shared
         self.cache = None
@@ -79,7 +87,7 @@ class DraftModelDrafter(Drafter):
 
     def fresh(self) -> "DraftModelDrafter":
         return DraftModelDrafter(self.draft, self.vocab_size, self.min_confidence, self.name,  # shares the weights
-                                 self.shares_with, self.prompt_window, self.shares_prompt_cache)
+                                 self.shares_with, self.prompt_window, self.shares_prompt_cache, self.start_window)
 
     def memory_bytes(self) -> int:
         weights = module_bytes(self.model.weights_module(), self.shares_with)
@@ -155,9 +163,12 @@ class DraftModelDrafter(Drafter):
         context's last N tokens (at their true positions) rather than catching up on everything since the
         prompt's window; the restart costs fewer rows, and the draft still sees its N nearest tokens."""
         pending = list(context[self.skipped + self.cache.length:])
-        if self.prompt_window is not None and len(pending) > self.prompt_window:
+        window = self.prompt_window
+        if self.start_window is not None and self.cache.length == 0:  # the first proposal: a cheap start
+            window = min(window or self.start_window, self.start_window)
+        if window is not None and len(pending) > window:
             self.cache.truncate(0)
-            self.skipped = len(context) - self.prompt_window
+            self.skipped = len(context) - window
             pending = list(context[self.skipped:])
         return pending
 
@@ -180,10 +191,10 @@ def build(spec, target: LoadedModel, device: str, dtype: str) -> DraftModelDraft
     draft = load_model(model, device=device, dtype=dtype, weights=weights, cuda_graphs=graphs,
                        ids_tokenizer=target.tokenizer, adapter=draft_options.adapter)
     if not same_tokenizer(target, draft):  # drafts as text, re-tokenized for the target
-        if draft_options.vocab or draft_options.context or draft_options.confidence:
+        if draft_options.vocab or draft_options.context or draft_options.start or draft_options.confidence:
             raise InvalidParameterError(f"draft:{model}: its tokenizer differs from the target's; only weights=FORMAT and adapter=DIR "
                                         "apply to such a draft")
         return CrossTokenizerDrafter(draft, target.tokenizer, target.model.vocab_size, name=spec.text)
     draft = with_head_vocab(draft, draft_options.vocab)
     return DraftModelDrafter(draft, target.model.vocab_size, draft_options.confidence, name=spec.text,
-                             prompt_window=draft_options.context)
+                             prompt_window=draft_options.context, start_window=draft_options.start)

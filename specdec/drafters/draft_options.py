@@ -1,4 +1,4 @@
-"""Options of a draft model after '@' (draft:MODEL@..., quant:FORMAT@...): confidence=C, vocab=N, context=N,
+"""Options of a draft model after '@' (draft:MODEL@..., quant:FORMAT@...): confidence=C, vocab=N, context=N, start=N,
 and for draft models weights=FORMAT and adapter=DIR. The registry reads the keys and their types from these dataclasses."""
 
 from __future__ import annotations
@@ -18,12 +18,17 @@ class DraftOptions:
     confidence: float = 0.0  # confidence=C: stop drafting when the top probability falls below C
     vocab: int | None = None  # vocab=N: the draft's LM head computes only ids < N
     context: int | None = None  # context=N: the draft prefills only the prompt's last N tokens
+    # start=N: its first proposal prefills only the last N committed tokens (then every token it sees
+    # stays): a cheap start for a draft asked only once lookup has drafted the first tokens
+    start: int | None = None
 
     def __post_init__(self):
         if not 0 <= self.confidence < 1:
             raise InvalidParameterError("the early-exit confidence must be in [0, 1)")
         if self.context is not None and self.context < 1:
             raise InvalidParameterError("context=N needs N >= 1 prompt tokens")
+        if self.start is not None and self.start < 1:
+            raise InvalidParameterError("start=N needs N >= 1 tokens")
 
 
 @dataclasses.dataclass(frozen=True)

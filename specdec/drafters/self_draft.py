@@ -71,8 +71,8 @@ def quantized_copy_drafter(target: LoadedModel, copy: nn.Module, weights: str, o
     draft = with_head_vocab(dataclasses.replace(target, name=f"{target.name}-{weights}", model=copy), options.vocab,
                             "quant")
     return DraftModelDrafter(draft, target.model.vocab_size, options.confidence, name=spec,
-                             shares_with=target.model, prompt_window=options.context,
-                             shares_prompt_cache=options.context is None)  # an explicit window is a request
+                             shares_with=target.model, prompt_window=options.context, start_window=options.start,
+                             shares_prompt_cache=options.context is None and options.start is None)  # an explicit window is a request
 
 
 def torch_quantized_self_draft(target: LoadedModel, weights: str, kind: str, options: DraftOptions,
