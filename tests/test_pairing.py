@@ -23,6 +23,7 @@ from specdec.pairing import candidates as candidates_module
 from specdec.pairing import decision
 from specdec.pairing.calibration import Reference, _Round, predicted_speedup, replay
 from specdec.pairing.candidates import candidates_for
+from specdec.pairing.decision import calibrate
 from tiny_models import make_hf_model, write_tiny_gguf
 
 needs_kernel = pytest.mark.skipif(packed_kernel() is None, reason="the quantized self-draft needs the CPU kernel")
@@ -69,6 +70,14 @@ def test_another_tokenizer_drafts_only_where_no_same_tokenizer_model_exists(fold
     (folder / "small.gguf").unlink()
     found = [c for c in candidates_for(target, "cpu").chosen_from if c.kind != "self-draft"]
     assert [c.kind for c in found] == ["lookup", "other tokenizer"] and found[1].draft_path == folder / "other-dir"
+    # its spec builds the drafter it names: a draft through text, behind lookup (no option it refuses)
+    from specdec.drafters import make_drafter
+    from specdec.drafters.cross_tokenizer import CrossTokenizerDrafter
+    drafter = make_drafter(found[1].spec, target, "cpu", "float32")
+    assert isinstance(drafter.sources[-1], CrossTokenizerDrafter)
+    weighed = calibrate(target, "cpu", "float32", candidates_for(target, "cpu")).weighed
+    other = next(w for w in weighed if w.kind == "other tokenizer")
+    assert not other.problem and other.predicted_speedup > 0  # weighed, not refused
 
 
 def test_a_candidate_that_does_not_fit_in_memory_is_left_out_with_the_reason(folder, monkeypatch):

@@ -129,8 +129,11 @@ def _draft_options(target: LoadedModel, device: str, kind: str) -> str:
     if device != "cpu" or not target.model.layers_are_packed():
         return ""  # re-quantization runs on the CPU kernel
     group = f":{DRAFT_GROUP}" if target.model.hidden_size % DRAFT_GROUP == 0 else ""  # a sibling's width too
-    options = f"weights=int4{group},context={DRAFT_CONTEXT}"
-    if kind == "same tokenizer" and target.model.vocab_size > HEAD_CUT_ABOVE:
+    options = f"weights=int4{group}"
+    if kind != "same tokenizer":
+        return f"@{options}"  # a draft through text reads its own tokens: its window and head are not ids
+    options += f",context={DRAFT_CONTEXT}"
+    if target.model.vocab_size > HEAD_CUT_ABOVE:
         options += f",vocab={HEAD_CUT_TO}"
     return f"@{options}"
 
