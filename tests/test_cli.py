@@ -61,12 +61,13 @@ def test_generate_compare_runs_plain_decoding_too(tiny_dirs, capsys):
     assert "output identical to plain decoding" in capsys.readouterr().err
 
 
-def test_generate_with_lookup_and_a_windowed_draft_model_streams_what_json_returns(tiny_dirs, capsys):
+@pytest.mark.parametrize("window", ["context=2", "context=2,start=1"])  # start=N: a one-token first prefill
+def test_generate_with_lookup_and_a_windowed_draft_model_streams_what_json_returns(tiny_dirs, capsys, window):
     """The default's shape for the 1.5B (lookup + a draft model reading a window of the context), as a user
     runs it: whole (--json, compared with plain decoding) and streamed, the same text."""
     target = str(tiny_dirs["qwen2"])
     args = ["generate", "the cat sat on the mat, the cat sat on the", "--target", target, "--drafter",
-            f"ngram+draft:{target}@weights=float32,context=2", "--max-new-tokens", "24", "--no-chat"]
+            f"ngram+draft:{target}@weights=float32,{window}", "--max-new-tokens", "24", "--no-chat"]
     assert main([*args, "--compare", "--json"]) == 0
     whole = json.loads(capsys.readouterr().out)
     assert whole["compare"]["identical"] is True and whole["stats"]["drafted"] > 0

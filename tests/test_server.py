@@ -569,13 +569,15 @@ def test_draft_model_drafter_keeps_one_cache_per_interleaved_request(tiny_dirs, 
         running.stop()
 
 
-def test_lookup_with_a_windowed_draft_model_serves_plain_decodings_text_streamed_and_whole(tiny_dirs, tiny_generator):
+@pytest.mark.parametrize("window", ["context=2", "context=2,start=1"])  # start=N: a one-token first prefill
+def test_lookup_with_a_windowed_draft_model_serves_plain_decodings_text_streamed_and_whole(tiny_dirs, tiny_generator,
+                                                                                          window):
     """The default's shape (lookup + a draft model reading a window of the context) behind the server: a
     completion streamed and whole returns plain decoding's text."""
     target = str(tiny_dirs["llama"])
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECDEC_HOME", str(tiny_dirs["llama"].parent / "home-window"))
-        windowed = SpeculativeGenerator.from_pretrained(target, drafter=f"ngram+draft:{target}@context=2", k="auto")
+        windowed = SpeculativeGenerator.from_pretrained(target, drafter=f"ngram+draft:{target}@{window}", k="auto")
     running = RunningServer(windowed)
     try:
         prompt = "the cat sat on the mat, the cat sat on the"

@@ -165,7 +165,7 @@ class DraftModelDrafter(Drafter):
         pending = list(context[self.skipped + self.cache.length:])
         window = self.prompt_window
         if self.start_window is not None and self.cache.length == 0:  # the first proposal: a cheap start
-            window = min(window or self.start_window, self.start_window)
+            window = self.start_window if window is None else min(window, self.start_window)
         if window is not None and len(pending) > window:
             self.cache.truncate(0)
             self.skipped = len(context) - window

@@ -120,13 +120,14 @@ def default_builds() -> list[tuple[str, ...]]:
     return ([tuple(base + AVX512_FLAGS + AMX_FLAGS)] if cpu_has_amx() else []) + [tuple(base + AVX512_FLAGS), tuple(base)]
 
 
-def choose_kernel(builds: Sequence[tuple[str, ...]]) -> ctypes.CDLL | None:
-    """The first of these builds that compiles (a compiler too old for the AVX-512 flags leaves the AVX2
-    build); None without a compiler, or with a one-line warning when none compiles."""
+def choose_build(builds: Sequence[tuple[str, ...]]) -> tuple[str, ...] | None:
+    """The flags of the first of these builds that compiles (a compiler too old for the AVX-512 flags leaves
+    the AVX2 build); None without a compiler, or with a one-line warning when none compiles."""
     failure = None
     for flags in builds:
         try:
-            return build_kernel(tuple(flags))
+            build_kernel(tuple(flags))
+            return tuple(flags)
         except KernelBuildError as error:
             failure = error
         except FileNotFoundError:  # no compiler
@@ -136,22 +137,34 @@ def choose_kernel(builds: Sequence[tuple[str, ...]]) -> ctypes.CDLL | None:
     return None
 
 
+def choose_kernel(builds: Sequence[tuple[str, ...]]) -> ctypes.CDLL | None:
+    """The library of choose_build's build (built once: build_kernel remembers it), or None."""
+    flags = choose_build(builds)
+    return None if flags is None else build_kernel(flags)
+
+
 @functools.cache
+def default_build() -> tuple[str, ...] | None:
+    """The flags of this CPU's best build that compiles, found once."""
+    return choose_build(default_builds())
+
+
+@functools.cache  # every kernel call asks for it
 def default_kernel() -> ctypes.CDLL | None:
     """This CPU's best build, built once."""
-    return choose_kernel(default_builds())
+    flags = default_build()
+    return None if flags is None else build_kernel(flags)
 
 
 def default_kernel_name() -> str:
     """Which build of the CPU kernels runs here ('AVX-512 VNNI + AMX', 'AVX-512 VNNI', 'AVX2', or "none
     (torch's matmuls)"): the same model runs different code on different CPUs, so a figure says which."""
-    library = default_kernel()
-    chosen = next((flags for flags in default_builds() if library is not None and build_kernel(flags) is library), None)
-    if chosen is None:
+    flags = set(default_build() or ())
+    if not flags:
         return "none (torch's matmuls)"
-    if set(AMX_FLAGS) <= set(chosen):
+    if set(AMX_FLAGS) <= flags:
         return "AVX-512 VNNI + AMX"
-    return "AVX-512 VNNI" if set(AVX512_FLAGS) <= set(chosen) else "AVX2"
+    return "AVX-512 VNNI" if set(AVX512_FLAGS) <= flags else "AVX2"
 
 
 _DEFAULT = object()
