@@ -215,16 +215,24 @@ def test_concurrent_requests_run_in_batched_rounds_and_each_gets_its_own_output(
 
 def test_a_shared_prefix_is_computed_once_and_changes_nothing(tiny_generator):
     """A second prompt with the same system prompt, and the next turn of a conversation (its history resent),
-    copy the shared prefix's keys and values (/metrics counts them) and get exactly the library's output."""
+    copy the shared prefix's keys and values (/metrics counts them) and get exactly the library's output; each
+    reply says how many of its prompt tokens came from the cache (usage's cached_tokens, llama-server's
+    cache_n beside prompt_n, the tokens computed)."""
     running = RunningServer(tiny_generator, max_active=4)
     try:
         system = {"role": "system", "content": "You answer in short sentences, and you never make things up."}
         first = [system, {"role": "user", "content": "hello there"}]
         second = [system, {"role": "user", "content": "what is new"}]
+        reused = [0.0]
 
         def ask(messages):
             reply = running.client.chat.completions.create(model="tiny", messages=messages, max_tokens=30,
-                                                           temperature=0)
+                                                           temperature=0, extra_body={"timings_per_token": True})
+            now = running.metrics().get("specdec_prefix_cache_reused_tokens", 0.0)
+            cached, reused[0] = now - reused[0], now
+            timings = reply.model_extra["timings"]
+            assert reply.usage.prompt_tokens_details.cached_tokens == timings["cache_n"] == cached
+            assert timings["prompt_n"] + timings["cache_n"] == reply.usage.prompt_tokens
             return reply.choices[0].message.content
 
         answer = ask(first)
@@ -238,6 +246,15 @@ def test_a_shared_prefix_is_computed_once_and_changes_nothing(tiny_generator):
         first_prompt = len(tiny_generator.encode(first))
         assert after_third["specdec_prefix_cache_reused_tokens"] - after_second["specdec_prefix_cache_reused_tokens"] >= first_prompt
         assert after_third["specdec_prefix_cache_bytes"] > 0
+        # the same conversation through the Responses and Anthropic dialects: the cache's share in their usage
+        status, text = running.request("POST", "/v1/responses", json.dumps(
+            {"model": "tiny", "input": third, "max_output_tokens": 4, "temperature": 0}))
+        assert status == 200 and json.loads(text)["usage"]["input_tokens_details"]["cached_tokens"] >= first_prompt
+        status, text = running.request("POST", "/v1/messages", json.dumps(
+            {"model": "tiny", "system": system["content"], "messages": third[1:], "max_tokens": 4}))
+        usage = json.loads(text)["usage"]
+        assert status == 200 and usage["cache_read_input_tokens"] >= first_prompt
+        assert usage["input_tokens"] + usage["cache_read_input_tokens"] == len(tiny_generator.encode(third))
     finally:
         running.stop()
 

@@ -90,11 +90,17 @@ def test_a_tool_use_round_trip_whole_and_streamed(coder, client):  # noqa: F811
 
 
 def test_count_tokens_is_the_prompt_a_message_reports(client):
+    """As Anthropic counts: a message's input is its input_tokens plus what it read from the prefix cache."""
+    def prompt(usage):
+        return usage.input_tokens + (usage.cache_read_input_tokens or 0)
+
     counted = client.messages.count_tokens(model="tiny", messages=MESSAGES, tools=[TOOL])
     message = client.messages.create(model="tiny", max_tokens=1, messages=MESSAGES, tools=[TOOL])
     bare = client.messages.count_tokens(model="tiny", messages=MESSAGES)
-    assert counted.input_tokens == message.usage.input_tokens > bare.input_tokens  # the tools are listed
-    assert bare.input_tokens == client.messages.create(model="tiny", max_tokens=1, messages=MESSAGES).usage.input_tokens
+    assert counted.input_tokens == prompt(message.usage) > bare.input_tokens  # the tools are listed
+    again = client.messages.create(model="tiny", max_tokens=1, messages=MESSAGES, tools=[TOOL])
+    assert prompt(again.usage) == counted.input_tokens and again.usage.cache_read_input_tokens > 0  # a cache hit
+    assert bare.input_tokens == prompt(client.messages.create(model="tiny", max_tokens=1, messages=MESSAGES).usage)
 
 
 @pytest.mark.parametrize("body, status, kind, words", [

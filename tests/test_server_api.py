@@ -279,7 +279,7 @@ def test_timings_per_token_adds_llama_servers_timings_to_chat_replies(coder):
     ask = dict(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, extra_body={"timings_per_token": True})
     reply = coder.client.chat.completions.create(**ask)
     timings, figures = reply.model_extra["timings"], reply.model_extra["specdec"]
-    assert timings["predicted_n"] == 12 and timings["prompt_n"] == reply.usage.prompt_tokens
+    assert timings["predicted_n"] == 12 and timings["prompt_n"] + timings["cache_n"] == reply.usage.prompt_tokens
     assert timings["draft_n"] == figures["drafted"] and timings["draft_n_accepted"] == figures["accepted"]
     last = list(coder.client.chat.completions.create(**ask, stream=True))[-1].model_extra
     assert last["timings"]["predicted_n"] == 12 and last["timings"]["draft_n"] == last["specdec"]["drafted"]

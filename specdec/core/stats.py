@@ -43,11 +43,14 @@ class GenerationStats:
     # a mixture-of-experts target: the distinct experts a verification pass ran per mixture layer (mean over
     # rounds; a step runs experts_per_token of them, a pass over K + 1 rows more): what verifying costs there
     experts_per_pass: float | None = None
+    # prompt tokens whose keys and values came from a prefix cache instead of being computed (llama-server's
+    # cache_n, OpenAI's cached_tokens): a later turn of a conversation recomputes only what it added
+    cached_prompt_tokens: int = 0
 
     @classmethod
     def from_rounds(
         cls, drafter: str, prompt_tokens: int, rounds: list[RoundStats], seconds: float, prefill_seconds: float,
-        drafter_memory_bytes: int = 0,
+        drafter_memory_bytes: int = 0, cached_prompt_tokens: int = 0,
     ) -> "GenerationStats":
         new_tokens = sum(r.committed for r in rounds)
         drafted = sum(r.drafted for r in rounds)
@@ -78,6 +81,7 @@ class GenerationStats:
             draft_ms_per_round=1e3 * sum(r.draft_seconds for r in rounds) / max(len(rounds), 1),
             verify_ms_per_round=1e3 * sum(r.verify_seconds for r in rounds) / max(len(rounds), 1),
             drafter_memory_bytes=drafter_memory_bytes,
+            cached_prompt_tokens=cached_prompt_tokens,
             experts_per_pass=mean_or_none([r.experts_per_layer for r in rounds if r.experts_per_layer is not None]),
         )
 

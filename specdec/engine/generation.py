@@ -64,7 +64,8 @@ class Generation:
         memory = 0 if self.drafter is None else self.drafter.memory_bytes()
         seconds = self.seconds if self.seconds is not None else time.perf_counter() - self.started
         stats = GenerationStats.from_rounds(
-            self.engine.drafter_name, len(self.prompt_ids), self.rounds, seconds, self.prefill_seconds, memory)
+            self.engine.drafter_name, len(self.prompt_ids), self.rounds, seconds, self.prefill_seconds, memory,
+            cached_prompt_tokens=self.prefill.reused_tokens)
         c = self.committer
         logprobs = None if self.token_logprobs is None else self.token_logprobs[:len(c.token_ids)]
         return GenerationResult(c.text, list(c.token_ids), c.finish_reason or "length", stats, logprobs)

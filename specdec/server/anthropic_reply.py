@@ -44,6 +44,12 @@ def tool_use(call: ToolCall) -> dict:
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": json.loads(call.arguments or "{}")}
 
 
+def input_usage(prompt_tokens: int, cached_tokens: int) -> dict:
+    """Anthropic's count of a prompt: input_tokens are those computed, cache_read_input_tokens those a prefix
+    cache held (the stream's message_start, sent before the cache is consulted, reports none read)."""
+    return {"input_tokens": prompt_tokens - cached_tokens, "cache_read_input_tokens": cached_tokens}
+
+
 class AnthropicReply:
     """The reply to one Messages request. `tools` are the chat request's (OpenAI-style) definitions."""
 
@@ -56,10 +62,10 @@ class AnthropicReply:
         self.blocks = 0  # blocks started so far
 
     def _message(self, content: list[dict], prompt_tokens: int, output_tokens: int,
-                 reason: tuple[str | None, str | None]) -> dict:
+                 reason: tuple[str | None, str | None], cached_tokens: int = 0) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
                 "stop_reason": reason[0], "stop_sequence": reason[1],
-                "usage": {"input_tokens": prompt_tokens, "output_tokens": output_tokens}}
+                "usage": input_usage(prompt_tokens, cached_tokens) | {"output_tokens": output_tokens}}
 
     def whole(self, results: list[GenerationResult], prompt_tokens: int) -> dict:
         result = results[0]
@@ -68,7 +74,8 @@ class AnthropicReply:
         content += [{"type": "text", "text": text}] if text else []
         content += [tool_use(call) for call in calls]
         reason = stop_reason(result, self.stops, bool(calls), self.detokenize)
-        return self._message(content, prompt_tokens, len(result.token_ids), reason) | {
+        return self._message(content, prompt_tokens, len(result.token_ids), reason,
+                             result.stats.cached_prompt_tokens) | {
             "specdec": speculative_stats(result)}
 
     # -- the stream ------------------------------------------------------------------------------------
@@ -84,7 +91,8 @@ class AnthropicReply:
         reason, sequence = stop_reason(result, self.stops, self.answer.call_count > 0, self.detokenize)
         return frames + [named_sse({"type": "message_delta",
                                     "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                    "usage": {"output_tokens": len(result.token_ids)},
+                                    "usage": input_usage(result.stats.prompt_tokens, result.stats.cached_prompt_tokens)
+                                    | {"output_tokens": len(result.token_ids)},
                                     "specdec": speculative_stats(result)}),
                          named_sse({"type": "message_stop"})]
 

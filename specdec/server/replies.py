@@ -31,13 +31,19 @@ def speculative_stats(result: GenerationResult) -> dict:
             "tokens_per_second": round(s.decode_tokens_per_second, 2)}
 
 
+def cached_tokens(results: list[GenerationResult]) -> int:
+    """The prompt tokens a prefix cache held for this request (its choices share one prompt)."""
+    return max(result.stats.cached_prompt_tokens for result in results)
+
+
 def timings(result: GenerationResult) -> dict:
     """llama-server's `timings` object, from the generation's statistics; draft_n / draft_n_accepted are
     what llama.cpp reports for its speculative modes, so a tool that reads them sees the speculation."""
     s = result.stats
     decode_seconds = max(s.seconds - s.prefill_seconds, 1e-9)
-    return {"prompt_n": s.prompt_tokens, "prompt_ms": s.prefill_seconds * 1000,
-            "prompt_per_second": s.prompt_tokens / max(s.prefill_seconds, 1e-9),
+    computed = s.prompt_tokens - s.cached_prompt_tokens  # llama-server's prompt_n: the prompt tokens computed
+    return {"cache_n": s.cached_prompt_tokens, "prompt_n": computed, "prompt_ms": s.prefill_seconds * 1000,
+            "prompt_per_second": computed / max(s.prefill_seconds, 1e-9),
             "predicted_n": s.new_tokens, "predicted_ms": decode_seconds * 1000,
             "predicted_per_token_ms": decode_seconds * 1000 / max(s.new_tokens, 1),
             "predicted_per_second": s.decode_tokens_per_second,
@@ -89,7 +95,7 @@ class Reply:
     def whole(self, results: list[GenerationResult], prompt_tokens: int) -> dict:
         choices = [self._choice(index, result) for index, result in enumerate(results)]
         body = self._envelope(self._object, choices)
-        body["usage"] = usage(prompt_tokens, sum(len(result.token_ids) for result in results))
+        body["usage"] = usage(prompt_tokens, sum(len(result.token_ids) for result in results), cached_tokens(results))
         body["specdec"] = speculative_stats(results[0]) if len(results) == 1 else [
             speculative_stats(result) for result in results]
         if self.timings:
@@ -157,7 +163,7 @@ class Reply:
 
     def usage_chunk(self, results: list[GenerationResult], prompt_tokens: int) -> dict:
         body = self._envelope(self._object + ("" if not self.chat else ".chunk"), [])
-        body["usage"] = usage(prompt_tokens, sum(len(result.token_ids) for result in results))
+        body["usage"] = usage(prompt_tokens, sum(len(result.token_ids) for result in results), cached_tokens(results))
         return body
 
     def _chunk(self, index: int, delta: dict | None = None, text: str | None = None, finish_reason: str | None = None,
