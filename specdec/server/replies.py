@@ -32,8 +32,9 @@ def speculative_stats(result: GenerationResult) -> dict:
 
 
 def cached_tokens(results: list[GenerationResult]) -> int:
-    """The prompt tokens a prefix cache held for this request (its choices share one prompt)."""
-    return max(result.stats.cached_prompt_tokens for result in results)
+    """The prompt tokens a prefix cache held before this request: its choices share one prompt, and the
+    later ones copy what the first computed, which was not held before."""
+    return min(result.stats.cached_prompt_tokens for result in results)
 
 
 def timings(result: GenerationResult) -> dict:
