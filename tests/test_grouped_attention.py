@@ -1,11 +1,16 @@
 """Masked attention with a KV group's query heads as rows of one head: bit-identical to torch's grouped-query
-attention over the same mask, for any batch, dtype and mask."""
+attention over the same mask, for any batch, dtype and mask (but bfloat16 on CPUs with AMX, below)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from specdec.kernels.build import cpu_flags
 from specdec.models.grouped_attention import MASK_BYTES, GroupedMask
+
+# torch's bfloat16 CPU attention multiplies on AMX tiles where the CPU has them, blocked by the number of rows,
+# so stacking the group's rows moves a rare output element by one bfloat16 step there
+BF16_ON_TILES = "amx_bf16" in cpu_flags()
 
 
 def random_mask(batch: int, rows: int, keys: int, seed: int) -> torch.Tensor:
@@ -27,10 +32,15 @@ def test_grouped_rows_equal_torch_grouped_query_attention(dtype, batch, heads, k
     grouped = GroupedMask.of(mask, heads // kv_heads, dtype)
     assert grouped is not None and grouped.additive.shape == (batch, 1, heads // kv_heads * rows, keys)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1), enable_gqa=True, scale=0.1)
-    assert torch.equal(grouped.attend(q, k, v, 0.1), expected)
-    # control: a mask off by one key is seen
+    got = grouped.attend(q, k, v, 0.1)
+    if dtype == torch.bfloat16 and BF16_ON_TILES:
+        torch.testing.assert_close(got, expected, rtol=2 ** -7, atol=0)  # one bfloat16 step at most
+        assert (got != expected).float().mean() < 1e-3  # and rarely
+    else:
+        assert torch.equal(got, expected)
+    # control: a mask off by one key is seen, far beyond the tolerance above
     shifted = GroupedMask.of(mask.roll(1, dims=2), heads // kv_heads, dtype)
-    assert not torch.equal(shifted.attend(q, k, v, 0.1), expected)
+    assert not torch.allclose(shifted.attend(q, k, v, 0.1), expected, rtol=2 ** -7, atol=0)
 
 
 def test_no_grouping_for_one_head_a_group_or_a_mask_past_its_budget():

@@ -7,7 +7,9 @@ and with grouped-query heads (12 query heads on 2 KV heads) a block of 128 promp
 matrix products that each stream the group's keys again. Stacked as one head of G x 128 rows, the same
 keys meet six times the rows per product, and the kernel picks larger row blocks. Each row's arithmetic is
 unchanged (its scores, softmax and weighted values do not depend on which other rows share a product), so
-the output is bit-identical to `enable_gqa` over the same mask.
+the output is bit-identical to `enable_gqa` over the same mask; except bfloat16 on a CPU with AMX, where
+torch's kernel multiplies on tiles blocked by the row count and a rare element moves by one bfloat16 step
+(torch's own attention differs as much between row counts there).
 
 The mask becomes the additive float mask torch would make of it anyway, built once per forward for every
 layer: torch would build it again inside each layer's call, a pass over G x T x S floats each time.
