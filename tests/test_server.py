@@ -255,6 +255,16 @@ def test_a_shared_prefix_is_computed_once_and_changes_nothing(tiny_generator):
         usage = json.loads(text)["usage"]
         assert status == 200 and usage["cache_read_input_tokens"] >= first_prompt
         assert usage["input_tokens"] + usage["cache_read_input_tokens"] == len(tiny_generator.encode(third))
+        # streamed: the chat stream's usage chunk and the Anthropic stream's message_delta carry the same split
+        chunks = list(running.client.chat.completions.create(
+            model="tiny", messages=third, max_tokens=4, temperature=0, stream=True,
+            stream_options={"include_usage": True}))
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= first_prompt
+        status, text = running.request("POST", "/v1/messages", json.dumps(
+            {"model": "tiny", "system": system["content"], "messages": third[1:], "max_tokens": 4, "stream": True}))
+        delta = next(json.loads(line.removeprefix("data: ")) for line in text.splitlines()
+                     if line.startswith("data: ") and '"message_delta"' in line)
+        assert status == 200 and delta["usage"] == {**usage, "output_tokens": delta["usage"]["output_tokens"]}
     finally:
         running.stop()
 

@@ -86,7 +86,8 @@ class ResponsesReply:
     def finished(self, result: GenerationResult, prompt_tokens: int, output: list[dict]) -> dict:
         """The completed (or, cut by max_output_tokens, incomplete) response, kept when asked to be."""
         output_tokens = len(result.token_ids)
-        usage = {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": result.stats.cached_prompt_tokens},
+        cached = result.stats.cached_prompt_tokens
+        usage = {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": cached},
                  "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": prompt_tokens + output_tokens}
         called = any(item["type"] == "function_call" for item in output)
