@@ -7,10 +7,12 @@ Needs Ray Serve (`pip install -e '.[ray]'`); skipped without it. Command and a r
 import concurrent.futures
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -94,19 +96,34 @@ def test_requests_spread_over_both_replicas_and_stream_through_the_proxy(replica
 
 def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered(replicas):
     before = replica_pids(replicas)
-    # sampled: no repetition for n-gram lookup to race through, so the requests take a while
+    # sampled: no repetition for n-gram lookup to race through; workers keep posting until told to stop,
+    # so the kill lands mid-load however fast this machine finishes one request
     body = {"model": "tiny", "prompt": "hello hello", "max_tokens": 400, "temperature": 1.0}
+    stop, answered = threading.Event(), queue.Queue()
+
+    def keep_posting() -> list[int]:
+        statuses = []
+        while not stop.is_set():
+            statuses.append(post(f"{replicas}/v1/completions", body)[0])
+            answered.put(statuses[-1])
+        return statuses
+
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(post, f"{replicas}/v1/completions", body) for _ in range(16)]
-        time.sleep(1.0)
+        workers = [pool.submit(keep_posting) for _ in range(8)]
+        for _ in range(4):
+            answered.get(timeout=120)  # both replicas are serving
         victim = sorted(before)[0]
         os.kill(victim, signal.SIGKILL)  # the replica's worker process, mid-load
-        in_flight = sum(not future.done() for future in futures)
-        statuses = [future.result(timeout=180)[0] for future in futures]  # none hangs
+        answered_before_kill = 4 + answered.qsize()
+        posting = sum(not worker.done() for worker in workers)
+        answered_after_kill = [answered.get(timeout=120) for _ in range(8)]  # the load goes on past the kill
+        stop.set()
+        statuses = [status for worker in workers for status in worker.result(timeout=180)]  # none hangs
     # each request got an answer: a completion, or an error response for the ones the dead replica held
     assert all(status == 200 or status >= 500 for status in statuses), statuses
-    assert in_flight > 0 and statuses.count(200) >= 4, (in_flight, statuses)
-    print(f"killed a replica with {in_flight} requests in flight: statuses {statuses}")
+    assert posting == 8 and len(statuses) > answered_before_kill, (posting, answered_before_kill, statuses)
+    assert answered_after_kill.count(200) >= 4, answered_after_kill  # the other replica, then the new one
+    print(f"killed a replica with {posting} clients posting: statuses {statuses}")
     deadline = time.time() + 120
     while time.time() < deadline:
         pids = replica_pids(replicas)
