@@ -5,8 +5,10 @@ import pytest
 import torch
 
 from specdec.core.commit import StopCriteria
-from specdec.core.rounds import VerifyResult
+from specdec.core.rounds import Draft, VerifyResult
 from specdec.drafters import REGISTRY, make_drafter
+from specdec.drafters.base import Drafter
+from specdec.drafters.combined import CombinedDrafter, LookupSource
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine import SpeculativeEngine
@@ -346,7 +348,7 @@ def test_combined_drafter_with_its_default_wait_equals_plain_whole_and_streamed(
     from specdec.drafters.combined import MODEL_AFTER_TOKENS
 
     target = models["target"]
-    new_tokens = MODEL_AFTER_TOKENS + 16
+    new_tokens = MODEL_AFTER_TOKENS + 32  # past the lookup's verbatim copies of this repetitive text
     drafter = make_drafter(f"ngram+draft:{target.path}@weights=float32", target, "cpu", "float32")
     model = drafter.sources[1]
     asked_at: list[int] = []
@@ -367,37 +369,47 @@ def test_combined_drafter_with_its_default_wait_equals_plain_whole_and_streamed(
     assert "".join(chunk.text for chunk in streamed) == result.text
 
 
-def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
-    from specdec.drafters.base import Drafter
-    from specdec.drafters.combined import RATED_AFTER, RETRY_EVERY, CombinedDrafter, LookupSource, Throughput
+class FixedSource(Drafter):
+    """A chain drafter that always proposes the same tokens (a combined drafter's source)."""
 
-    def combined(*sources):  # the model asked from the first token: these rounds test the rates
-        return CombinedDrafter(list(sources), model_after_tokens=0)
+    def __init__(self, name, tokens):
+        self.name, self.tokens = name, tokens
+
+    def begin(self, prompt_ids, params, max_length):
+        pass
+
+    def propose(self, context, max_tokens, params, noise):
+        return Draft.chain(self.tokens[:max_tokens])
+
+    def on_verified(self, context, draft, result):
+        pass
+
+    def fresh(self):
+        return self
+
+
+class FixedLookup(FixedSource, LookupSource):
+    verbatim = True
+
+    def proposal_is_verbatim(self):
+        return self.verbatim
+
+
+def combined(*sources):
+    """The model asked from the first token: these rounds test how the sources are judged."""
+    return CombinedDrafter(list(sources), model_after_tokens=0)
+
+
+def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
+    from specdec.drafters.combined import RATED_AFTER, RETRY_EVERY, Throughput
 
     def measured(drafter, rates, modelless=None):
         """Each source's tokens per second as if measured over enough rounds (None: not yet)."""
         def throughput(rate):
             return Throughput() if rate is None else Throughput(tokens=rate, seconds=1.0, rounds=RATED_AFTER)
         drafter.throughputs, drafter.modelless = [throughput(r) for r in rates], throughput(modelless)
-    from specdec.core.rounds import Draft
 
-    class Fixed(Drafter):
-        def __init__(self, name, tokens):
-            self.name, self.tokens = name, tokens
-
-        def begin(self, prompt_ids, params, max_length):
-            pass
-
-        def propose(self, context, max_tokens, params, generator):
-            return Draft.chain(self.tokens[:max_tokens])
-
-        def on_verified(self, context, draft, result):
-            pass
-
-        def fresh(self):
-            return self
-
-    drafter = combined(Fixed("lookup", [70, 50]), Fixed("model", [1, 2]))
+    drafter = combined(FixedSource("lookup", [70, 50]), FixedSource("model", [1, 2]))
     drafter.begin([50, 60], SamplingParams(), 64)
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]  # unmeasured: cheapest first
     measured(drafter, [10.0, 40.0], 1.0)  # tokens/s of the rounds each source drafted
@@ -407,14 +419,8 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50]
 
     # a free lookup is always asked, and a verbatim copy is taken whatever the rates say
-    class Lookup(Fixed, LookupSource):
-        verbatim = True
-
-        def proposal_is_verbatim(self):
-            return self.verbatim
-
-    lookup = Lookup("lookup", [70, 50])
-    drafter = combined(lookup, Fixed("model", [1, 2]))
+    lookup = FixedLookup("lookup", [70, 50])
+    drafter = combined(lookup, FixedSource("model", [1, 2]))
     drafter.begin([50, 60], SamplingParams(), 64)
     measured(drafter, [10.0, 40.0])
     assert all(drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [70, 50] for _ in range(RETRY_EVERY))
@@ -428,7 +434,7 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     assert drafts.count([70, 50]) == 2 * RETRY_EVERY - 2 and drafts.count([1, 2]) == 2
 
     # the model is passed over where rounds without a draft commit faster
-    drafter = combined(Fixed("lookup", []), Fixed("model", [1, 2]))
+    drafter = combined(FixedSource("lookup", []), FixedSource("model", [1, 2]))
     drafter.begin([50, 60], SamplingParams(), 64)
     measured(drafter, [None, 5.0], 20.0)
     drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(2 * RETRY_EVERY)]
@@ -439,12 +445,46 @@ def test_combined_drafter_passes_over_a_source_a_later_one_outpaces():
     assert drafts.count([]) == 2
 
 
+def test_with_k_auto_a_model_is_judged_by_its_predicted_rate_against_this_rounds_alternative():
+    """K auto: each source's AdaptiveK predicts its tokens per second at its best K; the model drafts where
+    that beats lookup's weak guess (when lookup has one this round) or else a plain step, and a model passed
+    over is retried every RETRY_EVERY rounds."""
+    from specdec.core.speculation_length import SourceLengths
+    from specdec.drafters.combined import RETRY_EVERY
+
+    def judged(model_accepts: int, guess: list[int], guess_accepts: int | None = None) -> list[int | None]:
+        """Who drafted each of 2 * RETRY_EVERY rounds once measured: 1 the model, 70 lookup, None nobody."""
+        lengths = SourceLengths(4)
+        lookup = FixedLookup("lookup", guess)
+        lookup.verbatim = False  # weak guesses only
+        drafter = combined(lookup, FixedSource("model", [1, 2]))
+        drafter.use_source_lengths(lengths)
+        drafter.begin([50, 60], SamplingParams(), 64)
+        assert drafter.propose([50, 60], 2, SamplingParams(), None).tokens == [1, 2]  # unmeasured: it drafts
+        lengths.observe(0, 0, 0.0, 0.040)  # a plain step: 40 ms
+        for _ in range(8):  # its rounds: two draft tokens of 5 ms, verified in 42 ms
+            lengths.next_k_for((1, "draft"), min_k=1)
+            lengths.observe(2, model_accepts, 0.010, 0.042, source=(1, "draft"))
+            if guess_accepts is not None:  # lookup's guesses cost nothing to draft
+                lengths.next_k_for((0, "guess"))
+                lengths.observe(2, guess_accepts, 0.0, 0.042, source=(0, "guess"))
+        assert lengths.predicted_rate((1, "draft")) is not None
+        drafts = [drafter.propose([50, 60], 2, SamplingParams(), None).tokens for _ in range(2 * RETRY_EVERY)]
+        return [draft[0] if draft else None for draft in drafts]
+
+    rounds = 2 * RETRY_EVERY
+    assert judged(2, [70, 50], guess_accepts=0) == [1] * rounds  # agreeing: it beats a guess and a plain step
+    plain = judged(0, [])  # rejected every time: a plain step commits faster
+    assert plain.count(None) == rounds - 2 and plain.count(1) == 2
+    guessed = judged(0, [70, 50])  # lookup's guess is this round's alternative
+    assert guessed.count(70) == rounds - 2 and guessed.count(1) == 2
+    assert judged(1, []) == [1] * rounds  # half agreeing beats a plain step ...
+    assert judged(1, [70, 50], guess_accepts=2).count(70) == rounds - 2  # ... but not a guess always accepted
+
+
 def test_no_model_is_asked_before_the_first_tokens_unless_nothing_else_drafts():
     """A draft model's first proposal prefills its window, which a short answer never earns back: lookup
     drafts the first `model_after_tokens` alone, unless there is no lookup to draft them."""
-    from specdec.core.rounds import Draft
-    from specdec.drafters.base import Drafter
-    from specdec.drafters.combined import CombinedDrafter, LookupSource
 
     class Asked(Drafter):
         def __init__(self, name):
@@ -482,9 +522,7 @@ def test_a_draft_models_catch_up_is_not_counted_against_its_round():
     in its own round, a model tried now and then looked slower than plain steps and sat out ever more."""
     import time
 
-    from specdec.core.rounds import Draft, VerifyResult
-    from specdec.drafters.base import Drafter
-    from specdec.drafters.combined import RATED_AFTER, CombinedDrafter
+    from specdec.drafters.combined import RATED_AFTER
     from specdec.drafters.ngram import NgramDrafter
 
     class CatchingUp(Drafter):  # a draft model, tried after the lookup finds nothing
@@ -536,7 +574,6 @@ def test_combined_drafter_refuses_tree_drafters_and_none(models):
 
 
 def test_ngram_drafter_stops_before_control_tokens_and_drops_refuted_matches():
-    from specdec.core.rounds import VerifyResult
 
     drafter = NgramDrafter(max_ngram=2, never_propose=frozenset({99}))
     drafter.begin([], SamplingParams(), 0)

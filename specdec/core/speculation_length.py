@@ -208,6 +208,19 @@ class SourceLengths:
     def __init__(self, max_k: int):
         self.max_k = max_k
         self.lengths: dict[Hashable, AdaptiveK] = {}
+        self.plain_step_seconds: float | None = None  # a round without a draft: a one-row forward
+
+    def predicted_rate(self, source: Hashable, min_k: int = 0) -> float | None:
+        """The tokens per second `source` is predicted to commit at its best K >= min_k (its fitted
+        acceptance and measured costs); None until its rounds have measured both."""
+        length = self.lengths.get(source)
+        if length is None or length.draft_per_token is None or not length.verify_seconds:
+            return None
+        return float(length.predicted_rates()[min_k:].max())
+
+    def plain_rate(self) -> float | None:
+        """Tokens per second of a round without a draft, once one is measured."""
+        return None if self.plain_step_seconds is None else 1.0 / max(self.plain_step_seconds, 1e-9)
 
     def length(self, source: Hashable, min_k: int = 0) -> AdaptiveK:
         if source not in self.lengths:
@@ -226,5 +239,7 @@ class SourceLengths:
         if source is not None:
             self.length(source).observe(drafted, accepted, draft_seconds, verify_seconds)
         elif drafted == 0:
+            old = self.plain_step_seconds
+            self.plain_step_seconds = verify_seconds if old is None else 0.8 * old + 0.2 * verify_seconds
             for length in self.lengths.values():
                 length.observe_verify(1, verify_seconds)

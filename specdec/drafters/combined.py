@@ -5,13 +5,16 @@ passages) and asks the model elsewhere. A lookup source costs nothing to ask, so
 its proposal is taken at once when it copies a long run of the context verbatim (`proposal_is_verbatim`,
 rarely wrong), while its weaker guesses (a one- or two-token match, which in prose nearly always exists and
 is mostly wrong where the model would have drafted well) are taken only in rounds where no model drafts.
-The models, cheapest first, are measured: for each, the tokens committed per second of the rounds it
-drafted (draft + verify). A model is passed over when a later model's rate is higher, and the last model
-when the rounds without a model's draft (a weak guess, or none) commit faster, so a model only runs where
-it pays; every few rounds a passed-over model is tried anyway, so one that starts paying is taken again.
-A rate is committed tokens over seconds summed over the recent rounds, and judges nothing before a few
-rounds: one round's yield swings from one token to K + 1, and a model passed over after one unlucky round
-would sit out most of a short answer.
+The models, cheapest first, are rated: a model is passed over when a later model's rate is higher, and the
+last model when this round's alternative without it (lookup's weak guess if it has one, else a plain step)
+is rated higher, so a model only runs where it pays; every few rounds a passed-over model is tried anyway,
+so one that starts paying is taken again. With `k="auto"` (the default) a rate is predicted by each source's
+own AdaptiveK (speculation_length.SourceLengths): the tokens per second at its best K from its fitted
+acceptance per position and its measured draft and verify costs. That judges a model by how well it agrees,
+whatever K its recent rounds happened to draft, and it moves smoothly: a rate of committed tokens over
+recent rounds swung with each round's luck and switched the model off and on, each switch paying a catch-up.
+With a fixed K a rate is measured: committed tokens over seconds summed over recent rounds (`Throughput`),
+judging nothing before a few rounds.
 A draft model prefills its window of the context at its first proposal, which costs several target steps:
 an answer of a few dozen tokens never earns that back, so no model is asked before the generation has
 committed `MODEL_AFTER_TOKENS` (lookup drafts alone until then, which also measures the rounds without a
@@ -46,7 +49,7 @@ from specdec.core.speculation_length import SourceLengths
 RATE_DECAY = 0.8  # weight of the past in each source's rate, per round it drafts
 RATED_AFTER = 3  # rounds measured before a rate judges
 RETRY_EVERY = 8  # a model passed over is tried again after this many rounds it was passed over
-MODEL_AFTER_TOKENS = 32  # committed tokens before any model is asked: short answers never pay its prefill
+MODEL_AFTER_TOKENS = 16  # committed tokens before any model is asked: short answers never pay its prefill
 
 
 @dataclass
@@ -156,7 +159,7 @@ class CombinedDrafter(Drafter):
                 elif len(draft) and guess is None:
                     guess = (index, draft)
                 continue
-            if models_wait or self._outpaced(index):
+            if models_wait or self._outpaced(index, guess):
                 continue
             key = (index, "draft")
             k = self._length(key, max_tokens)
@@ -186,21 +189,37 @@ class CombinedDrafter(Drafter):
             return max_tokens
         return min(max_tokens, self.lengths.next_k_for(key, min_k=int(key[1] == "draft")))
 
-    def _outpaced(self, index: int) -> bool:
-        """Whether a later model (for the last model: rounds without a model's draft) has measured a higher
-        rate than model `index`; then skip it, but not forever."""
+    def _outpaced(self, index: int, guess: tuple[int, Draft] | None) -> bool:
+        """Whether a later model (for the last model: this round's alternative without a model) is rated
+        higher than model `index`; then skip it, but not forever."""
         last = index == self.last_model
-        own, modelless = self.throughputs[index].rate, self.modelless.rate
+        own, modelless = self._model_rate(index), self._modelless_rate(guess) if last else None
         if last and own is not None and modelless is None:
             # the model always proposes, so a round without it is measured by skipping it now and then
             self.passed[index] += 1
             return self.passed[index] % RETRY_EVERY == 0
-        later = [self.throughputs[i].rate for i in range(index + 1, len(self.sources)) if not self._is_lookup(i)]
-        later = [rate for rate in [*later, modelless if last else None] if rate is not None]
+        later = [self._model_rate(i) for i in range(index + 1, len(self.sources)) if not self._is_lookup(i)]
+        later = [rate for rate in [*later, modelless] if rate is not None]
         if own is None or not later or own >= max(later):
             return False
         self.passed[index] += 1
         return self.passed[index] % RETRY_EVERY != 0
+
+    def _model_rate(self, index: int) -> float | None:
+        """Model `index`'s tokens per second: predicted at its best K when K is auto, else measured."""
+        if self.lengths is None:
+            return self.throughputs[index].rate
+        return self.lengths.predicted_rate((index, "draft"), min_k=1)
+
+    def _modelless_rate(self, guess: tuple[int, Draft] | None) -> float | None:
+        """Tokens per second of this round without a model: lookup's weak guess (`guess`, its predicted rate
+        at its best K, which may be a plain step) or else a plain step, when K is auto; else the measured rate
+        of the rounds no model drafted."""
+        if self.lengths is None:
+            return self.modelless.rate
+        guessed = self.lengths.predicted_rate((guess[0], "guess")) if guess is not None else None
+        rates = [rate for rate in (guessed, self.lengths.plain_rate()) if rate is not None]
+        return max(rates) if rates else None
 
     def _is_lookup(self, index: int) -> bool:
         return isinstance(self.sources[index], LookupSource)

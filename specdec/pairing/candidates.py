@@ -26,6 +26,9 @@ LOOKUP = "ngram"
 # only the prompt's tail (lookup covers what repeats the prompt).
 DRAFT_GROUP = 128
 DRAFT_CONTEXT = 64
+# Its first proposal (once lookup has drafted the answer's first tokens) prefills only the last few committed
+# tokens: a short answer never earns back a whole window's prefill.
+DRAFT_START = 16
 # A large byte-pair vocabulary's head is a big share of a small draft's weights, and ids come roughly in
 # frequency order: the draft's head is cut to the first ids.
 HEAD_CUT_ABOVE, HEAD_CUT_TO = 65_536, 32_768
@@ -132,7 +135,7 @@ def _draft_options(target: LoadedModel, device: str, kind: str) -> str:
     options = f"weights=int4{group}"
     if kind != "same tokenizer":
         return f"@{options}"  # a draft through text reads its own tokens: its window and head are not ids
-    options += f",context={DRAFT_CONTEXT}"
+    options += f",context={DRAFT_CONTEXT},start={DRAFT_START}"
     if target.model.vocab_size > HEAD_CUT_ABOVE:
         options += f",vocab={HEAD_CUT_TO}"
     return f"@{options}"
