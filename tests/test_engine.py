@@ -758,3 +758,33 @@ def test_a_mixture_of_experts_target_speculates_exactly_and_reports_its_experts(
     speculative = SpeculativeGenerator(target, drafter, 4).generate(prompt, 40, chat=False, **settings)
     assert speculative.token_ids == plain.token_ids
     assert 2.0 < speculative.stats.experts_per_pass <= 4.0
+
+
+def test_a_model_that_paid_on_earlier_answers_starts_once_the_wait_has_cost_its_start():
+    """Ski rental: before `model_after_tokens`, a model starts once the tokens decoded without it have lost,
+    at its predicted saving a token, more than its last start cost; a model not known to pay waits."""
+    from specdec.core.speculation_length import SourceLengths
+
+    def first_asked(model_accepts: int, start_seconds: float | None) -> int:
+        lengths = SourceLengths(4)
+        lookup = FixedLookup("lookup", [])
+        drafter = CombinedDrafter([lookup, FixedSource("model", [1, 2])], model_after_tokens=16,
+                                  start_seconds=[None, start_seconds])
+        drafter.use_source_lengths(lengths)
+        lengths.observe(0, 0, 0.0, 0.040)  # a plain step: 40 ms, 25 tokens/s
+        for _ in range(8):  # earlier answers' rounds: two draft tokens of 5 ms, verified in 42 ms
+            lengths.next_k_for((1, "draft"), min_k=1)
+            lengths.observe(2, model_accepts, 0.010, 0.042, source=(1, "draft"))
+        drafter.begin([50, 60], SamplingParams(), 64)
+        for committed in range(20):
+            if drafter.propose([50, 60, *range(committed)], 2, SamplingParams(), None).tokens:
+                return committed
+        return 20
+
+    # all accepted: ~5 tokens in 62 ms at K = 4, so each token decoded plainly loses ~28 ms
+    assert first_asked(2, start_seconds=0.05) == 2
+    assert first_asked(2, start_seconds=0.2) == 8
+    assert first_asked(2, start_seconds=None) == 16  # its start not measured yet
+    assert first_asked(0, start_seconds=0.05) >= 16  # not known to pay: the whole wait (then the rates judge)
+    drafter = CombinedDrafter([FixedLookup("lookup", []), FixedSource("model", [1])], start_seconds=[None, 0.1])
+    assert drafter.fresh().start_seconds is drafter.start_seconds  # a served request's copy shares them

@@ -18,8 +18,10 @@ judging nothing before a few rounds.
 A draft model prefills its window of the context at its first proposal, which costs several target steps:
 an answer of a few dozen tokens never earns that back, so no model is asked before the generation has
 committed `MODEL_AFTER_TOKENS` (lookup drafts alone until then, which also measures the rounds without a
-model that the model is then weighed against). A generation that lookup drafts throughout never pays for
-the model.
+model that the model is then weighed against), unless earlier answers say it pays: once the tokens decoded
+without it have cost more, at its predicted saving a token, than its last start did, it starts (ski rental,
+the wait being the longest rent), so on code it starts after a few tokens and on prose it waits. A
+generation that lookup drafts throughout never pays for the model.
 
 With `k="auto"` each source drafts to its own length (speculation_length.SourceLengths): a lookup's verbatim
 copies, its weaker guesses and the model each have an AdaptiveK fitted to their own acceptance, so a copy
@@ -86,7 +88,11 @@ class LookupSource:
 class CombinedDrafter(Drafter):
     drafts_per_source = True
 
-    def __init__(self, sources: Sequence[Drafter], model_after_tokens: int = MODEL_AFTER_TOKENS):
+    def __init__(self, sources: Sequence[Drafter], model_after_tokens: int = MODEL_AFTER_TOKENS,
+                 start_seconds: list[float | None] | None = None):
+        """start_seconds: each model's last measured start (the prefill of its first proposal of an answer),
+        shared by this drafter's `fresh` copies: what a served request's model costs to start is known from
+        the requests before it."""
         if len(sources) < 2:
             raise InvalidParameterError("a combined drafter needs at least two drafters joined by '+'")
         for source in sources:
@@ -103,6 +109,7 @@ class CombinedDrafter(Drafter):
         self.verbatim = False  # the proposer's draft copied a long run of the context
         self.started = 0.0
         self.lengths: SourceLengths | None = None  # each source's K, when K is auto
+        self.start_seconds = [None] * len(self.sources) if start_seconds is None else start_seconds
         models = [index for index in range(len(self.sources)) if not self._is_lookup(index)]
         self.last_model = models[-1] if models else None
         self.begin_rates()
@@ -114,7 +121,8 @@ class CombinedDrafter(Drafter):
         self.proposals = [0] * len(self.sources)
 
     def fresh(self) -> "CombinedDrafter":
-        return CombinedDrafter([source.fresh() for source in self.sources], self.model_after_tokens)
+        return CombinedDrafter([source.fresh() for source in self.sources], self.model_after_tokens,
+                               self.start_seconds)
 
     def memory_bytes(self) -> int:
         return sum(source.memory_bytes() for source in self.sources)
@@ -145,7 +153,7 @@ class CombinedDrafter(Drafter):
         self.proposer = None
         self.started = time.perf_counter()
         guess: tuple[int, Draft] | None = None  # a lookup's weak guess: taken where no model drafts this round
-        models_wait = len(context) - self.prompt_length < self.model_after_tokens
+        committed = len(context) - self.prompt_length
         for index, source in enumerate(self.sources):
             if isinstance(source, LookupSource):
                 # A lookup costs nothing to ask: its proposal says which kind it is (a verbatim copy or a
@@ -159,7 +167,7 @@ class CombinedDrafter(Drafter):
                 elif len(draft) and guess is None:
                     guess = (index, draft)
                 continue
-            if models_wait or self._outpaced(index, guess):
+            if self._waits(index, committed) or self._outpaced(index, guess):
                 continue
             key = (index, "draft")
             k = self._length(key, max_tokens)
@@ -178,7 +186,23 @@ class CombinedDrafter(Drafter):
         """Source `index`'s draft (of its kind `key`, asked for `k` tokens) as this round's proposal."""
         self.proposer, self.verbatim = index, verbatim
         self.catch_up_seconds = self.sources[index].catch_up_seconds
+        if not self._is_lookup(index) and self.proposals[index] == 0:
+            self.start_seconds[index] = self.catch_up_seconds  # its first proposal: a prefill of its start
         return draft if self.lengths is None else replace(draft, source=key, asked=k)
+
+    def _waits(self, index: int, committed: int) -> bool:
+        """Whether model `index` is not asked yet (`committed` tokens into the answer): not before
+        `model_after_tokens`, unless what the answer has lost so far by decoding without it (its predicted
+        saving a token, measured on earlier answers, times the tokens committed) already exceeds what starting
+        it costs (its last start's prefill): ski rental, with the wait as its longest rent."""
+        if committed >= self.model_after_tokens:
+            return False
+        start, own, plain = self.start_seconds[index], self._model_rate(index), None
+        if self.lengths is not None:
+            plain = self.lengths.plain_rate()
+        if start is None or own is None or plain is None or own <= plain:
+            return True
+        return committed * (1.0 / plain - 1.0 / own) < start
 
     def _length(self, key: tuple[int, str], max_tokens: int) -> int:
         """How many tokens source kind `key` drafts this round: its own K when K is auto, else max_tokens.
