@@ -256,6 +256,8 @@ class CombinedDrafter(Drafter):
         if self.proposer is not None:
             self.sources[self.proposer].on_verified(context, draft, result)
             self.proposals[self.proposer] += 1
+        if self.lengths is not None:
+            return  # with K auto the rates are predicted from SourceLengths' measurements, not measured here
         if self.proposer is None or (self._is_lookup(self.proposer) and not self.verbatim):
             # what the rounds without a model commit: the alternative the last model is measured against
             self.modelless.add(len(result.tokens), seconds)
