@@ -116,13 +116,17 @@ def test_a_replica_killed_under_load_is_replaced_and_every_request_is_answered(r
         os.kill(victim, signal.SIGKILL)  # the replica's worker process, mid-load
         answered_before_kill = 4 + answered.qsize()
         posting = sum(not worker.done() for worker in workers)
-        answered_after_kill = [answered.get(timeout=120) for _ in range(8)]  # the load goes on past the kill
+        # the load goes on past the kill: requests routed to the dead replica before Ray notices fail fast,
+        # so count answers until 4 completions have come back (the other replica, then the new one)
+        answered_after_kill, deadline = [], time.time() + 180
+        while answered_after_kill.count(200) < 4 and time.time() < deadline:
+            answered_after_kill.append(answered.get(timeout=120))
         stop.set()
         statuses = [status for worker in workers for status in worker.result(timeout=180)]  # none hangs
     # each request got an answer: a completion, or an error response for the ones the dead replica held
     assert all(status == 200 or status >= 500 for status in statuses), statuses
     assert posting == 8 and len(statuses) > answered_before_kill, (posting, answered_before_kill, statuses)
-    assert answered_after_kill.count(200) >= 4, answered_after_kill  # the other replica, then the new one
+    assert answered_after_kill.count(200) >= 4, answered_after_kill
     print(f"killed a replica with {posting} clients posting: statuses {statuses}")
     deadline = time.time() + 120
     while time.time() < deadline:
