@@ -788,3 +788,53 @@ def test_a_model_that_paid_on_earlier_answers_starts_once_the_wait_has_cost_its_
     assert first_asked(0, start_seconds=0.05) >= 16  # not known to pay: the whole wait (then the rates judge)
     drafter = CombinedDrafter([FixedLookup("lookup", []), FixedSource("model", [1])], start_seconds=[None, 0.1])
     assert drafter.fresh().start_seconds is drafter.start_seconds  # a served request's copy shares them
+
+
+def test_a_model_starts_where_recent_answers_say_this_one_runs_long_enough_to_pay_its_start():
+    """Where recent answers ran longer than this one, the tokens still to come are theirs on average: the model
+    starts at once if they pay its start at its predicted saving, and never if they do not; where none ran
+    longer, the wait (ski rental) decides. Once started it is not stopped by this rule."""
+    from specdec.core.speculation_length import SourceLengths
+    from specdec.drafters.combined import RETRY_EVERY, AnswerLengths
+
+    lengths = SourceLengths(4)
+    lengths.observe(0, 0, 0.0, 0.040)  # a plain step: 40 ms, 25 tokens/s
+    for _ in range(8):  # earlier answers' rounds, all accepted: each token decoded plainly loses ~28 ms
+        lengths.next_k_for((1, "draft"), min_k=1)
+        lengths.observe(2, 2, 0.010, 0.042, source=(1, "draft"))
+        lengths.next_k_for((0, "guess"))  # lookup's guesses, all accepted, for nothing: faster than the model
+        lengths.observe(2, 2, 0.0, 0.042, source=(0, "guess"))
+
+    def asked(ran: list[int], start_seconds: float = 0.2, length: int = 40, guess: list[int] = []) -> list[int]:
+        """After answers of `ran` tokens, the committed counts at which a `length`-token answer's model was
+        asked (its start measured at `start_seconds`; lookup guessing `guess` each round)."""
+        model = FixedSource("model", [1, 2])
+        model.catch_up_seconds = start_seconds  # each of its starts measures this
+        lookup = FixedLookup("lookup", guess)
+        lookup.verbatim = False
+        drafter = CombinedDrafter([lookup, model], model_after_tokens=16,
+                                  start_seconds=[None, start_seconds], answers=AnswerLengths())
+        drafter.use_source_lengths(lengths)
+        for answer_length in [*ran, length]:  # the earlier answers, then this one
+            drafter.begin([50, 60], SamplingParams(), 256)
+            proposed = []
+            for committed in range(answer_length):
+                draft = drafter.propose([50, 60, *range(committed)], 2, SamplingParams(), None)
+                if draft.tokens:
+                    if drafter.proposer == 1:
+                        proposed.append(committed)
+                    drafter.on_verified([50, 60, *range(committed + 1)], draft, VerifyResult(len(draft), [], [0]))
+        return proposed
+
+    assert asked([])[0] == 8  # nothing to go by: ski rental (0.2 s against ~28 ms a token)
+    assert asked([120, 120])[0] == 0  # long answers: ~120 tokens to come pay it at once
+    # ... against a plain step; where lookup guesses faster, it waits, and is tried only as the rates retry it
+    assert asked([120, 120], guess=[70, 50])[0] == 16 + RETRY_EVERY - 1
+    assert asked([], start_seconds=1.0, length=18)[0] == 16  # a dear start, nothing to go by: the whole wait
+    assert asked([18, 18, 18], start_seconds=1.0, length=18) == []  # 18-token answers never pay 1 s
+    assert asked([18, 18, 18], start_seconds=0.01)[0] == 0  # but pay a cheap start at once
+    assert asked([18, 18], start_seconds=1.0)[0] == 18  # past every recent answer: the wait's rule again
+    # 30-token answers pay 0.2 s from the start; at 23 tokens in, they would not any more, but it has started
+    assert asked([30, 30]) == list(range(40))
+    drafter = CombinedDrafter([FixedLookup("lookup", []), FixedSource("model", [1])])
+    assert drafter.fresh().answers is drafter.answers  # a served request's copy learns from the ones before

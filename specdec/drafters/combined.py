@@ -16,12 +16,14 @@ recent rounds swung with each round's luck and switched the model off and on, ea
 With a fixed K a rate is measured: committed tokens over seconds summed over recent rounds (`Throughput`),
 judging nothing before a few rounds.
 A draft model prefills its window of the context at its first proposal, which costs several target steps:
-an answer of a few dozen tokens never earns that back, so no model is asked before the generation has
-committed `MODEL_AFTER_TOKENS` (lookup drafts alone until then, which also measures the rounds without a
-model that the model is then weighed against), unless earlier answers say it pays: once the tokens decoded
-without it have cost more, at its predicted saving a token, than its last start did, it starts (ski rental,
-the wait being the longest rent), so on code it starts after a few tokens and on prose it waits. A
-generation that lookup drafts throughout never pays for the model.
+an answer of a few dozen tokens never earns that back. So a model starts where the tokens still to come, at
+its predicted saving a token, pay its last start; how many are to come is what the recent answers that ran
+as long as this one added after that point (short answers to questions: never; code answers: at once).
+Where no recent answers say (the first ones, or an answer longer than those before it), no model is asked
+before the generation has committed `MODEL_AFTER_TOKENS` (lookup drafts alone until then, which also
+measures the rounds without a model that the model is then weighed against), unless the tokens decoded
+without it have cost more, at its predicted saving a token, than its last start did (ski rental, the wait
+being the longest rent). A generation that lookup drafts throughout never pays for the model.
 
 With `k="auto"` each source drafts to its own length (speculation_length.SourceLengths): a lookup's verbatim
 copies, its weaker guesses and the model each have an AdaptiveK fitted to their own acceptance, so a copy
@@ -37,6 +39,7 @@ that proposed is told the round's result.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -52,6 +55,7 @@ RATE_DECAY = 0.8  # weight of the past in each source's rate, per round it draft
 RATED_AFTER = 3  # rounds measured before a rate judges
 RETRY_EVERY = 8  # a model passed over is tried again after this many rounds it was passed over
 MODEL_AFTER_TOKENS = 16  # committed tokens before any model is asked: short answers never pay its prefill
+RECENT_ANSWERS = 16  # answers whose lengths say how much longer the next one is expected to run
 
 
 @dataclass
@@ -74,6 +78,34 @@ class Throughput:
         return self.tokens / max(self.seconds, 1e-9) if self.rounds >= RATED_AFTER else None
 
 
+@dataclass
+class Answer:
+    committed: int = 0  # tokens committed before its latest round (the last round's own are not counted)
+
+
+class AnswerLengths:
+    """How long recent answers ran, shared by a combined drafter's `fresh` copies (a served request's drafter
+    learns from the requests before it): whether an answer some tokens in is expected to run long enough for a
+    model's start to pay."""
+
+    def __init__(self):
+        self.recent: deque[Answer] = deque(maxlen=RECENT_ANSWERS)
+
+    def begin(self) -> Answer:
+        """A new answer, its length kept up to date by its drafter."""
+        answer = Answer()
+        self.recent.append(answer)
+        return answer
+
+    def expected_remaining(self, answer: Answer) -> float | None:
+        """The tokens `answer` is expected to add: the mean of what the recent answers that ran at least as long
+        added after its length (an answer's last round is not counted, so one that ended here counts as
+        adding nothing); None while fewer than two ran as long (nothing to go by: a new kind of answer)."""
+        longer = [other.committed - answer.committed for other in self.recent
+                  if other is not answer and other.committed >= answer.committed]
+        return sum(longer) / len(longer) if len(longer) >= 2 else None
+
+
 class LookupSource:
     """What a combined drafter asks of a source beyond the Drafter interface, declared by the sources that
     are lookups (n-gram): proposing costs next to nothing, so it is asked every round, and its proposal says
@@ -89,10 +121,10 @@ class CombinedDrafter(Drafter):
     drafts_per_source = True
 
     def __init__(self, sources: Sequence[Drafter], model_after_tokens: int = MODEL_AFTER_TOKENS,
-                 start_seconds: list[float | None] | None = None):
+                 start_seconds: list[float | None] | None = None, answers: AnswerLengths | None = None):
         """start_seconds: each model's last measured start (the prefill of its first proposal of an answer),
-        shared by this drafter's `fresh` copies: what a served request's model costs to start is known from
-        the requests before it."""
+        and answers: how long recent answers ran, both shared by this drafter's `fresh` copies: what a served
+        request's model costs to start, and whether it will pay, is known from the requests before it."""
         if len(sources) < 2:
             raise InvalidParameterError("a combined drafter needs at least two drafters joined by '+'")
         for source in sources:
@@ -103,7 +135,9 @@ class CombinedDrafter(Drafter):
         self.name = "+".join(source.name for source in self.sources)
         # without a lookup to draft the first tokens, waiting for the model would only decode them plainly
         self.model_after_tokens = model_after_tokens if any(isinstance(s, LookupSource) for s in sources) else 0
-        self.prompt_length = 0
+        self.prompt_length = self.max_length = 0
+        self.answers = AnswerLengths() if answers is None else answers
+        self.answer = Answer()
         self.reads_logits = any(source.reads_logits for source in self.sources)
         self.proposer: int | None = None
         self.verbatim = False  # the proposer's draft copied a long run of the context
@@ -122,7 +156,7 @@ class CombinedDrafter(Drafter):
 
     def fresh(self) -> "CombinedDrafter":
         return CombinedDrafter([source.fresh() for source in self.sources], self.model_after_tokens,
-                               self.start_seconds)
+                               self.start_seconds, self.answers)
 
     def memory_bytes(self) -> int:
         return sum(source.memory_bytes() for source in self.sources)
@@ -142,7 +176,8 @@ class CombinedDrafter(Drafter):
     def begin(self, prompt_ids: Sequence[int], params: SamplingParams, max_length: int) -> None:
         for source in self.sources:
             source.begin(prompt_ids, params, max_length)
-        self.prompt_length = len(prompt_ids)
+        self.prompt_length, self.max_length = len(prompt_ids), max_length
+        self.answer = self.answers.begin()
         self.begin_rates()
 
     def use_source_lengths(self, lengths: SourceLengths) -> None:
@@ -153,7 +188,7 @@ class CombinedDrafter(Drafter):
         self.proposer = None
         self.started = time.perf_counter()
         guess: tuple[int, Draft] | None = None  # a lookup's weak guess: taken where no model drafts this round
-        committed = len(context) - self.prompt_length
+        committed = self.answer.committed = len(context) - self.prompt_length
         for index, source in enumerate(self.sources):
             if isinstance(source, LookupSource):
                 # A lookup costs nothing to ask: its proposal says which kind it is (a verbatim copy or a
@@ -167,7 +202,7 @@ class CombinedDrafter(Drafter):
                 elif len(draft) and guess is None:
                     guess = (index, draft)
                 continue
-            if self._waits(index, committed) or self._outpaced(index, guess):
+            if self._waits(index, committed, len(context), guess) or self._outpaced(index, guess):
                 continue
             key = (index, "draft")
             k = self._length(key, max_tokens)
@@ -190,19 +225,30 @@ class CombinedDrafter(Drafter):
             self.start_seconds[index] = self.catch_up_seconds  # its first proposal: a prefill of its start
         return draft if self.lengths is None else replace(draft, source=key, asked=k)
 
-    def _waits(self, index: int, committed: int) -> bool:
-        """Whether model `index` is not asked yet (`committed` tokens into the answer): not before
-        `model_after_tokens`, unless what the answer has lost so far by decoding without it (its predicted
-        saving a token, measured on earlier answers, times the tokens committed) already exceeds what starting
-        it costs (its last start's prefill): ski rental, with the wait as its longest rent."""
+    def _waits(self, index: int, committed: int, length: int, guess: tuple[int, Draft] | None) -> bool:
+        """Whether model `index`, not started in this answer yet (`committed` tokens into it, `length` tokens of
+        context), waits another round. Starting costs a prefill (its last start's, measured), which pays where
+        its predicted saving a token (measured on earlier answers) over this round's alternative (lookup's weak
+        `guess` if it has one, else a plain step) times the tokens still to come exceeds it.
+        How many are to come is known from the recent answers that ran longer than this one. Where none say
+        (a new kind of answer): not before `model_after_tokens`, unless what the answer has lost so far by
+        decoding without it already exceeds its start (ski rental, with the wait as its longest rent). Once
+        started, the rates alone judge it (`_outpaced`)."""
+        if self.proposals[index]:
+            return False
+        start, own, alternative = self.start_seconds[index], self._model_rate(index), self._modelless_rate(guess)
+        known = start is not None and own is not None and alternative is not None
+        remaining = self.answers.expected_remaining(self.answer)
+        if known and remaining is not None:
+            remaining = min(remaining, self.max_length - length)
+            if own <= alternative:  # predicted not to pay, but tried after the wait (the prediction may be stale) ...
+                return committed < self.model_after_tokens or remaining < self.model_after_tokens  # ... if it runs on
+            return remaining * (1.0 / alternative - 1.0 / own) < start
         if committed >= self.model_after_tokens:
             return False
-        start, own, plain = self.start_seconds[index], self._model_rate(index), None
-        if self.lengths is not None:
-            plain = self.lengths.plain_rate()
-        if start is None or own is None or plain is None or own <= plain:
+        if not known or own <= alternative:
             return True
-        return committed * (1.0 / plain - 1.0 / own) < start
+        return committed * (1.0 / alternative - 1.0 / own) < start
 
     def _length(self, key: tuple[int, str], max_tokens: int) -> int:
         """How many tokens source kind `key` drafts this round: its own K when K is auto, else max_tokens.
