@@ -202,7 +202,7 @@ class CombinedDrafter(Drafter):
                 elif len(draft) and guess is None:
                     guess = (index, draft)
                 continue
-            if self._waits(index, committed, len(context), guess) or self._outpaced(index, guess):
+            if self._waits(index, committed, guess) or self._outpaced(index, guess):
                 continue
             key = (index, "draft")
             k = self._length(key, max_tokens)
@@ -225,9 +225,9 @@ class CombinedDrafter(Drafter):
             self.start_seconds[index] = self.catch_up_seconds  # its first proposal: a prefill of its start
         return draft if self.lengths is None else replace(draft, source=key, asked=k)
 
-    def _waits(self, index: int, committed: int, length: int, guess: tuple[int, Draft] | None) -> bool:
-        """Whether model `index`, not started in this answer yet (`committed` tokens into it, `length` tokens of
-        context), waits another round. Starting costs a prefill (its last start's, measured), which pays where
+    def _waits(self, index: int, committed: int, guess: tuple[int, Draft] | None) -> bool:
+        """Whether model `index`, not started in this answer yet (`committed` tokens into it), waits another
+        round. Starting costs a prefill (its last start's, measured), which pays where
         its predicted saving a token (measured on earlier answers) over this round's alternative (lookup's weak
         `guess` if it has one, else a plain step) times the tokens still to come exceeds it.
         How many are to come is known from the recent answers that ran longer than this one. Where none say
@@ -240,7 +240,7 @@ class CombinedDrafter(Drafter):
         known = start is not None and own is not None and alternative is not None
         remaining = self.answers.expected_remaining(self.answer)
         if known and remaining is not None:
-            remaining = min(remaining, self.max_length - length)
+            remaining = min(remaining, self.max_length - self.prompt_length - committed)
             if own <= alternative:  # predicted not to pay, but tried after the wait (the prediction may be stale) ...
                 return committed < self.model_after_tokens or remaining < self.model_after_tokens  # ... if it runs on
             return remaining * (1.0 / alternative - 1.0 / own) < start
