@@ -790,10 +790,35 @@ def test_a_model_that_paid_on_earlier_answers_starts_once_the_wait_has_cost_its_
     assert drafter.fresh().start_seconds is drafter.start_seconds  # a served request's copy shares them
 
 
+def test_a_models_acceptance_from_earlier_answers_weighs_at_most_a_few_rounds_in_a_new_one():
+    """Answers change kind (questions, then translations): the model's fit carried into a new answer is held to
+    MODEL_MEMORY_ROUNDS rounds of evidence, so a few rounds of the new answer outweigh many old ones, while the
+    fit itself (and lookup's own) is kept."""
+    from specdec.core.speculation_length import SourceLengths
+    from specdec.drafters.combined import MODEL_MEMORY_ROUNDS
+
+    lengths = SourceLengths(4)
+    for _ in range(60):  # earlier answers: the model's two tokens always accepted, lookup's guesses never
+        lengths.next_k_for((1, "draft"), min_k=1)
+        lengths.observe(2, 2, 0.010, 0.042, source=(1, "draft"))
+        lengths.next_k_for((0, "guess"))
+        lengths.observe(2, 0, 0.0, 0.042, source=(0, "guess"))
+    model, guess = lengths.lengths[(1, "draft")], lengths.lengths[(0, "guess")]
+    guess_counts = guess.reached.copy()
+    drafter = CombinedDrafter([FixedLookup("lookup", []), FixedSource("model", [1])])
+    drafter.use_source_lengths(lengths)
+    drafter.begin([50, 60], SamplingParams(), 256)
+    assert model.reached[0] == pytest.approx(MODEL_MEMORY_ROUNDS) and model.alphas()[0] > 0.85
+    assert (guess.reached == guess_counts).all()  # lookup asks nothing to start: its fit is left alone
+    for _ in range(MODEL_MEMORY_ROUNDS):  # the new answer: every draft rejected
+        model.observe(2, 0, 0.010, 0.042)
+    assert model.alphas()[0] < 0.5
+
+
 def test_a_model_starts_where_recent_answers_say_this_one_runs_long_enough_to_pay_its_start():
     """Where recent answers ran longer than this one, the tokens still to come are theirs on average: the model
     starts at once if they pay its start at its predicted saving, and never if they do not; where none ran
-    longer, the wait (ski rental) decides. Once started it is not stopped by this rule."""
+    longer, it is expected to run as long again (ski rental). Once started it is not stopped by this rule."""
     from specdec.core.speculation_length import SourceLengths
     from specdec.drafters.combined import RETRY_EVERY, AnswerLengths
 
@@ -830,10 +855,12 @@ def test_a_model_starts_where_recent_answers_say_this_one_runs_long_enough_to_pa
     assert asked([120, 120])[0] == 0  # long answers: ~120 tokens to come pay it at once
     # ... against a plain step; where lookup guesses faster, it waits, and is tried only as the rates retry it
     assert asked([120, 120], guess=[70, 50])[0] == 16 + RETRY_EVERY - 1
-    assert asked([], start_seconds=1.0, length=18)[0] == 16  # a dear start, nothing to go by: the whole wait
+    # a dear start and no recent answers: ski rental alone (1 s against ~26 ms a token), never within 18 tokens
+    assert asked([], start_seconds=1.0, length=18) == []
+    assert asked([], start_seconds=1.0, length=60)[0] == 39
     assert asked([18, 18, 18], start_seconds=1.0, length=18) == []  # 18-token answers never pay 1 s
     assert asked([18, 18, 18], start_seconds=0.01)[0] == 0  # but pay a cheap start at once
-    assert asked([18, 18], start_seconds=1.0)[0] == 18  # past every recent answer: the wait's rule again
+    assert asked([18, 18], start_seconds=1.0, length=60)[0] == 39  # past every recent answer: ski rental again
     # 30-token answers pay 0.2 s from the start; at 23 tokens in, they would not any more, but it has started
     assert asked([30, 30]) == list(range(40))
     drafter = CombinedDrafter([FixedLookup("lookup", []), FixedSource("model", [1])])

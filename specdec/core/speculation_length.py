@@ -132,6 +132,15 @@ class AdaptiveK:
         pooled = (self.accepted.sum() + weight * self.prior_alpha) / (self.reached.sum() + weight)
         return (self.accepted + weight * pooled) / (self.reached + weight)
 
+    def keep_at_most(self, rounds: float) -> None:
+        """Scale the acceptance counts down so that they weigh at most `rounds` rounds of evidence (for text of
+        a new kind, where the rounds from now on should soon outweigh the old ones); their ratios, and so the
+        alphas they fit, stay as they were but for the prior's share."""
+        if self.reached[0] > rounds:
+            scale = rounds / self.reached[0]
+            self.reached *= scale
+            self.accepted *= scale
+
     def verify_cost_line(self) -> tuple[float, float]:
         """(intercept, slope) of forward seconds against input tokens, fitted to the measurements."""
         sizes = np.array(sorted(self.verify_seconds), dtype=float)
@@ -229,6 +238,11 @@ class SourceLengths:
 
     def next_k(self) -> int:
         return self.max_k
+
+    def keep_at_most(self, source: Hashable, rounds: float) -> None:
+        """Source's acceptance evidence weighs at most `rounds` rounds (AdaptiveK.keep_at_most), if it has any."""
+        if source in self.lengths:
+            self.lengths[source].keep_at_most(rounds)
 
     def next_k_for(self, source: Hashable, min_k: int = 0) -> int:
         """Source's K this round; min_k (given at its first call) bounds it below."""

@@ -18,12 +18,16 @@ judging nothing before a few rounds.
 A draft model prefills its window of the context at its first proposal, which costs several target steps:
 an answer of a few dozen tokens never earns that back. So a model starts where the tokens still to come, at
 its predicted saving a token, pay its last start; how many are to come is what the recent answers that ran
-as long as this one added after that point (short answers to questions: never; code answers: at once).
-Where no recent answers say (the first ones, or an answer longer than those before it), no model is asked
-before the generation has committed `MODEL_AFTER_TOKENS` (lookup drafts alone until then, which also
-measures the rounds without a model that the model is then weighed against), unless the tokens decoded
-without it have cost more, at its predicted saving a token, than its last start did (ski rental, the wait
-being the longest rent). A generation that lookup drafts throughout never pays for the model.
+as long as this one added after that point (short answers to questions: never; code answers: at once), and
+in an answer longer than all but one of them, as many as it has committed so far (ski rental: it starts
+once decoding without it has lost what its start costs). Before anything is predicted (a first answer, a
+model never measured), no model is asked before the generation has committed `MODEL_AFTER_TOKENS` (lookup
+drafts alone until then, which also measures the rounds without a model that the model is weighed
+against). A model predicted not to pay is still tried after that wait in an answer expected to run on
+(its prediction may be of another kind of text). Its acceptance, fitted over its recent rounds, is carried
+into each new answer as at most `MODEL_MEMORY_ROUNDS` rounds of evidence, so a run of answers of a new kind
+(translations after answers to questions) soon judges it by themselves. A generation that lookup drafts
+throughout never pays for the model.
 
 With `k="auto"` each source drafts to its own length (speculation_length.SourceLengths): a lookup's verbatim
 copies, its weaker guesses and the model each have an AdaptiveK fitted to their own acceptance, so a copy
@@ -56,6 +60,11 @@ RATED_AFTER = 3  # rounds measured before a rate judges
 RETRY_EVERY = 8  # a model passed over is tried again after this many rounds it was passed over
 MODEL_AFTER_TOKENS = 16  # committed tokens before any model is asked: short answers never pay its prefill
 RECENT_ANSWERS = 16  # answers whose lengths say how much longer the next one is expected to run
+# A model's acceptance evidence carried into a new answer, in rounds: a run of answers may change kind (questions,
+# translations, code), and whether the model starts is judged by its fit before the new answer has said anything;
+# held at this, the last answer outweighs older ones within a few rounds, while the fit within an answer still
+# decays slowly, steady over a long one.
+MODEL_MEMORY_ROUNDS = 8
 
 
 @dataclass
@@ -179,6 +188,10 @@ class CombinedDrafter(Drafter):
         self.prompt_length, self.max_length = len(prompt_ids), max_length
         self.answer = self.answers.begin()
         self.begin_rates()
+        if self.lengths is not None:
+            for index in range(len(self.sources)):
+                if not self._is_lookup(index):
+                    self.lengths.keep_at_most((index, "draft"), MODEL_MEMORY_ROUNDS)
 
     def use_source_lengths(self, lengths: SourceLengths) -> None:
         self.lengths = lengths
@@ -227,28 +240,26 @@ class CombinedDrafter(Drafter):
 
     def _waits(self, index: int, committed: int, guess: tuple[int, Draft] | None) -> bool:
         """Whether model `index`, not started in this answer yet (`committed` tokens into it), waits another
-        round. Starting costs a prefill (its last start's, measured), which pays where
-        its predicted saving a token (measured on earlier answers) over this round's alternative (lookup's weak
-        `guess` if it has one, else a plain step) times the tokens still to come exceeds it.
-        How many are to come is known from the recent answers that ran longer than this one. Where none say
-        (a new kind of answer): not before `model_after_tokens`, unless what the answer has lost so far by
-        decoding without it already exceeds its start (ski rental, with the wait as its longest rent). Once
-        started, the rates alone judge it (`_outpaced`)."""
+        round. Starting costs a prefill (its last start's, measured), which pays where its predicted saving a
+        token (measured on earlier answers) over this round's alternative (lookup's weak `guess` if it has one,
+        else a plain step) times the tokens still to come exceeds it. How many are to come is known from the
+        recent answers that ran longer than this one; past them, an answer is expected to run as long again
+        (the start then waits until the tokens decoded without the model have lost what it costs: ski rental,
+        with no cap on the wait: a cap started a marginal model, predicted on other answers, in answers too
+        short to pay it). Nothing predicted yet: `model_after_tokens`. Once started, the rates alone judge it
+        (`_outpaced`)."""
         if self.proposals[index]:
             return False
         start, own, alternative = self.start_seconds[index], self._model_rate(index), self._modelless_rate(guess)
-        known = start is not None and own is not None and alternative is not None
+        if start is None or own is None or alternative is None:
+            return committed < self.model_after_tokens  # nothing to predict by: wait, then try it (measuring it)
         remaining = self.answers.expected_remaining(self.answer)
-        if known and remaining is not None:
-            remaining = min(remaining, self.max_length - self.prompt_length - committed)
-            if own <= alternative:  # predicted not to pay, but tried after the wait (the prediction may be stale) ...
-                return committed < self.model_after_tokens or remaining < self.model_after_tokens  # ... if it runs on
-            return remaining * (1.0 / alternative - 1.0 / own) < start
-        if committed >= self.model_after_tokens:
-            return False
-        if not known or own <= alternative:
-            return True
-        return committed * (1.0 / alternative - 1.0 / own) < start
+        if remaining is None:
+            remaining = committed  # longer than the recent answers: expected to run as long again
+        remaining = min(remaining, self.max_length - self.prompt_length - committed)
+        if own <= alternative:  # predicted not to pay, but tried after the wait (the prediction may be stale) ...
+            return committed < self.model_after_tokens or remaining < self.model_after_tokens  # ... if it runs on
+        return remaining * (1.0 / alternative - 1.0 / own) < start
 
     def _length(self, key: tuple[int, str], max_tokens: int) -> int:
         """How many tokens source kind `key` drafts this round: its own K when K is auto, else max_tokens.
