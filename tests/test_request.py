@@ -87,7 +87,7 @@ def test_every_front_end_builds_sampling_one_way_from_its_fields():
     body = CompletionRequest.model_validate({"prompt": "a", "temperature": 0.5, "top_k": 2, "min_p": 0.1})
     assert SamplingParams.of(body) == SamplingParams(0.5, 2, 1.0, 0.1, 1.0)
     infill = InfillRequest.model_validate({"input_prefix": "a", "repeat_penalty": 1.3, "temperature": 0.2})
-    assert infill.sampling() == SamplingParams(0.2, 0, 1.0, 0.0, 1.3)
+    assert infill.sampling() == SamplingParams(0.2, 0, 1.0, 0.0, 1.3, repeat_last_n=64)  # llama-server's window
     with pytest.raises(InvalidParameterError):
         SamplingParams.of(argparse.Namespace(temperature=-1.0))
     # the keyword methods: every sampling knob is a request keyword, read the same way

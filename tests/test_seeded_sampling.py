@@ -107,6 +107,28 @@ def test_same_seed_same_text_at_every_k_with_a_repetition_penalty(models):
         assert len(texts) == 1, prompt
 
 
+def test_a_penalty_window_gives_plain_text_at_every_k_for_chains_and_trees(models):
+    """repeat_last_n (llama.cpp's and Ollama's window): the draft, the chain's and the tree's verification and
+    plain decoding each penalize only the last N tokens before their own position; one of them looking back
+    further would change a seeded draw."""
+    target = models["target"]
+    window = dict(temperature=0.8, top_k=20, top_p=0.95, repetition_penalty=3.0, repeat_last_n=3)
+    drafters = {"draft": lambda: DraftModelDrafter(target, target.model.vocab_size),
+                "eagle": lambda: eagle_drafter(target.model, TreeShape(depth=3, top_k=2, budget=6), seed=1)}
+    differs = 0
+    for prompt in PROMPTS[:4]:
+        plain = SpeculativeGenerator(target, None, 4).generate(prompt, NEW_TOKENS, chat=False, seed=7, **window)
+        for name, make in drafters.items():
+            for k in KS:
+                result = SpeculativeGenerator(target, make(), k).generate(prompt, NEW_TOKENS, chat=False, seed=7,
+                                                                          **window)
+                assert result.token_ids == plain.token_ids, (name, k, prompt)
+        whole = SpeculativeGenerator(target, None, 4).generate(prompt, NEW_TOKENS, chat=False, seed=7,
+                                                               **{**window, "repeat_last_n": -1})
+        differs += whole.token_ids != plain.token_ids
+    assert differs  # the window is applied: looking back over everything decodes otherwise
+
+
 def test_a_self_draft_under_the_match_rule_accepts_every_token(models):
     """Draft and target share a distribution: the coupled draws agree at every position."""
     target = models["target"]
@@ -153,3 +175,14 @@ def test_inverse_cdf_never_draws_a_token_without_mass():
     assert inverse_cdf(probs, torch.tensor([0.0, 0.0])).tolist() == [1, 0]
     assert inverse_cdf(probs, torch.tensor([0.4999, 0.6])).tolist() == [1, 2]
     assert inverse_cdf(probs, torch.tensor([1.0, 1.0])).tolist() == [2, 2]  # rounding up to the total
+
+
+def test_the_penalty_window_reaches_back_over_the_chain_row_by_row():
+    from specdec.core.sampling import repetition_penalized
+
+    logits = torch.ones(3, 6)  # (T, V)
+    out = repetition_penalized(logits, torch.tensor([0, 1, 2]), [3, 4], 2.0, window=2)
+    assert (out < 1).tolist() == [[False, True, True, False, False, False],   # row 0: history's last 2
+                                  [False, False, True, True, False, False],   # row 1: 2, then the chain's 3
+                                  [False, False, False, True, True, False]]   # row 2: 3 and 4
+    assert (repetition_penalized(logits, torch.tensor([0, 1, 2]), [3, 4], 2.0) < 1).sum() == 3 + 4 + 5

@@ -32,6 +32,7 @@ class RequestKeywords(TypedDict, total=False):
     top_p: float
     min_p: float
     repetition_penalty: float
+    repeat_last_n: int
     stop: Sequence[str] | str | None
     seed: int | None
     chat: bool | None

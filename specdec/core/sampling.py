@@ -26,6 +26,9 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    # how many of the latest context tokens the penalty looks back over: -1 all of them, 0 none (the penalty
+    # is off), N the last N (llama.cpp's and Ollama's repeat_last_n, whose default window is 64)
+    repeat_last_n: int = -1
 
     def __post_init__(self):
         checks = [
@@ -34,6 +37,8 @@ class SamplingParams:
             (math.isfinite(self.top_p) and 0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (math.isfinite(self.min_p) and 0 <= self.min_p < 1, "min_p must be in [0, 1)"),
             (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (isinstance(self.repeat_last_n, int) and self.repeat_last_n >= -1,
+             "repeat_last_n must be an integer >= -1 (-1: the whole context, 0: no penalty)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -42,6 +47,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether the repetition penalty changes any logit (a penalty of 1, or a window of 0, does not)."""
+        return self.repetition_penalty != 1.0 and self.repeat_last_n != 0
 
     @classmethod
     def of(cls, source) -> "SamplingParams":
@@ -66,14 +76,21 @@ def repetition_penalized(
     history: torch.Tensor,  # (N,) token ids already in the context
     chain: Sequence[int],  # tokens drafted before each position: row j also penalizes chain[:j]
     penalty: float,
+    window: int = -1,  # row j looks back over the last `window` of history + chain[:j] (-1: all of it)
 ) -> torch.Tensor:
     """Seen tokens' logits moved away from zero by `penalty` (divided where positive, multiplied where
     negative). A masked logit (-inf: a token a grammar forbids) stays -inf whatever the penalty, and an extreme
     one cannot turn a logit into NaN (-inf x 0) or +inf (see finite_scaled)."""
     seen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)  # (T, V)
-    seen[:, history] = True
-    for row in range(1, logits.shape[0]):
-        seen[row:, chain[row - 1]] = True
+    if window < 0:
+        seen[:, history] = True
+        for row in range(1, logits.shape[0]):
+            seen[row:, chain[row - 1]] = True
+    else:  # each row's own window: the tokens before it, the latest `window` of them
+        before = [*history.tolist(), *chain]
+        for row in range(logits.shape[0]):
+            end = len(history) + row
+            seen[row, before[max(0, end - window): end]] = True
     penalized = finite_scaled(torch.where(logits < 0, logits * penalty, logits / max(penalty, TINIEST)))
     return torch.where(seen & torch.isfinite(logits), penalized, logits)
 
@@ -97,8 +114,8 @@ def processed_probs(
     chain: Sequence[int] = (),
 ) -> torch.Tensor:
     """(T, V) probabilities after every setting; for greedy, one-hot at the argmax."""
-    if params.repetition_penalty != 1.0 and history is not None:
-        logits = repetition_penalized(logits, history, chain, params.repetition_penalty)
+    if params.penalizes and history is not None:
+        logits = repetition_penalized(logits, history, chain, params.repetition_penalty, params.repeat_last_n)
     if params.greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     logits = finite_scaled(logits / max(params.temperature, TINIEST))
@@ -135,8 +152,9 @@ def token_logprobs(
         seen = torch.tensor([*history, *tokens[:row]], device=logits.device)
         if params.greedy:
             values = logits[row: row + 1].float().log_softmax(-1)[0]
-            if params.repetition_penalty != 1.0:
-                values = repetition_penalized(logits[row: row + 1].float(), seen, (), params.repetition_penalty)
+            if params.penalizes:
+                values = repetition_penalized(logits[row: row + 1].float(), seen, (), params.repetition_penalty,
+                                              params.repeat_last_n)
                 values = values.log_softmax(-1)[0]
         else:
             values = processed_probs(logits[row: row + 1].float(), params, seen)[0].log()
@@ -172,7 +190,7 @@ def tree_processed_probs(
     tree,  # specdec.core.tree.TokenTree
 ) -> torch.Tensor:
     """`processed_probs` for a token tree: row n + 1 also penalizes the tokens on node n's path."""
-    if params.repetition_penalty == 1.0:
+    if not params.penalizes:
         return processed_probs(logits, params)
     rows = [processed_probs(logits[:1], params, history)]
     for node in range(len(tree)):

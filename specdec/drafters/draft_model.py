@@ -120,7 +120,7 @@ class DraftModelDrafter(Drafter):
         device = self.model.device
         pending = self._unseen(context)  # committed tokens the draft has not seen (>= 1)
         self.base_length = self.cache.length + len(pending)  # cache slots once they are fed
-        greedy = params.greedy and params.repetition_penalty == 1.0
+        greedy = params.greedy and not params.penalizes
         noise = noise or unseeded_stream()
         history = torch.tensor(context, device=device) if not greedy else None
         tokens: list[int] = []

@@ -135,7 +135,7 @@ def accept(round: Round, logits: torch.Tensor, params: SamplingParams, acceptanc
     sampling is greedy, else `acceptance`'s rule (core/verify.py) on the processed target distribution of
     each row."""
     draft, tree = round.draft, round.tree
-    if params.greedy and params.repetition_penalty == 1.0:
+    if params.greedy and not params.penalizes:
         return verify_chain_greedy(logits, draft) if tree is None else verify_tree_greedy(logits, tree)
     history = torch.tensor(list(context), device=logits.device)
     match = acceptance is Acceptance.MATCH

@@ -27,6 +27,7 @@ class LlamaSampling(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     min_p: float = Field(default=0.0, ge=0.0, lt=1.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, alias="repeat_penalty")  # llama-server's name
+    repeat_last_n: int = Field(default=64, ge=-1)  # the penalty's window, llama-server's default
     seed: int | None = Field(default=None, ge=-1)
     stop: list[str] = Field(default_factory=list, max_length=4)
     stream: bool = False
