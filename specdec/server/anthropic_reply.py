@@ -53,6 +53,8 @@ def input_usage(prompt_tokens: int, cached_tokens: int) -> dict:
 class AnthropicReply:
     """The reply to one Messages request. `tools` are the chat request's (OpenAI-style) definitions."""
 
+    media_type = "text/event-stream"
+
     def __init__(self, model: str, tools: Sequence[dict], reasoning: Reasoning | None, stops: Sequence[str],
                  detokenize: Callable[[list[int]], str]):
         self.model, self.tools, self.reasoning, self.stops, self.detokenize = model, tools, reasoning, stops, detokenize

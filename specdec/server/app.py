@@ -1,9 +1,10 @@
-"""The OpenAI-compatible HTTP API (FastAPI): chat and text completions, streaming, fill-in-the-middle, models,
-health, metrics. The routes live in routes_*.py over one ServerState (state.py); requests become scheduler
+"""The HTTP API (FastAPI): OpenAI's chat and text completions and Responses, Anthropic's Messages, llama-server's
+and Ollama's routes, streaming, fill-in-the-middle, models, health, metrics. The routes live in routes_*.py over one ServerState (state.py); requests become scheduler
 jobs in jobs.py; errors take OpenAI's shape in http_errors.py."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from contextlib import asynccontextmanager
 from functools import partial
@@ -18,6 +19,7 @@ from specdec.api.options import GeneratorOptions
 from specdec.api.prefix_cache import PrefixCache
 from specdec.server import (routes_anthropic, routes_completions, routes_infill, routes_info,
                             routes_llama_server, routes_page, routes_responses)
+from specdec.server.ollama import routes as routes_ollama
 from specdec.server.dialect_errors import DialectErrors
 from specdec.server.guard import GuardSettings, RequestGuard
 from specdec.server.http_errors import error
@@ -31,7 +33,8 @@ __all__ = ["ServerSettings", "create_app", "endpoint_label"]
 
 KNOWN_ENDPOINTS = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions", "/infill",
                    "/completion", "/tokenize", "/detokenize", "/apply-template", "/props", "/v1/messages",
-                   "/v1/messages/count_tokens", "/v1/responses", "/")
+                   "/v1/messages/count_tokens", "/v1/responses", "/", "/api/chat", "/api/generate", "/api/tags",
+                   "/api/show", "/api/ps", "/api/version", "/api/pull")
 
 
 def endpoint_label(path: str) -> str:
@@ -48,7 +51,9 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings, catalo
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.scheduler.start()
+        sweeper = asyncio.create_task(state.models.sweep_forever())  # models whose keep_alive has passed
         yield
+        sweeper.cancel()
         state.models.stop_all()  # after uvicorn's graceful wait: cancels whatever is still running
 
     app = FastAPI(title="specdec", lifespan=lifespan)
@@ -66,7 +71,7 @@ def create_app(generator: SpeculativeGenerator, settings: ServerSettings, catalo
         return error(400, str(exc.errors()[0].get("msg")), "invalid_request_error")
 
     for routes in (routes_info, routes_completions, routes_infill, routes_llama_server, routes_anthropic,
-                   routes_responses, routes_page):
+                   routes_responses, routes_ollama, routes_page):
         app.include_router(routes.router)
     app.mount("/page", routes_page.page_files(), name="page")
     return app

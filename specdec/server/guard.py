@@ -3,10 +3,11 @@ size and content type. Each refusal is an OpenAI-style JSON error with a 4xx sta
 
 Why each: a server on loopback can still be reached by any web page the user visits, through the
 browser. A page can POST a "simple" cross-origin request (text/plain or form-encoded) without a CORS
-preflight, so every POST must be sent as application/json; DNS rebinding makes a page's own host name
-resolve to 127.0.0.1, so on loopback only loopback host names are served. An API key (`--api-key`,
-`SPECDEC_API_KEY`) guards every route (the API, /infill, the OpenAPI document and its pages) as OpenAI's,
-vLLM's and llama.cpp's servers do; only OPEN_PATHS (/health, /metrics) stay open for probes and scrapers, and the chat page's static files
+preflight, so every POST must be sent as application/json (Ollama's routes excepted where no Origin header
+says a page sent it); DNS rebinding makes a page's own host name resolve to 127.0.0.1, so on loopback only
+loopback host names are served. An API key (`--api-key`, `SPECDEC_API_KEY`) guards every route (the API,
+/infill, Ollama's routes, the OpenAPI document and its pages) as OpenAI's, vLLM's and llama.cpp's servers
+do; only OPEN_PATHS (/health, /metrics) stay open for probes and scrapers, and the chat page's static files
 (`/`, `/page/...`: the page asks the user for the key and sends it with every API call).
 """
 
@@ -56,6 +57,12 @@ def host_name(header: str) -> str:
     return header.rpartition(":")[0] if header.count(":") == 1 else header
 
 
+def unlabelled_json_allowed(path: str, headers: dict[str, str]) -> bool:
+    """Ollama's routes read a body sent without its JSON content type (Ollama's own examples are `curl -d`,
+    which labels it form data) where no browser sent it: a page's request always names its Origin."""
+    return path.startswith("/api/") and "origin" not in headers
+
+
 class RequestGuard:
     """ASGI middleware: refuses a request with 400 (host), 401 (key), 413 (size) or 415 (content type)."""
 
@@ -89,7 +96,7 @@ class RequestGuard:
             if length is not None and length.isdigit() and int(length) > settings.max_request_bytes:
                 return 413, f"the body is larger than {settings.max_request_bytes} bytes", "request_too_large", []
             media_type = headers.get("content-type", "").partition(";")[0].strip().lower()
-            if media_type != "application/json":
+            if media_type != "application/json" and not unlabelled_json_allowed(path, headers):
                 return 415, "the body must be JSON sent as 'Content-Type: application/json'", "unsupported_media_type", []
         return None
 

@@ -45,7 +45,7 @@ async def run_jobs(state: ServerState, request: Request, generation_request: Gen
     if stream:  # the status goes out now; a non-streamed reply's status is known at its end
         events = llama_events(jobs[0], reply) if llama_stream else stream_events(state, jobs, reply, prompt_tokens,
                                                                           arrived)
-        return StreamingResponse(events, media_type="text/event-stream",
+        return StreamingResponse(events, media_type=reply.media_type,
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     results = []
     for job in jobs:
@@ -140,8 +140,9 @@ async def finish(job: Job, request: Request) -> GenerationResult | Exception | N
 async def stream_events(state: ServerState, jobs: list[Job], reply, prompt_tokens: int, arrived: float
                         ) -> AsyncIterator[str]:
     """The choices' events as their rounds commit text, interleaved, in the reply's dialect: `reply` writes
-    the server-sent events (stream_start / stream_text / stream_done / stream_failed / stream_end; the
-    OpenAI chat and completions Reply, Responses, Anthropic Messages)."""
+    the stream's frames (stream_start / stream_text / stream_done / stream_failed / stream_end, sent as its
+    media_type: server-sent events for the OpenAI chat and completions Reply, Responses and Anthropic
+    Messages, one JSON object a line for Ollama's)."""
     first_text = True
     results: list[GenerationResult | None] = [None] * len(jobs)
     try:

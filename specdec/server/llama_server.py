@@ -80,6 +80,8 @@ class LlamaReply:
     """llama-server's generation replies (`/completion`, `/infill`): `content`, `stop`, token counts,
     `timings`; streamed: `{"content", "stop": false}` events, then one with `"stop": true` and the summary."""
 
+    media_type = "text/event-stream"
+
     def __init__(self, model: str):
         self.model = model
 

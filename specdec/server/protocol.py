@@ -160,6 +160,7 @@ class _Common(BaseModel):
     top_k: int = Field(default=0, ge=0)  # extension, as in vLLM
     min_p: float = Field(default=0.0, ge=0.0, lt=1.0)  # extension
     repetition_penalty: float = Field(default=1.0, gt=0.0)  # extension
+    repeat_last_n: int = Field(default=-1, ge=-1)  # extension: the penalty's window (-1: the whole context)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False

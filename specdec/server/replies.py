@@ -70,6 +70,8 @@ class Reply:
     goes to `reasoning_content` (api/reasoning.py); with `timings` llama-server's timings object goes beside
     `usage`, as llama-server writes it for clients that read its speculation figures."""
 
+    media_type = "text/event-stream"
+
     def __init__(self, chat: bool, model: str, include_usage: bool, token_text: Callable[[int], str],
                  tools: Sequence[dict] = (), choices: int = 1, reasoning: Reasoning | None = None,
                  timings: bool = False, speculation: bool = False):
@@ -213,9 +215,7 @@ class Reply:
     def logprobs(self, entries: list[TokenLogprob], index: int = 0) -> dict:
         """Chat: {"content": [{token, logprob, bytes, top_logprobs}]}; completions: the legacy columns."""
         if self.chat:
-            return {"content": [{**self._token(entry.token, entry.logprob),
-                                 "top_logprobs": [self._token(token, value) for token, value in entry.top]}
-                                for entry in entries]}
+            return {"content": chat_logprobs(entries, self.token_text)}
         tokens = [self.token_text(entry.token) for entry in entries]
         offsets = []
         for text in tokens:
@@ -226,9 +226,19 @@ class Reply:
                                  for entry in entries],
                 "text_offset": offsets}
 
-    def _token(self, token: int, logprob: float) -> dict:
-        text = self.token_text(token)
-        return {"token": text, "logprob": finite(logprob), "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(entries: list[TokenLogprob], token_text: Callable[[int], str]) -> list[dict]:
+    """Each token's {token, logprob, bytes, top_logprobs}: OpenAI chat's `logprobs.content`, and Ollama's
+    `logprobs` as they are."""
+    return [{**token_entry(entry.token, entry.logprob, token_text),
+             "top_logprobs": [token_entry(token, value, token_text) for token, value in entry.top]}
+            for entry in entries]
+
+
+def token_entry(token: int, logprob: float, token_text: Callable[[int], str]) -> dict:
+    text = token_text(token)
+    return {"token": text, "logprob": finite(logprob), "bytes": list(text.encode("utf-8"))}
 
 
 def finite(logprob: float) -> float:

@@ -49,6 +49,8 @@ class ResponsesReply:
     """The reply to one Responses request. `tools`: the chat request's definitions (none: no calls read);
     `history`: the conversation before this request's input (a previous response's), for the store."""
 
+    media_type = "text/event-stream"
+
     def __init__(self, model: str, body: ResponsesRequest, tools: Sequence[dict], reasoning: Reasoning | None,
                  store: ResponseStore, history: tuple[dict, ...] = ()):
         self.model, self.body, self.tools, self.reasoning = model, body, tools, reasoning

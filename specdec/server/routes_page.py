@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter
-from fastapi.responses import FileResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 PAGE_DIR = Path(__file__).resolve().parent / "page"
@@ -15,9 +15,21 @@ PAGE_DIR = Path(__file__).resolve().parent / "page"
 router = APIRouter()
 
 
+# What Ollama's server answers at its root: the health check its clients and tools make there.
+OLLAMA_RUNNING = "Ollama is running"
+
+
 @router.get("/", include_in_schema=False)
-async def page() -> FileResponse:
+async def page(request: Request) -> Response:
+    """The page for a browser (it asks for HTML); Ollama's health line for a program asking Ollama's root."""
+    if "text/html" not in request.headers.get("accept", ""):
+        return PlainTextResponse(OLLAMA_RUNNING)
     return FileResponse(PAGE_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+@router.head("/", include_in_schema=False)
+async def alive() -> Response:
+    return PlainTextResponse(OLLAMA_RUNNING)
 
 
 def page_files() -> StaticFiles:

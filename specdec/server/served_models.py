@@ -2,12 +2,15 @@
 a folder or the stores is listed in /v1/models; a request's `model` picks one, loaded on first use with the
 drafter `--drafter auto` pairs it with, kept while at most `max_loaded` are, the least recently used idle one
 unloaded first. A request for a model being loaded waits for it; an unknown name is a 404 in the dialect's
-error shape."""
+error shape. A request may set how long its model stays loaded once idle (Ollama's keep_alive; 0: unloaded
+when its requests end); the model the server was started with stays loaded whatever is asked."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import math
+import time
 import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -60,6 +63,7 @@ class ServedModels:
         self.load = load  # (served name, options) -> a started ServerState; runs off the event loop
         self.loaded: OrderedDict[str, "ServerState"] = OrderedDict({self.default: first})
         self.loading: dict[str, asyncio.Lock] = {}
+        self.expiry: dict[str, float] = {}  # name -> when (time.time()) it is unloaded once idle (keep_alive)
 
     def names(self) -> list[str]:
         """Every model a request may name, the default first."""
@@ -82,20 +86,58 @@ class ServedModels:
         self.loaded.move_to_end(name)
         return self.loaded[name]
 
+    def add(self, name: str, spec: str) -> bool:
+        """Serve one more model by name (one pulled while the server runs); False where nothing is served by
+        name (no catalog: the server was started without --local-models or --models-dir)."""
+        if self.catalog is None:
+            return False
+        self.catalog.models.setdefault(name, spec)
+        return True
+
+    def keep_alive(self, name: str, seconds: float | None) -> None:
+        """How long `name` stays loaded once idle (None: as before; inf: while the server runs; 0: it is
+        unloaded when its requests end). The server's own model always stays."""
+        if seconds is not None and name != self.default:
+            self.expiry[name] = time.time() + seconds if not math.isinf(seconds) else math.inf
+
+    def expires(self, name: str) -> float:
+        """When a loaded model is unloaded once idle (time.time(); inf: not before the server stops)."""
+        return self.expiry.get(name, math.inf)
+
+    async def sweep(self) -> list[str]:
+        """Unload the idle models whose keep_alive has passed; the names unloaded."""
+        now, unloaded = time.time(), []
+        for name in list(self.loaded):
+            if name != self.default and self.expiry.get(name, math.inf) <= now and self._idle(name):
+                await self._unload(name)
+                unloaded.append(name)
+        return unloaded
+
+    async def sweep_forever(self, every: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(every)
+            await self.sweep()
+
+    def _idle(self, name: str) -> bool:
+        scheduler = self.loaded[name].scheduler
+        return not (scheduler.active_count or scheduler.queue_length)
+
     async def _unload_beyond_budget(self, keep: str) -> None:
         """Unload idle models, least recently used first, while more than max_loaded are loaded (a busy one
         stays: its requests finish first)."""
         for name in list(self.loaded):
             if len(self.loaded) <= self.catalog.max_loaded:
                 return
-            state = self.loaded[name]
-            if name == keep or state.scheduler.active_count or state.scheduler.queue_length:
-                continue
-            del self.loaded[name]
-            await run_in_threadpool(state.scheduler.stop)
-            del state
-            gc.collect()  # its generator's caches and weights, before the allocator is asked to give them back
-            release_free_memory()
+            if name != keep and self._idle(name):
+                await self._unload(name)
+
+    async def _unload(self, name: str) -> None:
+        state = self.loaded.pop(name)
+        self.expiry.pop(name, None)
+        await run_in_threadpool(state.scheduler.stop)
+        del state
+        gc.collect()  # its generator's caches and weights, before the allocator is asked to give them back
+        release_free_memory()
 
     def stop_all(self) -> None:
         for state in self.loaded.values():

@@ -42,7 +42,10 @@ class ToolCall:
 
 def speaks_hermes(tokenizer) -> bool:
     """Whether the tokenizer's chat template lists tools and expects Hermes-style calls."""
-    template = getattr(tokenizer, "chat_template", None) or ""
+    return template_speaks_hermes(getattr(tokenizer, "chat_template", None) or "")
+
+
+def template_speaks_hermes(template: str) -> bool:
     return OPEN in template and "tools" in template
 
 

@@ -86,6 +86,16 @@ def _model_path(spec: str) -> tuple[str, Path | None]:
     return spec, None
 
 
+def model_location(spec: str) -> Path | None:
+    """The GGUF file or model directory a spec names, without loading, converting or pulling anything (a zoo
+    model: its pulled GGUF file, None when it is not pulled); UnknownModelError as check_model_spec."""
+    _, path = _model_path(spec)
+    if path is None:
+        gguf = zoo.model_dir(spec) / f"{spec}.gguf"
+        return gguf if gguf.is_file() else None
+    return path
+
+
 def resolve_model_dir(spec: str, pull_missing: bool = True) -> tuple[str, Path]:
     """(display name, Hugging Face directory) for a zoo name, a model directory, a .gguf file or a stored
     model."""

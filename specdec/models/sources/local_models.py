@@ -45,7 +45,7 @@ def describe(model: stores.StoredModel) -> LocalModel:
     path = model.path
     size = path.stat().st_size if path.is_file() else sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     try:
-        facts = gguf_facts(path) if path.is_file() else _directory_facts(path)
+        facts = gguf_facts(path) if path.is_file() else directory_facts(path)
         return LocalModel(model.name, model.store, path, size, *facts, fingerprint=tokenizer_fingerprint(path))
     except (SpecdecError, OSError, ValueError, KeyError) as error:
         return LocalModel(model.name, model.store, path, size, problem=str(error).splitlines()[0])
@@ -68,7 +68,7 @@ def gguf_facts(path: Path) -> tuple[str, str, str]:
     return str(reader.field("general.architecture", "?")), str(parameters), quantization
 
 
-def _directory_facts(path: Path) -> tuple[str, str, str]:
+def directory_facts(path: Path) -> tuple[str, str, str]:
     config = json.loads((path / "config.json").read_text())
     return str(config.get("model_type", "?")), "?", str(config.get("torch_dtype") or config.get("dtype") or "?")
 

