@@ -297,3 +297,60 @@ def test_pull_streams_ollamas_progress_lines_and_refuses_other_names(tiny_genera
         assert other.value.status_code == 400 and "ollama pull" in other.value.error
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize("host,port,ollama_host,expected", [
+    (None, None, None, ("127.0.0.1", 8000)),
+    (None, None, "0.0.0.0", ("0.0.0.0", 11434)),
+    (None, None, ":9999", ("127.0.0.1", 9999)),
+    (None, None, "http://127.0.0.1:11500/", ("127.0.0.1", 11500)),
+    (None, None, "[::1]:11434", ("::1", 11434)),
+    (None, 11434, "0.0.0.0", ("127.0.0.1", 11434)),  # a flag given: the flags decide
+    ("::1", None, "0.0.0.0:1", ("::1", 8000)),
+])
+def test_serve_listens_where_ollama_host_says_unless_told_otherwise(host, port, ollama_host, expected):
+    from specdec.commands.serve import listen_address
+
+    assert listen_address(host, port, ollama_host) == expected
+
+
+def test_a_bad_ollama_host_is_one_line_and_exit_2(monkeypatch, capsys):
+    from specdec.cli import main
+
+    monkeypatch.setenv("OLLAMA_HOST", "localhost:port")
+    assert main(["serve", "--target", "smollm2-135m-instruct"]) == 2
+    assert "OLLAMA_HOST" in capsys.readouterr().err
+
+
+def test_models_of_ollamas_store_answer_by_their_ollama_names(tmp_path, monkeypatch):
+    """`specdec serve --local-models`: a model of Ollama's store is listed as NAME:TAG, answers as NAME:TAG
+    (and as NAME for :latest), greedy equal to the same file served by path, its digest the blob's."""
+    import shutil
+
+    from specdec.commands.serve import served_by_name
+
+    source = write_tiny_gguf(tmp_path / "source.gguf", make_hf_model("qwen2", seed=3), "F32")
+    store = tmp_path / "ollama"
+    digest = "ab" * 32
+    (store / "blobs").mkdir(parents=True)
+    shutil.copy(source, store / "blobs" / f"sha256-{digest}")
+    for tag in ("1b", "latest"):
+        manifest = store / "manifests" / "registry.ollama.ai" / "library" / "tinyq" / tag
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        manifest.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
+                                                    "digest": f"sha256:{digest}"}]}))
+    monkeypatch.setenv("OLLAMA_MODELS", str(store))
+    write_tiny_gguf(tmp_path / "alpha.gguf", make_hf_model("qwen2", seed=21), "F32")
+    options = GeneratorOptions(str(tmp_path / "alpha.gguf"), "ngram", 4)
+    catalog = ModelCatalog(dict(served_by_name(None, True)), options, 2)
+    running = RunningServer(SpeculativeGenerator.from_options(options), catalog=catalog)
+    try:
+        ollama_client = client(running)
+        listed = {m.model: m for m in ollama_client.list().models}
+        assert {"tinyq:1b", "tinyq:latest"} <= set(listed) and listed["tinyq:1b"].digest == digest
+        plain = SpeculativeGenerator.from_options(GeneratorOptions(str(source), "none")).generate(MESSAGES, 12).text
+        for name in ("tinyq:1b", "tinyq"):
+            reply = ollama_client.chat(model=name, messages=MESSAGES, options={"temperature": 0, "num_predict": 12})
+            assert reply.message.content == plain and reply.model == name
+    finally:
+        running.stop()

@@ -23,8 +23,11 @@ def add_parser(commands) -> None:
     serve = commands.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
     add_model_options(serve)
     add_speculation_options(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default=None,
+                       help="the address to listen on (default 127.0.0.1; where neither --host nor --port is given "
+                            "and $OLLAMA_HOST is set, its address, as Ollama's server reads it)")
+    serve.add_argument("--port", type=int, default=None,
+                       help="the port (default 8000; 11434 is Ollama's, for its clients with nothing changed)")
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name)")
     serve.add_argument("--max-active", type=int, default=16,
                        help="generations run together, their rounds batched (more: throughput; fewer: per-stream speed)")
@@ -106,18 +109,39 @@ class ServeOptions:
         from specdec.server.guard import LOOPBACK_HOSTS, is_loopback
         from specdec.server.state import ServerSettings
 
+        host, port = listen_address(args.host, args.port, os.environ.get("OLLAMA_HOST"))
         settings = ServerSettings(args.model_name, args.max_active, args.max_queue, args.default_max_tokens,
                                   api_key=args.api_key or None, max_request_bytes=args.max_request_bytes,
-                                  allowed_hosts=LOOPBACK_HOSTS if is_loopback(args.host) else None,
+                                  allowed_hosts=LOOPBACK_HOSTS if is_loopback(host) else None,
                                   allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o),
                                   max_prompt_tokens=args.max_prompt_tokens, max_tokens_cap=args.max_tokens_cap,
                                   kv_memory_bytes=None if args.kv_memory is None else int(args.kv_memory * 2**20),
                                   prefix_cache_bytes=int(args.prefix_cache * 2**20),
                                   prefill_tokens_per_step=args.prefill_chunk, tool_grammar=not args.no_tool_grammar,
                                   reasoning_format=args.reasoning_format)
-        return cls(generator_options_from_args(args), settings, args.host, args.port,
+        return cls(generator_options_from_args(args), settings, host, port,
                    served_by_name(args.models_dir, args.local_models), args.max_loaded, args.replicas,
                    args.autoscaling, args.shutdown_grace)
+
+
+DEFAULT_HOST, DEFAULT_PORT, OLLAMA_PORT = "127.0.0.1", 8000, 11434
+
+
+def listen_address(host: str | None, port: int | None, ollama_host: str | None) -> tuple[str, int]:
+    """Where to listen: --host and --port (each defaulting alone); where neither is given, $OLLAMA_HOST as
+    Ollama's server reads it ([http://]HOST[:PORT], ":PORT"; port 11434 unless given), so a user who set it
+    for Ollama finds specdec at the same address; else 127.0.0.1:8000."""
+    if host is not None or port is not None or not ollama_host:
+        return host or DEFAULT_HOST, DEFAULT_PORT if port is None else port
+    address = ollama_host.strip().split("://", 1)[-1].rstrip("/")
+    if address.startswith("["):  # [IPv6]:PORT
+        name, _, rest = address[1:].partition("]")
+        given_port = rest.removeprefix(":")
+    else:
+        name, _, given_port = address.rpartition(":") if address.count(":") == 1 else (address, "", "")
+    if given_port and not given_port.isdigit():
+        raise InvalidParameterError(f"OLLAMA_HOST={ollama_host!r}: the port is not a number")
+    return name or DEFAULT_HOST, int(given_port) if given_port else OLLAMA_PORT
 
 
 def served_by_name(models_dir: str | None, local_models: bool) -> tuple[tuple[str, str], ...]:
@@ -153,7 +177,7 @@ def run(options: ServeOptions) -> int:
     server = make_server(create_app(generator, settings, catalog), options.shutdown_grace)
     host, port = sock.getsockname()[:2]
     print(f"specdec: serving {settings.model_name!r} (drafter {generator.engine.drafter_name}) "
-          f"on http://{host}:{port}/v1" + (f", and {len(catalog.models)} more by name (at most {catalog.max_loaded} "
+          f"on http://{host}:{port}/v1 (Ollama's API: http://{host}:{port}/api)" + (f", and {len(catalog.models)} more by name (at most {catalog.max_loaded} "
                                            "loaded at once)" if catalog else ""), file=sys.stderr, flush=True)
     serve_forever(server, sock)
     return 0
