@@ -203,3 +203,37 @@ def test_specdec_pair_prints_the_table_and_json(folder, capsys):
     assert record["cached"] and record["chosen"] in [w["spec"] for w in record["weighed"]]
     assert main(["pair", str(folder / "missing.gguf")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_decision_calibrated_on_a_busier_machine_is_made_again_and_the_quieter_one_kept(folder, monkeypatch,
+                                                                                          caplog):
+    """Issue 88: a busy first run's calibration is not a verdict. Its record says how long a target step took;
+    a later run that finds steps much quicker now calibrates again (one warning line), and of two calibrations
+    the quieter one's decision is kept."""
+    import dataclasses
+
+    target = load_model(str(folder / "target.gguf"), weights="auto")
+    first = decision.decide(target, "cpu", "float32")
+    record = next((decision.specdec_home() / "pairings").glob("*.json"))
+    busy = json.loads(record.read_text()) | {"step_ms": first.step_ms * 10 + 100, "chosen": "ngram"}
+    record.write_text(json.dumps(busy))
+    calls = []
+    real_calibrate = decision.calibrate
+
+    def counted(*args):
+        calls.append(args)
+        return real_calibrate(*args)
+
+    monkeypatch.setattr(decision, "calibrate", counted)
+    with caplog.at_level("WARNING", logger="specdec"):
+        again = decision.decide(target, "cpu", "float32")
+    assert len(calls) == 1 and not again.cached and "busier" in caplog.text
+    assert json.loads(record.read_text())["step_ms"] == pytest.approx(again.step_ms)  # the quieter one written
+    calls.clear()
+    assert decision.decide(target, "cpu", "float32").cached and not calls  # now as quiet as its record: kept
+    # a new calibration that ran busier still than the record it questioned: the record is kept
+    record.write_text(json.dumps(busy))
+    monkeypatch.setattr(decision, "calibrate", lambda *args: dataclasses.replace(real_calibrate(*args),
+                                                                               step_ms=busy["step_ms"] * 2))
+    kept = decision.decide(target, "cpu", "float32")
+    assert kept.cached and kept.chosen == "ngram" and json.loads(record.read_text())["step_ms"] == busy["step_ms"]

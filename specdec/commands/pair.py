@@ -46,7 +46,8 @@ def run(pair: PairOptions) -> int:
     if pair.json:
         print(json.dumps(dataclasses.asdict(pairing) | {"line": pairing.line}))
         return 0
-    print(f"target {target.name} ({target.model.weight_format} weights): one decode step {pairing.step_ms:.1f} ms")
+    now = f" when calibrated, {pairing.step_ms_now:.1f} ms now" if pairing.cached and pairing.step_ms_now else ""
+    print(f"target {target.name} ({target.model.weight_format} weights): one decode step {pairing.step_ms:.1f} ms{now}")
     print(f"{'':2}{'drafter':72} {'kind':15} {'draft cost':>10} {'agreement':>9} {'predicted':>9}")
     for weighed in pairing.weighed:
         mark = "* " if weighed.spec == pairing.chosen else "  "

@@ -2,6 +2,12 @@
 says pays most (or lookup alone), and remember the decision per (target, drafts, machine) so that it costs
 nothing the next time; a changed file, another machine or another version of specdec decides again.
 
+A decision is only as good as the minutes it was measured in: a calibration run while the machine was busy
+(a user's first run often is: a compile beside it) sees the target's step slowed and a draft model's tokens
+slowed more, and drops the model. So each later run times a few target steps first (a fraction of a second)
+and, where the remembered calibration's step was much slower than the machine's now, calibrates again and
+says so; of two calibrations the one made on the quieter machine is kept.
+
     pairing = decide(target, "cpu", "float32")
     print(pairing.line)  # draft qwen2.5-coder-0.5b-instruct (same tokenizer, 0.28 of a step, agreement 0.71): ...
 """
@@ -28,7 +34,8 @@ from specdec.models.sources import zoo
 from specdec.models.sources.content_key import gguf_content_key
 from specdec.models.sources.gguf_source import gguf_source
 from specdec.models.sources.loading import LoadedModel
-from specdec.pairing.calibration import Reference, measure_reference, replay
+from specdec.models.forward_timing import forward_costs
+from specdec.pairing.calibration import FORWARD_CONTEXT, Reference, measure_reference, replay
 from specdec.pairing.candidates import LOOKUP, Candidate, Candidates, candidates_for, target_file
 from specdec.paths import specdec_home
 
@@ -37,6 +44,11 @@ logger = logging.getLogger("specdec")
 # A model draft must be predicted to beat lookup alone by this much to be kept: it costs memory and a load,
 # and a calibration of a hundred tokens is a noisy measure.
 MODEL_MARGIN = 1.05
+# A remembered calibration whose target step was this much slower than a step timed now was made on a busier
+# machine: its draft costs are not today's. Steps move about 10-20% between quiet minutes on these VMs.
+BUSIER_THAN_NOW = 1.4
+BUSIER_BY_MS = 5.0  # and this much in absolute terms: a small model's sub-millisecond steps jitter by more
+STEP_CHECK_REPEATS = 5  # forwards timed (after two untimed) to read the machine's step now
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,7 @@ class Pairing:
     step_ms: float  # the target's decode step here
     calibration_seconds: float
     cached: bool = False
+    step_ms_now: float = 0.0  # a remembered decision: the target's step when it was checked (0: not checked)
 
     @property
     def line(self) -> str:
@@ -81,17 +94,35 @@ class Pairing:
 
 
 def decide(target: LoadedModel, device: str, dtype: str, recalibrate: bool = False) -> Pairing:
-    """The pairing for `target` on this machine: remembered, or calibrated now and remembered."""
+    """The pairing for `target` on this machine: remembered (unless it was calibrated on a busier machine
+    than this one is now), or calibrated now and remembered."""
     candidates = candidates_for(target, device)
     record = _record_path(target, device, dtype, candidates)
-    if record.exists() and not recalibrate:
+    remembered = None
+    if record.exists():
         try:
-            return dataclasses.replace(_read(record), cached=True)
+            remembered = _read(record)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # an unreadable record is decided again
+    if remembered is not None and not recalibrate:
+        now_ms = step_ms_now(target)
+        if remembered.step_ms <= max(BUSIER_THAN_NOW * now_ms, now_ms + BUSIER_BY_MS):
+            return dataclasses.replace(remembered, cached=True, step_ms_now=now_ms)
+        logger.warning(f"specdec: the remembered pairing was calibrated with this machine busier than now (a target "
+                       f"step took {remembered.step_ms:.1f} ms, now {now_ms:.1f} ms): calibrating again")
     pairing = calibrate(target, device, dtype, candidates)
+    if remembered is not None and not recalibrate and remembered.step_ms < pairing.step_ms:
+        # the new one ran busier still: keep the quieter one
+        return dataclasses.replace(remembered, cached=True, step_ms_now=pairing.step_ms)
     _write(record, pairing)
     return pairing
+
+
+def step_ms_now(target: LoadedModel) -> float:
+    """One decode step of the target on this machine now, in ms, timed as the calibration times it (the median
+    of a few, after the calibration's context)."""
+    costs = forward_costs(target.model, context=FORWARD_CONTEXT, sizes=(1,), repeats=STEP_CHECK_REPEATS)
+    return costs[0].seconds * 1e3
 
 
 def calibrate(target: LoadedModel, device: str, dtype: str, candidates: Candidates) -> Pairing:
