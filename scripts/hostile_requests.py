@@ -1,7 +1,8 @@
 """Send hostile requests to a real `specdec serve` and count what comes back (issue 52's check, repeatable).
 
 Starts the server on a loopback port with an API key (its log to a file), then sends: every field of every
-POST endpoint's body (chat, completions, /infill, responses, messages; read from the request models) set to each of a list of
+POST endpoint's body (chat, completions, /infill, responses, messages, Ollama's chat and generate and their
+`options`; read from the request models) set to each of a list of
 hostile values (wrong types, extremes, integers past 4,300 digits, NaN and 1e999 literals, lone surrogates,
 deep nesting, huge strings and lists); schemas and grammars that are cyclic, unsatisfiable or too big for
 the grammar engine; surrogates in tools; every route without the key and every POST without JSON; bodies
@@ -25,6 +26,7 @@ import time
 from collections import Counter
 
 from specdec.server.infill import InfillRequest
+from specdec.server.ollama.bodies import ChatBody, GenerateBody, OllamaOptions
 from specdec.server.anthropic_messages import MessagesRequest
 from specdec.server.protocol import ChatCompletionRequest, CompletionRequest
 from specdec.server.responses_api import ResponsesRequest
@@ -46,8 +48,12 @@ BASES = {
     "/v1/responses": (ResponsesRequest, {"input": "hi", "max_output_tokens": 4}),
     "/v1/messages": (MessagesRequest, {"model": MODEL_NAME, "max_tokens": 4,
                                        "messages": [{"role": "user", "content": "hi"}]}),
+    "/api/chat": (ChatBody, {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "stream": False,
+                             "options": {"num_predict": 4}}),
+    "/api/generate": (GenerateBody, {"model": MODEL_NAME, "prompt": "hi", "stream": False, "options": {"num_predict": 4}}),
 }
 CHAT = BASES["/v1/chat/completions"][1]
+OLLAMA_CHAT = BASES["/api/chat"][1]
 CYCLE = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}
 SCHEMAS = [CYCLE, {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
            {"type": "string", "pattern": "^a{1000000}$"}, {"type": "string", "pattern": "^(a{1000}){1000}$"},
@@ -92,17 +98,32 @@ SPECIAL = [  # (path, body text)
     *[("/v1/chat/completions", json.dumps({**CHAT, "max_tokens": 16, **sweep})) for sweep in PENALTY_SWEEP],
     ("/v1/chat/completions", json.dumps({**CHAT, "tools": [{"type": "function", "function": FUNCTION}],
                                          "tool_choice": "required", "max_tokens": 1})),
+    *[("/api/chat", json.dumps({**OLLAMA_CHAT, "format": schema})) for schema in SCHEMAS],
+    *[("/api/chat", json.dumps({**OLLAMA_CHAT, "messages": [{"role": role, "content": "hi"}]}))
+      for role in ("wizard", "SYSTEM", "", "developer")],
+    ("/api/chat", json.dumps({**OLLAMA_CHAT, "options": {"num_predict": 10**9}, "stream": True})),
+    *[("/api/chat", json.dumps({**OLLAMA_CHAT, "tools": [{"type": "function", "function": function}]}))
+      for function in FUNCTIONS],
+    *[("/api/generate", json.dumps({**BASES["/api/generate"][1], **change}))
+      for change in ({"context": [10**9]}, {"context": [-1]}, {"suffix": "x"}, {"raw": True, "system": "x"},
+                     {"template": "{{ .Prompt }}"}, {"keep_alive": "-5x"}, {"think": "max"})],
 ]
 
 
 def body_variants() -> list[tuple[str, str]]:
-    """(path, body text): each field of each endpoint's request model at each hostile value."""
+    """(path, body text): each field of each endpoint's request model at each hostile value; Ollama's options
+    each at each hostile value too (num_predict past the context, a negative num_ctx, ...)."""
     cases = []
     for path, (model, base) in BASES.items():
         for field in [*model.model_fields, "unknown_field"]:
             for value in HOSTILE:
                 rest = {key: item for key, item in base.items() if key != field}
                 cases.append((path, json.dumps(rest)[:-1] + (", " if rest else "") + f'"{field}": {value}}}'))
+    for path in ("/api/chat", "/api/generate"):
+        base = {key: item for key, item in BASES[path][1].items() if key != "options"}
+        for option in [*OllamaOptions.model_fields, "unknown_option"]:
+            for value in HOSTILE:
+                cases.append((path, json.dumps(base)[:-1] + f', "options": {{"num_predict": 4, "{option}": {value}}}}}'))
     return cases
 
 
@@ -187,6 +208,7 @@ def main() -> None:
     log = open(args.log, "w")
     server = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--target", args.target, "--port",
                                str(args.port), "--api-key", KEY, "--default-max-tokens", "8", "--model-name", MODEL_NAME,
+                               "--max-tokens-cap", "64",  # Ollama's open-ended answers end there
                                "--shutdown-grace", str(args.grace),
                                *(["--max-prompt-tokens", str(args.max_prompt_tokens)] if args.max_prompt_tokens else [])],
                               stdout=log, stderr=subprocess.STDOUT)

@@ -84,15 +84,19 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def measure(base: str, model: str, routes: dict, repeats: int, max_tokens: int) -> dict[str, list[Answer]]:
-    """Each route answers each prompt `repeats` times, the routes alternating prompt by prompt (one warm-up
-    answer each first, not counted)."""
+    """Each route answers each prompt `repeats` times, the routes alternating prompt by prompt and taking turns
+    to go first (the second answer of a prompt finds its prompt in the prefix cache); one warm-up answer each
+    first, not counted."""
     for route in routes.values():
         route(base, model, PROMPTS[0], 8)
     answers: dict[str, list[Answer]] = {name: [] for name in routes}
+    turn = 0
     for _ in range(repeats):
         for prompt in PROMPTS:
-            for name, route in routes.items():
+            order = list(routes.items())
+            for name, route in order[turn % len(order):] + order[:turn % len(order)]:
                 answers[name].append(route(base, model, prompt, max_tokens))
+            turn += 1
     return answers
 
 
