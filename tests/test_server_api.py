@@ -275,6 +275,83 @@ def test_llama_servers_own_routes_answer_as_llama_server_does(coder):
         assert status == 400 and "error" in json.loads(text), (path, body, text)
 
 
+def test_llama_servers_completion_honours_grammars_n_probs_n_predict_0_and_model(coder):
+    """Issue 94: /completion and /infill apply `grammar` and `json_schema` (exactly, as chat's response_format)
+    and return `n_probs` alternatives as llama-server's `completion_probabilities`, whole and streamed;
+    n_predict 0 reads the prompt and generates nothing; `model` picks the served model."""
+    import jsonschema
+
+    for body in ({"grammar": 'root ::= "yes" | "no"'}, {"json_schema": SCHEMA}):
+        status, text = coder.request("POST", "/completion", json.dumps({"prompt": "Answer:", "n_predict": 64, **body}))
+        content = json.loads(text)["content"]
+        assert status == 200, text
+        if "grammar" in body:
+            assert content in ("yes", "no")
+        else:
+            jsonschema.validate(json.loads(content), SCHEMA)
+    status, text = coder.request("POST", "/infill", json.dumps({"input_prefix": "x = ", "input_suffix": "\n",
+                                                                "n_predict": 8, "grammar": 'root ::= [0-9]+'}))
+    assert status == 200 and json.loads(text)["content"].isdigit(), text
+    ask = {"prompt": "def add(a, b):", "n_predict": 6, "n_probs": 3}
+    status, text = coder.request("POST", "/completion", json.dumps(ask))
+    probabilities = json.loads(text)["completion_probabilities"]
+    assert status == 200 and len(probabilities) == 6 and all(len(p["top_logprobs"]) == 3 for p in probabilities)
+    assert all(p["id"] == p["top_logprobs"][0]["id"] for p in probabilities)  # greedy: the likeliest each time
+    status, text = coder.request("POST", "/completion", json.dumps({**ask, "stream": True}))
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    assert [p for e in events for p in e.get("completion_probabilities", [])] == probabilities
+    for stream in (False, True):
+        status, text = coder.request("POST", "/completion", json.dumps({"prompt": "hi", "n_predict": 0,
+                                                                        "stream": stream}))
+        reply = json.loads(text.removeprefix("data: ").strip())
+        assert status == 200 and reply["content"] == "" and reply["tokens_predicted"] == 0 and reply["stop"]
+    status, text = coder.request("POST", "/completion", json.dumps({"prompt": "hi", "model": "nope"}))
+    assert status == 404 and "nope" in text
+    for bad in ({"grammar": "root ::= ("}, {"json_schema": {"type": "nonsense"}}, {"n_probs": 99},
+                {"grammar": 'root ::= "a"', "json_schema": SCHEMA}):
+        status, text = coder.request("POST", "/completion", json.dumps({"prompt": "hi", **bad}))
+        assert status == 400, (bad, text)
+
+
+@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "integer"}, {"type": "array"}, {"type": "null"},
+                                    {"type": ["string", "null"]}, {"$ref": "#/$defs/s", "$defs": {"s": {"type": "string"}}}])
+def test_tools_whose_parameters_are_not_an_object_are_refused_on_every_route(coder, schema):
+    """Issue 94: both APIs define a call's arguments as an object; a tool whose parameters describe anything
+    else is a 400 naming it, in each dialect's shape (it was accepted, and under a required call a 500)."""
+    import httpx
+
+    base = f"http://127.0.0.1:{coder.port}"
+    function = {"name": "shout", "parameters": schema}
+    asks = [("/v1/chat/completions", {"model": "tiny", "messages": MESSAGES, "max_tokens": 8,
+                                      "tools": [{"type": "function", "function": function}], "tool_choice": "required"}),
+            ("/v1/messages", {"model": "tiny", "max_tokens": 8, "messages": MESSAGES,
+                              "tools": [{"name": "shout", "input_schema": schema}], "tool_choice": {"type": "any"}}),
+            ("/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 8,
+                               "tools": [{"type": "function", **function}], "tool_choice": "required"}),
+            ("/api/chat", {"model": "tiny", "messages": MESSAGES, "stream": False,
+                           "tools": [{"type": "function", "function": function}]})]
+    for path, body in asks:
+        for stream in (False, True):
+            reply = httpx.post(base + path, json={**body, "stream": stream}, timeout=60)
+            assert reply.status_code == 400 and "shout" in reply.text and "object" in reply.text, (path, reply.text)
+            if path == "/v1/messages":
+                assert reply.json()["type"] == "error"
+
+
+def test_a_tool_whose_parameters_leave_the_type_open_is_called_with_an_object(coder):
+    """Parameters without a type (an object's keywords alone, or an anyOf that allows a string): the call
+    grammar holds the arguments to an object."""
+    closed = {"x-guidance": {"whitespace_flexible": False}}  # a random-weight model ends a closed object soon
+    for schema in ({"additionalProperties": False, **closed},
+                   {"anyOf": [{"properties": {"a": {"enum": [1, 2]}}, "required": ["a"], "additionalProperties": False},
+                              {"type": "string"}], **closed}):
+        reply = coder.client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=256, temperature=0, parallel_tool_calls=False,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": schema}}], tool_choice="required")
+        calls = reply.choices[0].message.tool_calls
+        assert calls and isinstance(json.loads(calls[0].function.arguments), dict), (schema, reply)
+
+
 def test_timings_per_token_adds_llama_servers_timings_to_chat_replies(coder):
     ask = dict(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, extra_body={"timings_per_token": True})
     reply = coder.client.chat.completions.create(**ask)

@@ -196,3 +196,29 @@ def test_server_settings_are_frozen_and_checked_at_construction():
                          ("kv_memory_bytes", 0), ("prefill_tokens_per_step", 0), ("reasoning_format", "loud")):
         with pytest.raises(InvalidParameterError, match=field):
             ServerSettings("m", **{field: value})
+
+
+def test_a_megabyte_to_tokenize_does_not_hold_other_requests(server):
+    """Issue 94: /tokenize ran on the event loop, so a 1 MB body held /health (and every stream) for seconds."""
+    import threading
+
+    body = json.dumps({"content": "hello world " * 85000, "with_pieces": True})
+    took = []
+
+    def tokenize():
+        started = time.monotonic()
+        status, _ = server.request("POST", "/tokenize", body)
+        took.append((status, time.monotonic() - started))
+
+    worker = threading.Thread(target=tokenize)
+    worker.start()
+    time.sleep(0.05)
+    slowest = 0.0
+    while worker.is_alive():
+        started = time.monotonic()
+        assert server.request("GET", "/health")[0] == 200
+        slowest = max(slowest, time.monotonic() - started)
+        time.sleep(0.02)
+    worker.join()
+    status, seconds = took[0]
+    assert status == 200 and slowest < seconds / 3, (slowest, seconds)

@@ -176,8 +176,8 @@ async def llama_events(job: Job, reply) -> AsyncIterator[str]:
     try:
         while True:
             event = await job.events.get()
-            if isinstance(event, Chunk) and event.chunk.text:
-                yield sse(reply.chunk(event.chunk.text))
+            if isinstance(event, Chunk) and (event.chunk.text or event.chunk.logprobs):
+                yield sse(reply.chunk(event.chunk.text, event.chunk.logprobs))
             elif isinstance(event, Done):
                 yield sse(reply.last(event.result))
                 break

@@ -26,7 +26,7 @@ async def messages(request: Request, state: ServerState = Depends(server_state))
         body = parse_request(await read_body(request, state.settings.max_request_bytes), MessagesRequest)
         chat = body.chat_request()
         state = await state.for_model(chat.model)
-        generation_request = make_request(state, chat)
+        generation_request = await run_in_threadpool(make_request, state, chat)
     except SpecdecError as exc:
         return refused(exc)
     tokenizer = state.generator.target.tokenizer
@@ -42,7 +42,7 @@ async def count_tokens(request: Request, state: ServerState = Depends(server_sta
         body = parse_request(await read_body(request, state.settings.max_request_bytes), MessagesInput)
         chat = body.chat_request(max_tokens=1)
         state = await state.for_model(chat.model)
-        generation_request = make_request(state, chat)
+        generation_request = await run_in_threadpool(make_request, state, chat)
         ids = await run_in_threadpool(state.generator.prompt_ids, generation_request)
     except SpecdecError as exc:
         return refused(exc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from specdec.api.request import GenerationRequest
 from specdec.errors import SpecdecError
@@ -35,7 +36,7 @@ async def complete(state: ServerState, request: Request, kind: type) -> Response
     try:
         body = parse_request(await read_body(request, state.settings.max_request_bytes), kind)
         state = await state.for_model(body.model)
-        generation_request = make_request(state, body)
+        generation_request = await run_in_threadpool(make_request, state, body)
     except SpecdecError as exc:
         return refused(exc)
     tools = body.tool_definitions() if isinstance(body, ChatCompletionRequest) and body.uses_tools else ()
@@ -46,7 +47,9 @@ async def complete(state: ServerState, request: Request, kind: type) -> Response
 
 
 def make_request(state: ServerState, body) -> GenerationRequest:
-    """The generation a parsed body asks for (BadRequest naming the field at fault)."""
+    """The generation a parsed body asks for (BadRequest naming the field at fault). Its grammars compile here
+    (a schema of hundreds of definitions takes seconds): the routes call it off the event loop, so one
+    request's compile never holds the others' streams."""
     settings = state.settings  # the model's the body names (ServerState.for_model)
     tokenizer = state.generator.target.tokenizer
     if isinstance(body, ChatCompletionRequest) and body.uses_tools and not speaks_hermes(tokenizer):

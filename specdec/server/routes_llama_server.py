@@ -7,13 +7,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from jinja2 import TemplateError
+from starlette.concurrency import run_in_threadpool
 
-from specdec.api.request import GenerationRequest
 from specdec.errors import SpecdecError
 from specdec.server.http_errors import ERROR_RESPONSES, read_body, refused
 from specdec.server.jobs import run_jobs
 from specdec.server.llama_server import (ApplyTemplateBody, CompletionBody, DetokenizeBody, LlamaReply,
-                                         TokenizeBody)
+                                         TokenizeBody, llama_limit, llama_nothing)
 from specdec.server.protocol import openapi_body
 from specdec.server.request_body import BadRequest, parse_request
 from specdec.server.state import ServerState, server_state
@@ -29,14 +29,16 @@ async def parsed(request: Request, state: ServerState, kind: type):
 async def completion(request: Request, state: ServerState = Depends(server_state)) -> Response:
     try:
         body = await parsed(request, state, CompletionBody)
-        # as llama-server cuts n_predict to its own -n: a request never generates past the cap
-        limit = min(body.n_predict, state.max_tokens_cap) if body.n_predict > 0 else state.default_max_tokens
-        generation_request = GenerationRequest(body.prompt, limit, body.sampling(), body.checked_stop(),
-                                               body.given_seed, chat=False)
+        state = await state.for_model(body.model)
+        reply = LlamaReply(state.settings.model_name, state.token_text)
+        # compiling a grammar may take seconds: off the event loop
+        generation_request = await run_in_threadpool(body.generation_request, body.prompt, llama_limit(state, body))
+        if body.n_predict == 0:  # llama-server reads the prompt and generates nothing
+            ids = await run_in_threadpool(state.generator.prompt_ids, generation_request)
+            return llama_nothing(reply, len(ids), body.stream)
     except SpecdecError as exc:
         return refused(exc)
-    return await run_jobs(state, request, generation_request, 1, body.stream, LlamaReply(state.settings.model_name),
-                          llama_stream=True)
+    return await run_jobs(state, request, generation_request, 1, body.stream, reply, llama_stream=True)
 
 
 @router.post("/tokenize", openapi_extra=openapi_body(TokenizeBody), responses=ERROR_RESPONSES)
@@ -44,12 +46,15 @@ async def tokenize(request: Request, state: ServerState = Depends(server_state))
     try:
         body = await parsed(request, state, TokenizeBody)
         tokenizer = state.generator.target.tokenizer
-        ids = tokenizer.encode(text_checked(body.content), add_special_tokens=body.add_special)
+        text = text_checked(body.content)
     except SpecdecError as exc:
         return refused(exc)
-    if not body.with_pieces:
-        return JSONResponse({"tokens": ids})
-    return JSONResponse({"tokens": [{"id": token, "piece": piece(tokenizer, token)} for token in ids]})
+
+    def tokens() -> list:  # a megabyte of text takes seconds to tokenize: off the event loop
+        ids = tokenizer.encode(text, add_special_tokens=body.add_special)
+        return ids if not body.with_pieces else [{"id": token, "piece": piece(tokenizer, token)} for token in ids]
+
+    return JSONResponse({"tokens": await run_in_threadpool(tokens)})
 
 
 @router.post("/detokenize", openapi_extra=openapi_body(DetokenizeBody), responses=ERROR_RESPONSES)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from specdec.errors import SpecdecError
 from specdec.server.http_errors import ERROR_RESPONSES, error, read_body, refused
@@ -35,7 +36,7 @@ async def create_response(request: Request, state: ServerState = Depends(server_
     try:
         chat = body.chat_request(history)
         state = await state.for_model(chat.model)
-        generation_request = make_request(state, chat)
+        generation_request = await run_in_threadpool(make_request, state, chat)
     except SpecdecError as exc:
         return refused(exc)
     reply = ResponsesReply(state.settings.model_name, body, chat.tool_definitions() if chat.uses_tools else (),

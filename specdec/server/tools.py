@@ -59,6 +59,10 @@ def check_tool_parameters(tools: list[dict], tokenizer, vocab_size: int) -> None
         parameters = function.get("parameters")
         if parameters is None:
             continue
+        kind = _top_type(parameters)
+        if kind not in (None, "object", ["object"]):
+            raise InvalidParameterError(f"tools[{index}] ({function['name']}): parameters must describe a JSON object "
+                                        f"(\"type\": \"object\"), as a call's arguments are one, not {json.dumps(kind)}")
         key = (json.dumps(parameters, sort_keys=True), id(tokenizer), vocab_size)
         if key in _checked_parameters:
             continue
@@ -69,6 +73,18 @@ def check_tool_parameters(tools: list[dict], tokenizer, vocab_size: int) -> None
         if len(_checked_parameters) >= CHECKED_PARAMETERS_KEPT:
             _checked_parameters.clear()
         _checked_parameters.add(key)
+
+
+def _top_type(parameters: dict):
+    """The type a parameter schema gives its value at the top: its own `type`, or that of the local definition
+    its top-level `$ref` names."""
+    reference = parameters.get("$ref")
+    if "type" not in parameters and isinstance(reference, str) and reference.startswith("#/"):
+        node = parameters
+        for part in reference[2:].split("/"):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node.get("type") if isinstance(node, dict) else None
+    return parameters.get("type")
 
 
 CHECKED_PARAMETERS_KEPT = 1024  # an agent sends the same tools every turn: their check is paid once
@@ -109,7 +125,7 @@ def _call_rule(tools: list[dict], only: str | None, tokenizer) -> str:
         raise InvalidParameterError(f"tool_choice names {only!r}, which is not among the tools")
     definitions: dict = {}
     calls = [{"type": "object", "properties": {"name": {"const": function["name"]},
-                                               "arguments": hoisted(function.get("parameters") or {"type": "object"},
+                                               "arguments": hoisted(as_object(function.get("parameters")),
                                                                     f"{index}_", definitions)},
               "required": ["name", "arguments"], "additionalProperties": False}
              for index, function in enumerate(chosen)]
@@ -119,6 +135,14 @@ def _call_rule(tools: list[dict], only: str | None, tokenizer) -> str:
     opening = OPEN if OPEN in vocabulary else json.dumps(OPEN)
     closing = CLOSE if CLOSE in vocabulary else json.dumps(CLOSE)
     return f"call: {opening} \"\\n\" %json {json.dumps(schema)} \"\\n\" {closing} \"\\n\"?\n"
+
+
+def as_object(parameters: dict | None) -> dict:
+    """A parameter schema whose value is an object whatever it left open: a schema without a type (`{}`, an
+    `anyOf` of several) is held to objects, as the APIs define a call's arguments."""
+    if not parameters:
+        return {"type": "object"}
+    return parameters if "type" in parameters or "$ref" in parameters else {**parameters, "type": "object"}
 
 
 def hoisted(parameters: dict, prefix: str, definitions: dict) -> dict:

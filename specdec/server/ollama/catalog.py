@@ -44,7 +44,7 @@ def served_name(requested: str, served: list[str]) -> str:
                       OLLAMA_PREFIX + (requested if ":" in requested else requested + LATEST)):
         if candidate in served:
             return candidate
-    raise ModelNotFound(f"model '{requested}' not found (this server serves "
+    raise ModelNotFound(f"model {requested!r} not found (this server serves "
                         f"{', '.join(repr(listed_name(name)) for name in served)})")
 
 

@@ -77,7 +77,7 @@ async def chat(request: Request, state: ServerState = Depends(server_state)) -> 
             return await preload(state, it, "chat")
         chat_request = body.chat_request([message.chat_message() for message in body.messages],
                                          model.max_tokens_cap, body.tools)
-        generation_request = ollama_request(model, chat_request)
+        generation_request = await ollama_request(model, chat_request)
     except SpecdecError as exc:
         return refused(exc)
     tools = chat_request.tool_definitions() if chat_request.uses_tools else ()
@@ -93,7 +93,7 @@ async def generate(request: Request, state: ServerState = Depends(server_state))
         body, model = it.body, it.model
         if not body.prompt and body.suffix is None:
             return await preload(state, it, "generate")
-        generation_request = ollama_request(model, body.chat_request([{"role": "user", "content": body.prompt}],
+        generation_request = await ollama_request(model, body.chat_request([{"role": "user", "content": body.prompt}],
                                                                      model.max_tokens_cap))
         prompt, prompt_ids = await generate_prompt(model, body)
         generation_request = generation_request.replace(prompt=prompt, chat=False)
@@ -104,9 +104,10 @@ async def generate(request: Request, state: ServerState = Depends(server_state))
     return await run_jobs(model, request, generation_request, 1, body.stream, reply)
 
 
-def ollama_request(model: ServerState, chat_request) -> GenerationRequest:
+async def ollama_request(model: ServerState, chat_request) -> GenerationRequest:
+    """The chat request's generation, its grammars compiled off the event loop (make_request)."""
     try:
-        return make_request(model, chat_request)
+        return await run_in_threadpool(make_request, model, chat_request)
     except BadRequest as error:
         raise in_ollamas_names(error) from None
 
@@ -163,7 +164,8 @@ def card_of(state: ServerState, served: str) -> ModelCard | None:
         return None  # a file that cannot be read is left out of the listing, not an error for every client
 
 
-@router.api_route("/api/tags", methods=["GET", "HEAD"])
+@router.get("/api/tags")
+@router.head("/api/tags", include_in_schema=False)
 async def tags(state: ServerState = Depends(server_state)) -> Response:
     def listing() -> list[dict]:
         cards = [(served, card_of(state, served)) for served in state.models.names()]
@@ -179,7 +181,7 @@ async def show(request: Request, state: ServerState = Depends(server_state)) -> 
         served = served_name(body.model_name, state.models.names())
         card = await run_in_threadpool(card_of, state, served)
         if card is None:
-            raise UnknownModelError(f"model '{body.model_name}': its file cannot be read")
+            raise UnknownModelError(f"model {body.model_name!r}: its file cannot be read")
     except SpecdecError as exc:
         return refused(exc)
     info = card.model_info if body.verbose else {key: value for key, value in card.model_info.items()
@@ -207,7 +209,8 @@ async def running(state: ServerState = Depends(server_state)) -> Response:
     return JSONResponse({"models": await run_in_threadpool(listing)})
 
 
-@router.api_route("/api/version", methods=["GET", "HEAD"])
+@router.get("/api/version")
+@router.head("/api/version", include_in_schema=False)
 async def version() -> Response:
     from specdec import __version__
 
