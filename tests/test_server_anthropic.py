@@ -133,3 +133,21 @@ def test_output_config_format_constrains_the_answer_to_its_schema(client):
     message = client.messages.create(model="tiny", max_tokens=64, messages=MESSAGES, extra_body=GREEDY,
                                      output_config={"format": {"type": "json_schema", "schema": SCHEMA}})
     jsonschema.validate(json.loads(message.content[0].text), SCHEMA)
+
+
+def test_an_assistant_prefill_is_continued_not_answered_as_a_new_turn(coder, client):  # noqa: F811
+    """Issue 94: a last message from the assistant is the answer begun by the client: the model continues it
+    (its prompt ends inside that message, no new turn opened), as chat's continue_final_message does."""
+    from specdec.api.request import GenerationRequest
+
+    prefill = [{"role": "user", "content": "Count to ten."}, {"role": "assistant", "content": "1, 2, 3, 4,"}]
+    ids = coder.generator.encode(prefill, continue_final=True)
+    rendered = coder.generator.target.tokenizer.decode(ids)
+    assert rendered.rstrip().endswith("1, 2, 3, 4,") and ids != coder.generator.encode(prefill)
+    expected = coder.generator.run(GenerationRequest(prefill, 12, continue_final=True)).text
+    message = client.messages.create(model="tiny", max_tokens=12, messages=prefill, extra_body=GREEDY)
+    assert message.content[0].text == expected
+    reply = coder.client.chat.completions.create(model="tiny", messages=prefill, max_tokens=12, temperature=0,
+                                                 extra_body={"continue_final_message": True})
+    assert reply.choices[0].message.content == expected
+    assert client.messages.count_tokens(model="tiny", messages=prefill).input_tokens == len(ids)

@@ -127,6 +127,10 @@ def test_previous_response_id_continues_the_stored_conversation(coder):  # noqa:
     ({"input": "x", "tool_choice": {"type": "function", "name": "nothing"}, "tools": [FUNCTION]},
      "not among the tools"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "'item_reference' input items are not supported"),
+    *[({"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": text}]}]},
+       "only text parts") for text in (5, None, ["a"])],  # issue 94: these were 500s
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image", "image_url": "x"}]}]},
+     "only text parts"),
 ])
 def test_refusals_are_400s_naming_the_field(coder, body, words):  # noqa: F811
     reply = httpx.post(f"http://127.0.0.1:{coder.port}/v1/responses", json={"model": "tiny", **body})
@@ -167,6 +171,14 @@ def test_the_agents_sdk_runs_an_agent_with_a_function_tool(coder):  # noqa: F811
     streamed, kinds = asyncio.run(streamed_run())
     assert "raw_response_event" in kinds
     assert streamed.final_output == "18C, sunny" and len(calls) == 2
+
+
+def test_a_function_call_output_of_text_parts_is_read(coder):  # noqa: F811
+    ask = {"model": "tiny", "max_output_tokens": 4, "input": [
+        {"type": "function_call", "call_id": "c", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "18C"}]}]}
+    reply = httpx.post(f"http://127.0.0.1:{coder.port}/v1/responses", json=ask, timeout=60)
+    assert reply.status_code == 200, reply.text
 
 
 @pytest.mark.parametrize("tools", [True, 3, 1.5, "x", [3], [{"type": "namespace", "name": "n", "tools": 7}],

@@ -171,15 +171,17 @@ class SpeculativeGenerator:
         Thread-safe: a server calls it off its worker thread."""
         ids = request.token_ids
         if ids is None:
-            return self.encode(request.prompt, request.chat, request.tools)
+            return self.encode(request.prompt, request.chat, request.tools, request.continue_final)
         vocab = self.target.model.vocab_size
         if any(not 0 <= t < vocab for t in ids):
             raise InvalidParameterError(f"prompt token ids must be in [0, {vocab})")
         return ids
 
-    def encode(self, prompt: Prompt, chat: bool | None = None, tools: Sequence[dict] | None = None) -> list[int]:
+    def encode(self, prompt: Prompt, chat: bool | None = None, tools: Sequence[dict] | None = None,
+               continue_final: bool = False) -> list[int]:
         """Token ids of a prompt; chat messages (or text, when chat is on) go through the chat template,
-        which lists `tools` (function definitions) where given."""
+        which lists `tools` (function definitions) where given; `continue_final`: the last message (the
+        assistant's, begun by the client) is left open to be continued, not followed by a new turn."""
         tokenizer = self.target.tokenizer
         check_text(prompt)
         if chat is None:
@@ -190,8 +192,9 @@ class SpeculativeGenerator:
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
             _check_messages(messages)
             extra = {"tools": list(tools)} if tools else {}
+            turn = {"continue_final_message": True} if continue_final else {"add_generation_prompt": True}
             try:
-                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
+                ids = tokenizer.apply_chat_template(messages, tokenize=True, **turn, **extra)
             except TemplateError as error:  # messages this template cannot render (or refuses with its own check)
                 raise InvalidParameterError(f"model {self.target.name!r}: its chat template cannot render these "
                                             f"messages ({first_line(error)})") from None

@@ -47,7 +47,9 @@ class GenerationRequest:
     speculative: False decodes plainly (no drafter) with everything else the same;
     grammar: what the output must match (a JSON schema, a regex, ...: api/structured.py), or None;
     logprobs: record each token's log-probability and this many alternatives' (0-20; None: none);
-    tools: function definitions (OpenAI's `tools`) the chat template lists for the model."""
+    tools: function definitions (OpenAI's `tools`) the chat template lists for the model;
+    continue_final: the last chat message (the assistant's, begun by the client: Anthropic's prefill) is
+    continued rather than answered by a new turn."""
 
     prompt: str | Sequence[dict] | Sequence[int]
     max_new_tokens: int = 128
@@ -60,6 +62,7 @@ class GenerationRequest:
     grammar: GrammarSpec | None = None
     logprobs: int | None = None
     tools: tuple[dict, ...] | None = None
+    continue_final: bool = False
 
     def __post_init__(self):
         if isinstance(self.stop, str):  # one stop string given bare
@@ -84,6 +87,10 @@ class GenerationRequest:
             raise InvalidParameterError(f"logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, not {self.logprobs!r}")
         if self.grammar is not None and not isinstance(self.grammar, GrammarSpec):
             raise InvalidParameterError("grammar must be a GrammarSpec")
+        if self.continue_final and self.token_ids is None and (
+                isinstance(self.prompt, str) or not self.prompt or not isinstance(self.prompt[-1], dict)
+                or self.prompt[-1].get("role") != "assistant"):  # (once encoded to ids, it has done its part)
+            raise InvalidParameterError("continuing the final message needs chat messages ending with the assistant's")
 
     @property
     def token_ids(self) -> list[int] | None:

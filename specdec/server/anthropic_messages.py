@@ -165,6 +165,8 @@ class MessagesInput(BaseModel):
             "".join(block.text for block in self.system)
         fields: dict = {"model": self.model,
                         "messages": ([{"role": "system", "content": system}] if system else []) + messages}
+        if self.messages[-1].role == "assistant":  # a prefill: the answer begun, to be continued
+            fields["continue_final_message"] = True
         if self.tools:
             fields["tools"] = [tool.as_chat_tool() for tool in self.tools]
         if self.tool_choice is not None and (self.tools or self.tool_choice.type != "auto"):

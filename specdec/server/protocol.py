@@ -254,6 +254,8 @@ class ChatCompletionRequest(_Common):
     parallel_tool_calls: bool = True
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # extension, as vLLM's: the last message is the assistant's answer begun by the client, to be continued
+    continue_final_message: bool = False
 
     @model_validator(mode="after")
     def _tool_choice(self):
@@ -269,6 +271,8 @@ class ChatCompletionRequest(_Common):
             raise ValueError('tool_choice "required" needs tools')
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ValueError("continue_final_message needs the last message to be the assistant's")
         return self
 
     @property
@@ -288,6 +292,8 @@ class ChatCompletionRequest(_Common):
 
     def generation_request(self, default_max_tokens: int, tokenizer=None, tool_grammar: bool = True) -> GenerationRequest:
         request = super().generation_request(default_max_tokens, tokenizer)
+        if self.continue_final_message:
+            request = request.replace(continue_final=True)
         if not self.uses_tools:
             return request
         forced, grammar, tools = self.forced_tool, request.grammar, list(self.tool_definitions())

@@ -65,11 +65,21 @@ class FunctionCallOutputItem(_Item):
     call_id: str
     output: str | list[dict]
 
+    @field_validator("output")
+    @classmethod
+    def _text_parts(cls, output):
+        """A list output holds text parts (input_text / output_text with text); images and files are refused."""
+        for index, part in enumerate(output if isinstance(output, list) else []):
+            if part.get("type") not in ("input_text", "output_text", None) or not isinstance(part.get("text"), str):
+                raise ValueError(f"output[{index}]: only text parts ({{\"type\": \"input_text\", \"text\": "
+                                 "...}) are supported")
+        return output
+
     @property
     def text(self) -> str:
         if isinstance(self.output, str):
             return self.output
-        return "".join(part.get("text", "") for part in self.output if isinstance(part, dict))
+        return "".join(part["text"] for part in self.output)
 
 
 class ReasoningItem(_Item):
