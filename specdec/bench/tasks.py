@@ -20,7 +20,8 @@ from specdec.errors import InvalidParameterError
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SPEC_BENCH_TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
-TASKS = SPEC_BENCH_TASKS + ("code", "edit", "longdoc", "longedit")
+# an MT-bench category is a task of its own too (writing, roleplay, ...): its prompts alone
+TASKS = SPEC_BENCH_TASKS + MT_BENCH_CATEGORIES + ("code", "edit", "longdoc", "longedit")
 CODE_PROMPTS = Path(__file__).with_name("data") / "code_prompts.jsonl"
 
 
@@ -58,7 +59,7 @@ def load_prompts(tasks: list[str], limit: int, spec_bench: Path | None = None) -
     if limit < 1:
         raise InvalidParameterError("--limit must be >= 1")
     prompts: list[BenchPrompt] = []
-    if any(t in SPEC_BENCH_TASKS for t in tasks):
+    if any(t in SPEC_BENCH_TASKS or t in MT_BENCH_CATEGORIES for t in tasks):
         path = spec_bench or find_spec_bench()
         if path is None or not path.exists():
             raise InvalidParameterError(
@@ -68,7 +69,7 @@ def load_prompts(tasks: list[str], limit: int, spec_bench: Path | None = None) -
         for line in path.read_text().splitlines():
             question = json.loads(line)
             category = question["category"]
-            task = "mt_bench" if category in MT_BENCH_CATEGORIES else category
+            task = "mt_bench" if category in MT_BENCH_CATEGORIES and category not in by_task else category
             if task in by_task and len(by_task[task]) < limit:
                 by_task[task].append(BenchPrompt(task, str(question["question_id"]), question["turns"][0], True))
         for task in tasks:

@@ -21,8 +21,9 @@ def add_parser(commands) -> None:
     bench.add_argument("--drafters", default="auto", help="comma-separated drafter specs ('auto': what "
                        "generate would run for this target)")
     bench.add_argument("--tasks", default="code,mt_bench", help="comma-separated: mt_bench, translation, "
-                       "summarization, qa, math_reasoning, rag, code, edit (code edits: ask 256+ tokens), "
-                       "longdoc (2-3k-token files quoted), longedit (a function edited inside a ~4k-token file)")
+                       "summarization, qa, math_reasoning, rag, an MT-bench category alone (writing, roleplay, "
+                       "reasoning, math, coding, extraction, stem, humanities), code, edit (code edits: ask 256+ "
+                       "tokens), longdoc (2-3k-token files quoted), longedit (a function edited inside a ~4k-token file)")
     bench.add_argument("--limit", type=int, default=5, help="prompts per task")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     add_sampling_options(bench, seed_default=0)
