@@ -218,6 +218,23 @@ def test_draft_rows_go_where_drafts_are_accepted_and_only_while_they_pay():
     assert acceptance_rate(rounds) == pytest.approx((4 + 1) / (8 + 2)) and acceptance_rate([]) == 0.5
 
 
+def test_a_draft_models_own_forwards_are_priced_beside_its_rows():
+    """Issue 88: a batch drafts one generation after another, so a draft model's token costs its forward
+    besides its row; lookup's costs next to nothing. Equal acceptance, unequal price: the cheap drafts first,
+    and a model's draft that costs more than the tokens it adds is not drafted at all."""
+    from specdec.core.batch_drafts import draft_caps, draft_seconds_per_token
+    from specdec.core.stats import RoundStats
+
+    cost, rates, wanted = (0.030, 0.001), [0.6, 0.6], [6, 6]
+    assert draft_caps(rates, wanted, 64, cost) == draft_caps(rates, wanted, 64, cost, [0.0, 0.0])
+    lookup, model = draft_caps(rates, wanted, 64, cost, [0.0, 0.002])
+    assert lookup > model >= 1  # a cheap model's first tokens still pay (0.6 of a token for 3 ms)
+    dearer = [draft_caps(rates, wanted, 64, cost, [0.0, seconds])[1] for seconds in (0.002, 0.004, 0.008)]
+    assert dearer == sorted(dearer, reverse=True) and dearer[-1] == 0  # 9 ms for 0.6 of a token: not worth it
+    rounds = [RoundStats(4, 4, 3, 4, 0.008, 0, 0), RoundStats(4, 0, 0, 1, 0.0, 0, 0), RoundStats(2, 2, 1, 2, 0.002, 0, 0)]
+    assert draft_seconds_per_token(rounds) == pytest.approx(0.010 / 6) and draft_seconds_per_token([]) == 0.0
+
+
 def test_the_server_and_the_batch_runner_stream_what_each_request_streams_alone(targets):
     """One round loop: the server's scheduler drives the batch runner's step(); both give each request the
     tokens, text and logprobs (top 2) it streams alone, seeded sampling included, chunk by chunk."""

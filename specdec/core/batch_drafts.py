@@ -3,12 +3,14 @@ they pay.
 
 In a batched round every generation verifies its last token (one row) plus its draft tokens (one row each),
 all in one pass whose time grows with its rows: about t(R) = t0 + r * R past a few rows on a CPU, nearly
-flat on a GPU. A draft row pays when the tokens it adds per second beat what the round already makes: the
-k-th draft token of a generation whose drafts are accepted at rate a is accepted with probability about
-a^k, so it is worth a row while a^k * t(R) > r * (expected tokens of the round). Rows go one at a time to the
-draft token with the best such gain, within the row budget and each generation's own K (its adaptive K,
-as when it runs alone). With one generation, or until the pass's cost has been measured, every generation
-gets the same share of the budget.
+flat on a GPU. Before that pass each generation drafts, one after another: a draft model's token costs its
+own forward, d seconds (a lookup's, next to nothing), which no batching shares. A draft token pays when the
+tokens it adds per second beat what the round already makes: the k-th draft token of a generation whose
+drafts are accepted at rate a is accepted with probability about a^k, so it is worth its row and its drafting
+while a^k * T > (r + d) * (expected tokens of the round), T the round's time so far (the pass and the
+drafting). Draft tokens go one at a time to the one with the best gain per second of cost, within the row
+budget and each generation's own K (its adaptive K, as when it runs alone). With one generation, or until the
+pass's cost has been measured, every generation gets the same share of the budget.
 """
 
 from __future__ import annotations
@@ -57,28 +59,46 @@ def even_caps(count: int, row_budget: int | None) -> list[int | None]:
 
 
 def draft_caps(rates: Sequence[float], wanted: Sequence[int], row_budget: int | None,
-               cost: tuple[float, float] | None) -> list[int | None]:
+               cost: tuple[float, float] | None, draft_seconds: Sequence[float] | None = None) -> list[int | None]:
     """Each generation's most draft tokens this round. rates: each one's draft acceptance rate; wanted: the
-    K each would draft alone; cost: PassCost.fit() (None: share the budget evenly)."""
+    K each would draft alone; cost: PassCost.fit() (None: share the budget evenly); draft_seconds: each one's
+    measured seconds to draft a token (None: drafting free)."""
     count = len(rates)
     if cost is None or count < 2:
         return even_caps(count, row_budget)
     t0, slope = cost
+    spend = list(draft_seconds) if draft_seconds is not None else [0.0] * count
     spare = (row_budget - count) if row_budget is not None else sum(wanted)
-    rows, tokens = count, float(count)  # each generation's own row yields a token
+    seconds, tokens = t0 + slope * count, float(count)  # each generation's own row yields a token
     caps = [0] * count
-    best = [(-rate, index) for index, rate in enumerate(rates) if wanted[index] > 0]
+    # gain per second of cost first: a cheap lookup token before a dear model token of the same gain
+    best = [(-rate / (slope + spend[index] or 1e-12), rate, index) for index, rate in enumerate(rates)
+            if wanted[index] > 0]
     heapq.heapify(best)
     while spare > 0 and best:
-        negative_gain, index = heapq.heappop(best)
-        gain = -negative_gain
-        if gain * (t0 + slope * rows) <= slope * tokens:
-            break  # the best remaining draft row would lower the round's tokens per second
+        _, gain, index = heapq.heappop(best)
+        price = slope + spend[index]
+        if gain * seconds <= price * tokens:
+            break  # the best remaining draft token (for its cost) would lower the round's tokens per second
         caps[index] += 1
-        rows, tokens, spare = rows + 1, tokens + gain, spare - 1
+        seconds, tokens, spare = seconds + price, tokens + gain, spare - 1
         if caps[index] < wanted[index]:
-            heapq.heappush(best, (-(rates[index] ** (caps[index] + 1)), index))
+            following = rates[index] ** (caps[index] + 1)
+            heapq.heappush(best, (-following / (price or 1e-12), following, index))
     return caps
+
+
+def draft_seconds_per_token(rounds, recent: int = 8, window: int = 32) -> float:
+    """A generation's measured seconds to draft one token over its last `recent` rounds that drafted (looking
+    back at most `window` rounds); 0 before any."""
+    drafted = seconds = 0.0
+    seen = 0
+    for stats in reversed(rounds[-window:]):
+        if stats.drafted:
+            drafted, seconds, seen = drafted + stats.drafted, seconds + stats.draft_seconds, seen + 1
+            if seen == recent:
+                break
+    return seconds / drafted if drafted else 0.0
 
 
 def acceptance_rate(rounds, recent: int = 8, window: int = 32) -> float:

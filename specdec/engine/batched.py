@@ -8,7 +8,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from specdec.core.batch_drafts import PassCost, acceptance_rate, draft_caps
+from specdec.core.batch_drafts import PassCost, acceptance_rate, draft_caps, draft_seconds_per_token
 from specdec.core.commit import CommitOutcome
 from specdec.core.rounds import StreamChunk
 from specdec.engine.generation import Generation
@@ -39,7 +39,8 @@ def run_round_together(generations: Sequence[Generation], row_budget: int | None
     wanted = [generation.plan_k() for generation in generations]
     cost = None if pass_cost is None or len(generations) < 2 else pass_cost.fit()
     rates = [acceptance_rate(g.rounds) if cost is not None and k else 0.0 for g, k in zip(generations, wanted)]
-    caps = draft_caps(rates, wanted, row_budget, cost)
+    spend = [draft_seconds_per_token(g.rounds) if cost is not None and k else 0.0 for g, k in zip(generations, wanted)]
+    caps = draft_caps(rates, wanted, row_budget, cost, spend)
     rounds = [g.prepare_round(cap, k) for g, cap, k in zip(generations, caps, wanted)]
     outcomes: list[CommitOutcome | None] = [None] * len(generations)
     refused: dict[int, SpecdecError] = {}
