@@ -69,7 +69,7 @@ def configure(agent: str, home: Path, base: str, model: str) -> tuple[list[str],
         (home / ".codex" / "config.toml").write_text(
             f'model = "{model}"\nmodel_provider = "specdec"\n\n[model_providers.specdec]\nname = "specdec"\n'
             f'base_url = "{base}/v1"\nwire_api = "responses"\n')
-        return ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", TASK], {}
+        return ["exec", "--skip-git-repo-check", "--sandbox", "workspace-write", TASK], {}  # as docs/server.md
     if agent == "claude":
         return (["-p", TASK, "--permission-mode", "acceptEdits", "--max-turns", "6"],
                 {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": "unused", "ANTHROPIC_MODEL": model,
@@ -88,8 +88,7 @@ def configure(agent: str, home: Path, base: str, model: str) -> tuple[list[str],
 
 def follow_up(agent: str, text: str) -> list[str]:
     """The command after the binary that continues the agent's last session with `text`."""
-    return {"codex": ["exec", "resume", "--last", "--skip-git-repo-check",
-                      "--dangerously-bypass-approvals-and-sandbox", text],
+    return {"codex": ["exec", "resume", "--last", "--skip-git-repo-check", "--sandbox", "workspace-write", text],
             "claude": ["-c", "-p", text, "--permission-mode", "acceptEdits", "--max-turns", "6"],
             "opencode": ["run", "--continue", text]}[agent]
 

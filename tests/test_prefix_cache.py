@@ -169,6 +169,22 @@ def test_prefix_cache_keeps_copies_drops_extended_entries_and_evicts_least_recen
     cache.store(c, prefill(model, c, [])[0])  # 120 tokens > the budget of 100: one entry goes
     assert cache.stats.entries == 2 and cache.lookup(b) is None and cache.lookup(a) is not None
     assert (cache.stats.lookups, cache.stats.hits) == (6, 3)
+    assert cache.tokens_held() == 100
+
+
+def test_a_prompt_larger_than_the_whole_budget_keeps_its_longest_prefix_that_fits(targets):
+    """Issue 90: a prompt over the budget was not kept at all (an agent's 11,666-token prompt against 512 MiB
+    of the 1.5B's keys and values); its head is what the next turn shares, so that much is kept, and read."""
+    model = targets["llama"].model
+    per_token = model.new_cache(1, 1).nbytes
+    cache = PrefixCache(model, per_token * 30)
+    long = random_tokens(model, 50, seed=9)
+    source, _, _ = prefill(model, long, [])
+    cache.store(long, source)
+    kept = model.reusable_prefix(30)
+    assert cache.stats.entries == 1 and cache.stats.bytes == kept * per_token
+    hit = cache.lookup(long + [3, 4])  # the next turn: the same prompt and more
+    assert hit.length == kept and torch.equal(hit.keys[:, :, :, :kept], source.keys[:, :, :, :kept])
 
 
 @pytest.mark.slow

@@ -251,6 +251,9 @@ def test_llama_servers_own_routes_answer_as_llama_server_does(coder):
     status, text = coder.request("POST", "/apply-template", json.dumps({"messages": MESSAGES}))
     assert status == 200 and json.loads(text)["prompt"] == tokenizer.apply_chat_template(
         MESSAGES, add_generation_prompt=True, tokenize=False)
+    status, text = coder.request("POST", "/apply-template", json.dumps({"messages": MESSAGES, "tools": [WEATHER]}))
+    assert status == 200 and json.loads(text)["prompt"] == tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=False, tools=[WEATHER]) and "get_weather" in text  # issue 90
     status, text = coder.request("GET", "/props")
     props = json.loads(text)
     assert status == 200 and props["default_generation_settings"]["n_ctx"] == 2048 and props["chat_template"]

@@ -7,7 +7,9 @@ with any entry and prefills only the rest. The copies are exact: the target comp
 values the same whether its prefill starts at 0 or at a reused prefix, as long as the prefix stops at a
 point the target allows (`reusable_prefix`; the native CPU runtime allows them, a GPU or a sliding window
 does not, and then nothing is cached). Entries are private copies, so evicting one never touches a
-running request's cache. Memory is bounded by `budget_bytes`; the least recently used entries go first.
+running request's cache. Memory is bounded by `budget_bytes`; the least recently used entries go first, and a
+prompt larger than the whole budget keeps its longest prefix that fits (an agent's turns share their first
+thousands of tokens: that part is what the next turn reads).
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ class PrefixCache:
         self._clock = 0
         self._lock = threading.Lock()  # /metrics reads the stats from the server's event loop
 
+    def tokens_held(self) -> int:
+        """About how many tokens' keys and values the budget holds (a new cache of this model, measured)."""
+        probe = self.model.new_cache(1, 16)
+        return self.budget_bytes * 16 // max(probe.nbytes, 1)
+
     @property
     def enabled(self) -> bool:
         return self.budget_bytes > 0 and self.model.reusable_prefix(1) == 1
@@ -88,10 +95,12 @@ class PrefixCache:
         length = self.model.reusable_prefix(min(len(tokens), cache.length), prefilled)
         if length < MIN_REUSED_TOKENS:
             return
+        fits = self.budget_bytes * cache.keys.shape[3] // max(cache.nbytes, 1)  # slots the whole budget holds
+        if length > fits:  # an agent's prompt past the budget: its longest prefix that fits, never nothing
+            length = self.model.reusable_prefix(fits, prefilled)
+            if length < MIN_REUSED_TOKENS:
+                return
         key = tuple(tokens[:length])
-        size = _bytes_of(cache, length)
-        if size > self.budget_bytes:
-            return
         with self._lock:
             self._clock += 1
             for entry in self.entries:

@@ -174,10 +174,15 @@ def run(options: ServeOptions) -> int:
     generator = SpeculativeGenerator.from_options(options.generator)
     settings = dataclasses.replace(options.settings, model_name=options.settings.model_name or generator.target.name)
     catalog = ModelCatalog(dict(options.by_name), options.generator, options.max_loaded) if options.by_name else None
-    server = make_server(create_app(generator, settings, catalog), options.shutdown_grace)
+    app = create_app(generator, settings, catalog)
+    server = make_server(app, options.shutdown_grace)
     host, port = sock.getsockname()[:2]
     print(f"specdec: serving {settings.model_name!r} (drafter {generator.engine.drafter_name}) "
           f"on http://{host}:{port}/v1 (Ollama's API: http://{host}:{port}/api)" + (f", and {len(catalog.models)} more by name (at most {catalog.max_loaded} "
                                            "loaded at once)" if catalog else ""), file=sys.stderr, flush=True)
+    cache = app.state.scheduler.runner.prefix_cache
+    if cache is not None:  # what an agent's prompts need to know: how long a prompt the cache keeps whole
+        print(f"specdec: prefix cache {settings.prefix_cache_bytes / 2**20:.0f} MiB: about {cache.tokens_held():,} tokens "
+              f"of this model's keys and values (--prefix-cache)", file=sys.stderr, flush=True)
     serve_forever(server, sock)
     return 0

@@ -18,7 +18,7 @@ from specdec.api.structured import GrammarSpec
 from specdec.core.rounds import GenerationResult, TokenLogprob
 from specdec.core.sampling import SamplingParams
 from specdec.errors import InvalidParameterError
-from specdec.server.protocol import MAX_STOP_CHARS, ChatMessage
+from specdec.server.protocol import MAX_STOP_CHARS, ChatMessage, Tool
 from specdec.server.request_body import BadRequest
 from specdec.server.replies import finite, speculative_stats, sse, timings
 
@@ -102,6 +102,7 @@ class DetokenizeBody(BaseModel):
 class ApplyTemplateBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None  # listed by the template as a chat request's would be
 
 
 class LlamaReply:

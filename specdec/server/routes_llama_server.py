@@ -79,8 +79,10 @@ async def apply_template(request: Request, state: ServerState = Depends(server_s
         messages = [message.for_template() for message in body.messages]
         for message in messages:
             text_checked(message.get("content") or "")
+        tools = {"tools": [tool.model_dump(exclude_none=True) for tool in body.tools]} if body.tools else {}
         try:
-            prompt = target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            prompt = target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                          **tools)
         except TemplateError as error:
             raise BadRequest(f"the chat template cannot render these messages ({str(error).splitlines()[0]})",
                              "messages") from None
