@@ -118,6 +118,39 @@ def test_previous_response_id_continues_the_stored_conversation(coder):  # noqa:
         coder.client.responses.retrieve(unstored.id)
 
 
+def test_deleting_a_response_forgets_it_in_every_conversation_that_continues_it(coder):  # noqa: F811
+    """Issue 94: a child held its parent's text (the whole conversation), so after DELETE of the parent the
+    child's continuation still read it back. Now the child and its descendants go with it."""
+    parent = coder.client.responses.create(model="tiny", input="The password is ZEBRA.", max_output_tokens=2)
+    child = coder.client.responses.create(model="tiny", input="ok", previous_response_id=parent.id, max_output_tokens=2)
+    grandchild = coder.client.responses.create(model="tiny", input="ok", previous_response_id=child.id,
+                                               max_output_tokens=2)
+    other = coder.client.responses.create(model="tiny", input="unrelated", max_output_tokens=2)
+    coder.client.responses.delete(parent.id)
+    for gone in (parent.id, child.id, grandchild.id):
+        with pytest.raises(openai.NotFoundError):
+            coder.client.responses.retrieve(gone)
+        with pytest.raises(openai.NotFoundError):
+            coder.client.responses.create(model="tiny", input="What is the password?", previous_response_id=gone,
+                                          max_output_tokens=2)
+    assert coder.client.responses.retrieve(other.id).id == other.id
+
+
+def test_the_store_is_bounded_in_bytes_and_metadata_in_openais_bounds(coder):  # noqa: F811
+    from specdec.server.response_store import ResponseStore
+
+    store = ResponseStore(budget_bytes=1500)  # three of these 470-byte entries
+    for index in range(5):
+        store.put({"id": f"r{index}", "metadata": {"k": "x" * 400}}, [{"role": "user", "content": "hi"}])
+    assert store.bytes <= 1500 and list(store.kept) == ["r2", "r3", "r4"]  # the oldest went first
+    store.put({"id": "huge", "metadata": {"k": "x" * 5000}}, [])
+    assert "huge" not in store.kept and store.bytes <= 1500
+    for metadata in ({f"k{i}": "v" for i in range(17)}, {"k": "v" * 513}, {"k" * 65: "v"}):
+        reply = httpx.post(f"http://127.0.0.1:{coder.port}/v1/responses",
+                           json={"model": "tiny", "input": "hi", "max_output_tokens": 2, "metadata": metadata})
+        assert reply.status_code == 400 and "metadata" in reply.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("body, words", [
     ({"input": "x", "tools": [{"type": "custom", "name": "patch"}]}, "'custom' tools are not supported"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},

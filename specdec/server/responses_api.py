@@ -225,6 +225,14 @@ class ResponsesRequest(BaseModel):
     def _functions_only(cls, tools):
         return _function_tools(tools)
 
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_bounds(cls, metadata):
+        """OpenAI's bounds: at most 16 pairs, keys up to 64 characters, values up to 512."""
+        if metadata and (len(metadata) > 16 or any(len(key) > 64 or len(value) > 512 for key, value in metadata.items())):
+            raise ValueError("at most 16 pairs, each key at most 64 characters and each value at most 512")
+        return metadata
+
     @model_validator(mode="after")
     def _neutral_only(self):
         refuse_unless_neutral(self.model_extra, NEUTRAL_ONLY)
