@@ -341,6 +341,22 @@ def test_tools_whose_parameters_are_not_an_object_are_refused_on_every_route(cod
                 assert reply.json()["type"] == "error"
 
 
+def test_more_tools_than_openai_takes_are_a_400_on_every_route(coder):
+    """Issue 94: a request with 300 tools held the worker for minutes compiling their grammar."""
+    import httpx
+
+    many = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(129)]
+    base = f"http://127.0.0.1:{coder.port}"
+    for path, body in [("/v1/chat/completions", {"messages": MESSAGES, "tools": many}),
+                       ("/v1/messages", {"max_tokens": 4, "messages": MESSAGES,
+                                         "tools": [{"name": t["function"]["name"], "input_schema": {"type": "object"}}
+                                                   for t in many]}),
+                       ("/v1/responses", {"input": "hi", "tools": [{"type": "function", **t["function"]} for t in many]}),
+                       ("/api/chat", {"messages": MESSAGES, "tools": many, "stream": False})]:
+        reply = httpx.post(base + path, json={"model": "tiny", **body}, timeout=60)
+        assert reply.status_code == 400 and "128" in reply.text, (path, reply.text)
+
+
 def test_a_tool_whose_parameters_leave_the_type_open_is_called_with_an_object(coder):
     """Parameters without a type (an object's keywords alone, or an anyOf that allows a string): the call
     grammar holds the arguments to an object."""

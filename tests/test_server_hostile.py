@@ -222,3 +222,11 @@ def test_a_megabyte_to_tokenize_does_not_hold_other_requests(server):
     worker.join()
     status, seconds = took[0]
     assert status == 200 and slowest < seconds / 3, (slowest, seconds)
+
+
+def test_errors_starlette_writes_as_text_take_the_json_shape(server):
+    """Issue 94: the page's static files answered malformed ranges in plain text."""
+    for header, status in (("units=0-1", 400), ("bytes=1-2-3", 400), ("bytes=--1", 416), ("bytes=999999-", 416)):
+        code, _, text = raw_request(server.port, "GET", "/page/app.js", headers={"Range": header})
+        assert code == status and json.loads(text)["error"]["message"], (header, text)
+    assert raw_request(server.port, "GET", "/page/app.js", headers={"Range": "bytes=0-1"})[0] == 206

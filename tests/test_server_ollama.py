@@ -152,7 +152,7 @@ def test_the_model_routes_as_ollamas_clients_read_them(coder):  # noqa: F811
     assert preload["done"] and preload["done_reason"] == "load"
     for path in ("/api/embed", "/api/embeddings", "/api/create", "/api/copy", "/api/push"):
         refused = post(coder, path, {"model": "tiny", "input": "x"})
-        assert refused.status_code == 501 and refused.json()["error"], path
+        assert refused.status_code == 501 and refused.json()["error"].startswith(("embeddings", "specdec")), path
 
 
 def test_langchain_chat_ollama_invoke_stream_structured_output_and_tools(coder):  # noqa: F811

@@ -35,6 +35,9 @@ NEUTRAL_ONLY: dict[str, tuple] = {
     "echo": (False, None),
 }
 MAX_CHOICES = 16  # `n`: choices per request (each a generation of its own, run together)
+# tools per request, OpenAI's own bound: each tool's schema joins the call grammar a request compiles, and
+# hundreds of them held the worker for minutes
+MAX_TOOLS = 128
 
 
 MAX_STOP_CHARS = 256  # each stop string is searched for after every round: keep that cheap
@@ -249,7 +252,7 @@ class _Common(BaseModel):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    tools: list[Tool] | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | dict | None = None
     parallel_tool_calls: bool = True
     logprobs: bool = False
