@@ -324,3 +324,18 @@ def test_text_that_only_looks_like_a_call_stays_text():
                  'Call it like {"name": "get_weather", "arguments": {"city": "Paris"}}'):  # prose around it
         assert parse_calls(text, GET_WEATHER) == (text, []) and streamed_calls(text, GET_WEATHER) == (text, [])
     assert parse_calls('{"name": "get_weather", "arguments": {"city": "Oslo"}}', ())[1] == []  # no tools: text
+
+
+def test_a_grammar_compiling_past_its_time_bound_is_refused_naming_it(monkeypatch):
+    """Issue 94: a compile within the size bounds may still take long; past the time bound the request gets a
+    one-line refusal (a 400) and nobody waits on the compile, which ends on its own thread."""
+    from specdec.api import structured
+    from specdec.api.structured import GrammarSpec
+    from specdec.errors import InvalidParameterError
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    monkeypatch.setattr(structured, "MAX_COMPILE_SECONDS", 0.0)
+    with pytest.raises(InvalidParameterError, match="took longer than 0 s to compile"):
+        GrammarSpec("json_schema", schema)
+    monkeypatch.setattr(structured, "MAX_COMPILE_SECONDS", 60.0)
+    assert GrammarSpec("json_schema", schema).grammar

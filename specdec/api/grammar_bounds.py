@@ -24,6 +24,9 @@ MAX_GRAMMAR_CHARS = 256 * 1024  # a grammar's text, or a JSON schema's JSON: an 
 MAX_GRAMMAR_RULES = 1000  # rules of a GBNF/Lark grammar, or definitions of a JSON schema ($defs)
 MAX_GRAMMAR_DEPTH = 256  # parentheses or JSON nesting, and the longest chain of rule references
 DEEP_STACK_BYTES = 256 << 20  # virtual: only the pages a recursion touches are ever committed
+# a compile within the size bounds still may take long (many tools' schemas, wide alternations): past this,
+# the request gets its 400 and the compile finishes on its own thread, nobody waiting on it
+MAX_COMPILE_SECONDS = 20.0
 
 T = TypeVar("T")
 
@@ -222,8 +225,9 @@ def start_deep_stack_thread(target: Callable[[], None], name: str) -> threading.
             threading.stack_size(previous)
 
 
-def on_deep_stack(function: Callable[[], T]) -> T:
-    """function() run on a deep-stack thread: its result, or its exception raised here."""
+def on_deep_stack(function: Callable[[], T], seconds: float | None = None, what: str = "the work") -> T:
+    """function() run on a deep-stack thread: its result, or its exception raised here; past `seconds` (None:
+    no bound) InvalidParameterError naming the bound (the thread finishes on its own, its result dropped)."""
     outcome: dict[str, Any] = {}
 
     def run() -> None:
@@ -232,7 +236,11 @@ def on_deep_stack(function: Callable[[], T]) -> T:
         except BaseException as error:  # handed to the caller, whatever it is
             outcome["error"] = error
 
-    start_deep_stack_thread(run, "specdec-grammar").join()
+    worker = start_deep_stack_thread(run, "specdec-grammar")
+    worker.join(seconds)
+    if worker.is_alive():
+        raise InvalidParameterError(f"{what} took longer than {seconds:g} s to compile (the bound on a request's "
+                                    "grammar); simplify it or split it")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from specdec.api.grammar_bounds import check_grammar_bounds, on_deep_stack
+from specdec.api.grammar_bounds import MAX_COMPILE_SECONDS, check_grammar_bounds, on_deep_stack
 from specdec.core.constraint import Constraint
 from specdec.errors import InvalidParameterError
 
@@ -76,7 +76,7 @@ def compile_grammar(kind: str, source) -> str:
     check_grammar_bounds(kind, source)
     if kind == "json_schema":
         check_json_schema(source)
-    return on_deep_stack(lambda: _compiled(kind, source))
+    return on_deep_stack(lambda: _compiled(kind, source), MAX_COMPILE_SECONDS, f"the {kind} grammar")
 
 
 def _compiled(kind: str, source) -> str:
