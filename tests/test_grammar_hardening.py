@@ -160,7 +160,7 @@ def test_formats_the_engine_knows_are_enforced_and_unknown_ones_refused(tiny_gen
 @pytest.mark.parametrize("schema, words", [
     (RECURSIVE, "no output can start"),
     ({"type": "object", "patternProperties": {"^a$": {"type": "integer"}}}, "patternProperties"),
-    ({"type": "integer", "multipleOf": -1}, "multipleOf"),
+    ({"type": "object", "properties": {"n": {"type": "integer", "multipleOf": -1}}}, "multipleOf"),
 ])
 def test_a_schema_gets_the_same_400_as_response_format_and_as_tool_parameters(coder, schema, words):  # noqa: F811
     tool = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
