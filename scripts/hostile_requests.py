@@ -6,7 +6,8 @@ POST endpoint's body (chat, completions, /infill, responses, messages, Ollama's 
 hostile values (wrong types, extremes, integers past 4,300 digits, NaN and 1e999 literals, lone surrogates,
 deep nesting, huge strings and lists); schemas and grammars that are cyclic, unsatisfiable or too big for
 the grammar engine; surrogates in tools; every route without the key and every POST without JSON; bodies
-cut short; 50 sockets trickling their headers; then SIGTERM under 8 streams. Prints the status counts,
+cut short; a 48-token stream beside four clients tokenizing megabytes; 50 sockets trickling their headers;
+then SIGTERM under 8 streams. Prints the status counts,
 the count of 5xx and of tracebacks in the log, and how the shutdown went.
 
     python scripts/hostile_requests.py --target smollm2-135m-instruct [--log serve.log]
@@ -154,6 +155,34 @@ def protocol_cases(port: int, statuses: Counter) -> None:
         statuses[("cut body", "sent")] += 1
 
 
+def stream_beside_tokenizers(port: int, clients: int = 4, each: int = 3) -> tuple[float, float]:
+    """(seconds of a 48-token stream alone, seconds of the same stream while `clients` clients each send `each`
+    /tokenize requests of ~1 MB): what one client's tokenizing costs another's stream (issue 94)."""
+    body = json.dumps({"messages": [{"role": "user", "content": "Count from one to fifty."}], "max_tokens": 48,
+                       "temperature": 0, "stream": True})
+    heavy = json.dumps({"content": "hello world " * 85000, "with_pieces": True})
+
+    def timed_stream() -> float:
+        started = time.monotonic()
+        send(port, "POST", "/v1/chat/completions", body)
+        return time.monotonic() - started
+
+    alone = timed_stream()
+
+    def tokenizer() -> None:
+        for _ in range(each):
+            send(port, "POST", "/tokenize", heavy)
+
+    workers = [threading.Thread(target=tokenizer) for _ in range(clients)]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.2)
+    beside = timed_stream()
+    for worker in workers:
+        worker.join()
+    return alone, beside
+
+
 def slow_heads(port: int, count: int = 50) -> float:
     """Open `count` sockets that trickle a request head; seconds until the server has closed them all."""
     sockets = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
@@ -234,6 +263,9 @@ def main() -> None:
     print(f"requests: {sum(statuses.values())} in {time.monotonic() - started:.0f} s")
     for (kind, status), count in sorted(statuses.items(), key=str):
         print(f"  {kind}: {status} x {count}")
+    alone, beside = stream_beside_tokenizers(args.port)
+    print(f"a 48-token stream: {alone:.2f} s alone, {beside:.2f} s beside 4 clients sending 1 MB /tokenize bodies "
+          f"({beside / alone:.2f}x)")
     print(f"50 slow heads closed after {slow_heads(args.port):.1f} s")
     seconds, endings = shutdown_under_streams(server, args.port)
     print(f"SIGTERM with 8 streams: exit {server.returncode} after {seconds:.1f} s (grace {args.grace:g} s)")

@@ -120,6 +120,15 @@ def test_an_exception_in_the_app_is_a_counted_json_500(tiny_generator, server_lo
         assert statuses(running, "/v1/completions") == {"500": 1.0}
         logged = [record for record in server_log.records if record.exc_info]
         assert len(logged) == 1 and "a bug" in str(logged[0].exc_info[1])  # the bug, logged once
+        # the same 500 in Anthropic's and Ollama's shapes (issue 94: the dialects' own error shape, the 500 too)
+        messages = [{"role": "user", "content": "hi"}]
+        status, _, text = raw_request(running.port, "POST", "/v1/messages", json.dumps(
+            {"model": "tiny", "max_tokens": 4, "messages": messages}), JSON)
+        assert status == 500 and json.loads(text)["error"]["type"] == "api_error", text
+        for path, body in (("/api/chat", {"model": "tiny", "messages": messages}),
+                           ("/api/generate", {"model": "tiny", "prompt": "a", "raw": True, "stream": False})):
+            status, _, text = raw_request(running.port, "POST", path, json.dumps(body), JSON)
+            assert status == 500 and isinstance(json.loads(text)["error"], str), (path, text)
     finally:
         running.stop()
 

@@ -107,9 +107,10 @@ def add_middleware(app: FastAPI, state: ServerState) -> None:
     settings, metrics = state.settings, state.metrics
     app.add_middleware(RequestGuard, settings=GuardSettings(settings.api_key, settings.max_request_bytes,
                                                             settings.allowed_hosts))
-    app.add_middleware(DialectErrors)  # outside the guard: its refusals too take each dialect's shape
     app.add_middleware(ResponseCounter, count=lambda endpoint, status: metrics.requests.labels(endpoint, status).inc(),
                        label=endpoint_label)
+    # outside the guard and the counter: their refusals and the counter's 500 too take each dialect's shape
+    app.add_middleware(DialectErrors)
     if settings.allowed_origins:  # outermost: a browser's preflight is answered before the guard
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version", "anthropic-beta"])

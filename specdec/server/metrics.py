@@ -106,7 +106,8 @@ def _ratio(numerator: Counter, denominator: Counter) -> float:
 
 
 class ResponseCounter:
-    """ASGI middleware, outermost but for CORS: counts every response by endpoint and status as it starts
+    """ASGI middleware, outermost but for CORS and the dialects' error shapes: counts every response by
+    endpoint and status as it starts
     (refusals, errors, streams and whole replies alike), and answers an exception that escaped the app
     with a JSON 500, counted and logged once, instead of the framework's plain-text one."""
 
