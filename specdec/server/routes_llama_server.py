@@ -4,6 +4,9 @@ same request, scheduler and stream as the OpenAI routes."""
 
 from __future__ import annotations
 
+import json
+import time
+
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from jinja2 import TemplateError
@@ -19,6 +22,7 @@ from specdec.server.request_body import BadRequest, parse_request
 from specdec.server.state import ServerState, server_state
 
 router = APIRouter()
+PIECES_AT_ONCE = 256  # tokens spelled between two yields of the interpreter to the generations
 
 
 async def parsed(request: Request, state: ServerState, kind: type):
@@ -50,11 +54,21 @@ async def tokenize(request: Request, state: ServerState = Depends(server_state))
     except SpecdecError as exc:
         return refused(exc)
 
-    def tokens() -> list:  # a megabyte of text takes seconds to tokenize: off the event loop
+    def tokens() -> bytes:  # a megabyte of text takes a second to tokenize and spell: off the event loop
         ids = tokenizer.encode(text, add_special_tokens=body.add_special)
-        return ids if not body.with_pieces else [{"id": token, "piece": piece(tokenizer, token)} for token in ids]
+        if not body.with_pieces:
+            return json.dumps({"tokens": ids}).encode()
+        found = []
+        for start in range(0, len(ids), PIECES_AT_ONCE):
+            found += [{"id": token, "piece": piece(tokenizer, token)} for token in ids[start:start + PIECES_AT_ONCE]]
+            time.sleep(0)  # spelling is Python: let the generations' rounds have the interpreter between blocks
+        return json.dumps({"tokens": found}, ensure_ascii=False).encode()
 
-    return JSONResponse({"tokens": await run_in_threadpool(tokens)})
+    # Tokenizing holds the interpreter's lock much of the time: several at once would starve the generations'
+    # rounds of it, so tokenize requests take turns (one at a time beside the generations).
+    async with state.tokenizing:
+        content = await run_in_threadpool(tokens)
+    return Response(content, media_type="application/json")
 
 
 @router.post("/detokenize", openapi_extra=openapi_body(DetokenizeBody), responses=ERROR_RESPONSES)

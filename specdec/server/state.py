@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -77,6 +78,8 @@ class ServerState:
     reasoning: Reasoning | None = None  # how chat answers are split (reasoning_for)
     responses: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's stored responses
     models: ModelRouter | None = None  # every model served by name, this one among them (served_models.py)
+    # /tokenize's turns: tokenizing holds the interpreter's lock much of the time, so one at a time
+    tokenizing: asyncio.Semaphore = field(default_factory=asyncio.Semaphore)
 
     async def for_model(self, name: str | None) -> "ServerState":
         """The state of the model a request names (None: this server's default), loaded on first use."""
