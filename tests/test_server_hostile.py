@@ -239,3 +239,62 @@ def test_errors_starlette_writes_as_text_take_the_json_shape(server):
         code, _, text = raw_request(server.port, "GET", "/page/app.js", headers={"Range": header})
         assert code == status and json.loads(text)["error"]["message"], (header, text)
     assert raw_request(server.port, "GET", "/page/app.js", headers={"Range": "bytes=0-1"})[0] == 206
+
+
+def test_a_cancelled_prefill_leaves_what_it_computed_for_the_retry(tiny_generator):
+    """Issue 90: an agent's client that gives up during a long prompt's prefill and sends it again resumes
+    where the first stopped (its computed part went to the prefix cache when it was cancelled), and the retry
+    decodes as the prompt alone does."""
+    from specdec.api.batch import BatchRunner
+    from specdec.api.events import Done
+    from specdec.api.prefix_cache import PrefixCache
+
+    model = tiny_generator.target.model
+    runner = BatchRunner(tiny_generator, PrefixCache(model, 64 << 20))
+    prompt = [5 + i % 50 for i in range(300)]
+    request = GenerationRequest(prompt, 8, SamplingParams(temperature=0.0), chat=False)
+    generation = runner.admit("first", request)
+    for _ in range(3):
+        runner.step(32)
+    computed = generation.cache.length
+    assert 0 < computed < len(prompt) - 1 and not generation.prefilled
+    runner.drop("first")  # the client left
+    assert runner.prefix_cache.stats.entries == 1
+    runner.admit("retry", request)
+    results = []
+    while runner.running:
+        results += [event.result for _, event in runner.step() if isinstance(event, Done)]
+    assert results[0].stats.cached_prompt_tokens >= model.reusable_prefix(computed) >= 16
+    assert results[0].token_ids == tiny_generator.generate(prompt, 8, chat=False).token_ids
+
+
+def test_a_stream_starts_at_once_and_keeps_alive_through_a_long_prefill(tiny_generator, monkeypatch):
+    """Issue 90: nothing reached a client until its whole prompt was prefilled (agents with a 300 s timeout
+    gave up with no headers). The status line and the dialect's first event go out when the request is
+    admitted, then keep-alives while the prompt is prefilled, then the text."""
+    import httpx
+
+    from specdec.server import jobs
+    from test_server import slow_server
+
+    monkeypatch.setattr(jobs, "KEEP_ALIVE_SECONDS", 0.1)
+    running = slow_server(tiny_generator, pause=0.05, prefill_tokens_per_step=16)  # ~16 chunks: ~0.8 s of prefill
+    prompt = " ".join(f"w{i}" for i in range(120))
+    try:
+        for path, body, first_event, keep_alive in (
+                ("/v1/completions", {"prompt": prompt, "max_tokens": 4, "stream": True}, '"text": ""', ": keep-alive"),
+                ("/v1/messages", {"model": "tiny", "max_tokens": 4, "stream": True,
+                                  "messages": [{"role": "user", "content": prompt}]}, "message_start", "ping")):
+            started = time.monotonic()
+            with httpx.stream("POST", f"http://127.0.0.1:{running.port}{path}", json=body, timeout=60) as reply:
+                headers_at = time.monotonic() - started
+                seen = [(time.monotonic() - started, line) for line in reply.iter_lines() if line]
+            assert reply.status_code == 200
+            opening = next(at for at, line in seen if first_event in line)
+            text_at = next(at for at, line in seen if '"text": "' in line and '"text": ""' not in line
+                           or "text_delta" in line)
+            alive = [at for at, line in seen if keep_alive in line]
+            assert headers_at < text_at and opening < text_at, (path, headers_at, opening, text_at)
+            assert alive and alive[0] < text_at, (path, seen[:6])
+    finally:
+        running.stop()

@@ -66,7 +66,12 @@ class BatchRunner:
         return generation
 
     def drop(self, key) -> None:
-        """Stop the generation under `key` (a cancelled request): its cache goes with it."""
+        """Stop the generation under `key` (a cancelled request): its cache goes with it, but what its prefill
+        computed is offered to the prefix cache first (a client that gave up on a long prompt's prefill and
+        sends it again resumes where it stopped)."""
+        for entry_key, generation in self.running:
+            if entry_key is key and not generation.prefilled and generation.cache.length and self.prefix_cache:
+                self.prefix_cache.store(generation.prompt_ids[:generation.cache.length], generation.cache)
         self.running = [entry for entry in self.running if entry[0] is not key]
 
     def step(self, prefill_budget: float | None = None) -> list[tuple[object, Event]]:

@@ -85,6 +85,9 @@ class AnthropicReply:
         opening = {"type": "message_start", "message": self._message([], prompt_tokens, 0, (None, None))}
         return [named_sse(opening), named_sse({"type": "ping"})]
 
+    def keep_alive(self) -> list[str]:
+        return [named_sse({"type": "ping"})]  # Anthropic's own keep-alive event
+
     def stream_text(self, index: int, chunk: StreamChunk) -> list[str]:
         return self._blocks_of(self.answer.feed(chunk.text))
 

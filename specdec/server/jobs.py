@@ -18,12 +18,13 @@ from specdec.errors import ContextLengthError, SpecdecError
 from specdec.server.http_errors import ended_text, error
 from specdec.server.protocol import error_body
 from specdec.server.request_body import BadRequest
-from specdec.server.replies import sse
+from specdec.server.replies import KEEP_ALIVE, sse
 from specdec.server.scheduler import Job, QueueFullError
 from specdec.server.state import ServerState
 from starlette.concurrency import run_in_threadpool
 
 DISCONNECT_POLL_SECONDS = 0.25
+KEEP_ALIVE_SECONDS = 10.0  # a stream quiet this long (queued, or a long prefill) gets a keep-alive frame
 
 
 async def run_jobs(state: ServerState, request: Request, generation_request: GenerationRequest, n: int,
@@ -34,6 +35,13 @@ async def run_jobs(state: ServerState, request: Request, generation_request: Gen
     jobs = await submit(state, generation_request, n)
     if isinstance(jobs, Response):
         return jobs
+    if stream:  # the status and the stream's first event go out at once: a long prompt's prefill (minutes for an
+        # agent's) happens behind them, with keep-alives, so a client's own timeout never sees a silent server
+        prompt_tokens = len(jobs[0].request.prompt)
+        events = llama_events(jobs[0], reply) if llama_stream else stream_events(state, jobs, reply, prompt_tokens,
+                                                                          arrived)
+        return StreamingResponse(events, media_type=reply.media_type,
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     prompt_tokens = 0
     for job in jobs:  # each waits in the queue until admitted
         first = await next_event(job, request)
@@ -42,11 +50,6 @@ async def run_jobs(state: ServerState, request: Request, generation_request: Gen
                 other.cancel()
             return await not_started(first, request)
         prompt_tokens = first.prompt_tokens
-    if stream:  # the status goes out now; a non-streamed reply's status is known at its end
-        events = llama_events(jobs[0], reply) if llama_stream else stream_events(state, jobs, reply, prompt_tokens,
-                                                                          arrived)
-        return StreamingResponse(events, media_type=reply.media_type,
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     results = []
     for job in jobs:
         result = await finish(job, request)
@@ -74,6 +77,10 @@ async def submit(state: ServerState, generation_request: GenerationRequest, n: i
         prompt_length, limit = len(first.request.prompt), state.settings.max_prompt_tokens
         if limit is not None and prompt_length > limit:
             return error(400, f"the prompt is {prompt_length} tokens; this server takes at most {limit}",
+                         "invalid_request_error", code="context_length_exceeded")
+        context = state.generator.target.model.max_context
+        if prompt_length >= context:  # known now, before a stream's status line: a 400, not an in-band error
+            return error(400, f"prompt is {prompt_length} tokens; the model's context is {context} tokens",
                          "invalid_request_error", code="context_length_exceeded")
         base = first.request.seed if first.request.seed is not None else random.getrandbits(63)
         jobs = [Job(first.request.replace(seed=base + i if n > 1 or first.request.seed is not None else None))
@@ -140,15 +147,22 @@ async def finish(job: Job, request: Request) -> GenerationResult | Exception | N
 async def stream_events(state: ServerState, jobs: list[Job], reply, prompt_tokens: int, arrived: float
                         ) -> AsyncIterator[str]:
     """The choices' events as their rounds commit text, interleaved, in the reply's dialect: `reply` writes
-    the stream's frames (stream_start / stream_text / stream_done / stream_failed / stream_end, sent as its
-    media_type: server-sent events for the OpenAI chat and completions Reply, Responses and Anthropic
-    Messages, one JSON object a line for Ollama's)."""
+    the stream's frames (stream_start / keep_alive / stream_text / stream_done / stream_failed / stream_end,
+    sent as its media_type: server-sent events for the OpenAI chat and completions Reply, Responses and
+    Anthropic Messages, one JSON object a line for Ollama's). The start goes out before the prompts are
+    prefilled; while nothing comes, a keep-alive every KEEP_ALIVE_SECONDS."""
     first_text = True
     results: list[GenerationResult | None] = [None] * len(jobs)
     try:
         for frame in reply.stream_start(prompt_tokens):
             yield frame
-        async for index, event in merged_events(jobs):
+        async for index, event in merged_events(jobs, KEEP_ALIVE_SECONDS):
+            if event is None:  # a quiet while (queued, or a long prefill)
+                for frame in reply.keep_alive():
+                    yield frame
+                continue
+            if isinstance(event, Started):
+                continue
             if isinstance(event, Chunk):
                 frames = reply.stream_text(index, event.chunk)
                 if frames and first_text:
@@ -172,10 +186,17 @@ async def stream_events(state: ServerState, jobs: list[Job], reply, prompt_token
 
 
 async def llama_events(job: Job, reply) -> AsyncIterator[str]:
-    """llama-server's stream: `data: {"content": ..., "stop": false}` per round, a last one with stop true."""
+    """llama-server's stream: `data: {"content": ..., "stop": false}` per round, a last one with stop true
+    (an SSE comment every KEEP_ALIVE_SECONDS while nothing comes)."""
     try:
         while True:
-            event = await job.events.get()
+            try:
+                event = await asyncio.wait_for(job.events.get(), KEEP_ALIVE_SECONDS)
+            except asyncio.TimeoutError:
+                yield KEEP_ALIVE
+                continue
+            if isinstance(event, Started):
+                continue
             if isinstance(event, Chunk) and (event.chunk.text or event.chunk.logprobs):
                 yield sse(reply.chunk(event.chunk.text, event.chunk.logprobs))
             elif isinstance(event, Done):
@@ -188,13 +209,16 @@ async def llama_events(job: Job, reply) -> AsyncIterator[str]:
         job.cancel()
 
 
-async def merged_events(jobs: list[Job]):
+async def merged_events(jobs: list[Job], quiet_seconds: float | None = None):
     """(choice index, event) of several jobs' events as they come; a job's stream ends with its Done (or
-    another final event)."""
+    another final event). (None, None) after each `quiet_seconds` without one (None: never)."""
     pending = {asyncio.ensure_future(job.events.get()): index for index, job in enumerate(jobs)}
     try:
         while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(pending, timeout=quiet_seconds, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                yield None, None
+                continue
             for task in sorted(done, key=lambda task: pending[task]):
                 index = pending.pop(task)
                 event = task.result()

@@ -14,6 +14,9 @@ from specdec.api.reasoning import Reasoning
 from specdec.server.answer import AnswerPart, AnswerStream, whole_answer
 
 
+KEEP_ALIVE = ": keep-alive\n\n"  # a server-sent events comment: every client skips it
+
+
 def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
@@ -180,6 +183,9 @@ class Reply:
     # -- the stream as server-sent events (jobs.stream_events drives every dialect's reply this way) ----
     def stream_start(self, prompt_tokens: int) -> list[str]:
         return [sse(self.opening(index)) for index in range(self.choices)]
+
+    def keep_alive(self) -> list[str]:
+        return [KEEP_ALIVE]
 
     def stream_text(self, index: int, chunk: StreamChunk) -> list[str]:
         chunks = self.delta(index, chunk.text, chunk.logprobs)

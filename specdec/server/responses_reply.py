@@ -12,7 +12,7 @@ from typing import Sequence
 from specdec.api.reasoning import Reasoning
 from specdec.core.rounds import GenerationResult, StreamChunk
 from specdec.server.answer import AnswerPart, AnswerStream, whole_answer
-from specdec.server.replies import named_sse, speculative_stats
+from specdec.server.replies import KEEP_ALIVE, named_sse, speculative_stats
 from specdec.server.response_store import ResponseStore
 from specdec.server.responses_api import ResponsesRequest
 from specdec.server.tools import ToolCall
@@ -128,6 +128,9 @@ class ResponsesReply:
         started = self.response("in_progress", [])
         return [self._event("response.created", response=started),
                 self._event("response.in_progress", response=started)]
+
+    def keep_alive(self) -> list[str]:
+        return [KEEP_ALIVE]
 
     def stream_text(self, index: int, chunk: StreamChunk) -> list[str]:
         return self._events_of(self.answer.feed(chunk.text))

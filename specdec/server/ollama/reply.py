@@ -96,6 +96,9 @@ class OllamaReply:
     def stream_start(self, prompt_tokens: int) -> list[str]:
         return []
 
+    def keep_alive(self) -> list[str]:
+        return []  # every line of an NDJSON stream is an object its clients read: nothing to send
+
     def stream_text(self, index: int, chunk: StreamChunk) -> list[str]:
         parts = self.answer.feed(chunk.text)
         if not parts and not chunk.logprobs:
