@@ -110,3 +110,20 @@ def test_the_command_line_checks_what_it_serves_by_name(folder):
     assert dict(served_by_name(str(folder), False)) == {"alpha": str(folder / "alpha.gguf"),
                                                          "beta": str(folder / "beta.gguf")}
     assert served_by_name(None, False) == ()
+
+
+def test_the_prefix_cache_default_is_an_eighth_of_the_machine_within_bounds(monkeypatch):
+    """Issue 90: 512 MiB held no agent's prompt of the 1.5B (57 KB a token); the default follows the machine."""
+    from types import SimpleNamespace
+
+    from specdec.commands import serve
+
+    for total, expected in ((4 << 30, 512 << 20), (8 << 30, 1 << 30), (64 << 30, 2 << 30)):
+        monkeypatch.setattr(serve.psutil, "virtual_memory", lambda total=total: SimpleNamespace(total=total))
+        assert serve.default_prefix_cache_bytes() == expected
+    from specdec.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--target", "smollm2-135m-instruct"])
+    assert ServeOptions.from_args(args).settings.prefix_cache_bytes == serve.default_prefix_cache_bytes()
+    args = build_parser().parse_args(["serve", "--target", "smollm2-135m-instruct", "--prefix-cache", "0"])
+    assert ServeOptions.from_args(args).settings.prefix_cache_bytes == 0

@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import psutil
+
 from specdec.api.options import GeneratorOptions
 from specdec.cli_options import (add_model_options, add_reasoning_format_option, add_speculation_options,
                                  generator_options_from_args)
@@ -40,9 +42,10 @@ def add_parser(commands) -> None:
                             "a long prompt counts for more: its attention reads every earlier key); shortest "
                             "prompt first (more: batches refill sooner; fewer: shorter stalls of running streams "
                             "and of requests behind a long prompt; default 512)")
-    serve.add_argument("--prefix-cache", type=float, default=512, metavar="MIB",
+    serve.add_argument("--prefix-cache", type=float, default=None, metavar="MIB",
                        help="MiB of prompts' keys and values kept so that later prompts sharing a prefix "
-                            "(a system prompt, a chat history) skip computing it; 0: off (default 512)")
+                            "(a system prompt, a chat history, an agent's 10,000-token instructions) skip "
+                            "computing it; 0: off (default: an eighth of this machine's memory, 512 MiB to 2 GiB)")
     serve.add_argument("--default-max-tokens", type=int, default=512, help="when a request sets no max_tokens")
     serve.add_argument("--max-tokens-cap", type=int, default=None, metavar="N",
                        help="the most tokens one request may generate: a larger max_tokens gets HTTP 400, a larger "
@@ -116,7 +119,8 @@ class ServeOptions:
                                   allowed_origins=tuple(o for o in args.allowed_origins.split(",") if o),
                                   max_prompt_tokens=args.max_prompt_tokens, max_tokens_cap=args.max_tokens_cap,
                                   kv_memory_bytes=None if args.kv_memory is None else int(args.kv_memory * 2**20),
-                                  prefix_cache_bytes=int(args.prefix_cache * 2**20),
+                                  prefix_cache_bytes=default_prefix_cache_bytes() if args.prefix_cache is None
+                                  else int(args.prefix_cache * 2**20),
                                   prefill_tokens_per_step=args.prefill_chunk, tool_grammar=not args.no_tool_grammar,
                                   reasoning_format=args.reasoning_format)
         return cls(generator_options_from_args(args), settings, host, port,
@@ -125,6 +129,13 @@ class ServeOptions:
 
 
 DEFAULT_HOST, DEFAULT_PORT, OLLAMA_PORT = "127.0.0.1", 8000, 11434
+
+
+def default_prefix_cache_bytes() -> int:
+    """An eighth of the machine's memory, within 512 MiB and 2 GiB: an agent's prompt (10,000-18,000 tokens; a
+    1.5B's float32 keys and values take 57 KB a token) fits whole on a 16 GB machine, and a small one keeps
+    the half-gigabyte it had."""
+    return int(min(2 << 30, max(512 << 20, psutil.virtual_memory().total // 8)))
 
 
 def listen_address(host: str | None, port: int | None, ollama_host: str | None) -> tuple[str, int]:
