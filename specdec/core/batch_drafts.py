@@ -88,28 +88,27 @@ def draft_caps(rates: Sequence[float], wanted: Sequence[int], row_budget: int | 
     return caps
 
 
-def draft_seconds_per_token(rounds, recent: int = 8, window: int = 32) -> float:
-    """A generation's measured seconds to draft one token over its last `recent` rounds that drafted (looking
-    back at most `window` rounds); 0 before any."""
-    drafted = seconds = 0.0
-    seen = 0
+def recent_drafting(rounds, recent: int = 8, window: int = 32) -> list:
+    """A generation's last `recent` rounds that drafted, looking back at most `window` rounds (this runs
+    every round)."""
+    found = []
     for stats in reversed(rounds[-window:]):
         if stats.drafted:
-            drafted, seconds, seen = drafted + stats.drafted, seconds + stats.draft_seconds, seen + 1
-            if seen == recent:
+            found.append(stats)
+            if len(found) == recent:
                 break
-    return seconds / drafted if drafted else 0.0
+    return found
 
 
-def acceptance_rate(rounds, recent: int = 8, window: int = 32) -> float:
-    """A generation's draft acceptance rate over its last `recent` rounds that drafted (looking back at most
-    `window` rounds: this runs every round), with one accepted and one rejected draft of prior (0.5 before
-    any)."""
-    drafted = accepted = 0
-    seen = 0
-    for stats in reversed(rounds[-window:]):
-        if stats.drafted:
-            drafted, accepted, seen = drafted + stats.drafted, accepted + stats.accepted, seen + 1
-            if seen == recent:
-                break
-    return (accepted + 1) / (drafted + 2)
+def draft_seconds_per_token(rounds) -> float:
+    """A generation's measured seconds to draft one token over its recent rounds that drafted; 0 before any."""
+    drafting = recent_drafting(rounds)
+    drafted = sum(stats.drafted for stats in drafting)
+    return sum(stats.draft_seconds for stats in drafting) / drafted if drafted else 0.0
+
+
+def acceptance_rate(rounds) -> float:
+    """A generation's draft acceptance rate over its recent rounds that drafted, with one accepted and one
+    rejected draft of prior (0.5 before any)."""
+    drafting = recent_drafting(rounds)
+    return (sum(stats.accepted for stats in drafting) + 1) / (sum(stats.drafted for stats in drafting) + 2)
