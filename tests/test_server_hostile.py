@@ -207,7 +207,7 @@ def test_server_settings_are_frozen_and_checked_at_construction():
             ServerSettings("m", **{field: value})
 
 
-def test_a_megabyte_to_tokenize_does_not_hold_other_requests(server):
+def test_a_megabyte_to_tokenize_does_not_hold_other_requests(server):  # noqa: F811
     """Issue 94: /tokenize ran on the event loop, so a 1 MB body held /health (and every stream) for seconds."""
     import threading
 
@@ -233,7 +233,7 @@ def test_a_megabyte_to_tokenize_does_not_hold_other_requests(server):
     assert status == 200 and slowest < seconds / 3, (slowest, seconds)
 
 
-def test_errors_starlette_writes_as_text_take_the_json_shape(server):
+def test_errors_starlette_writes_as_text_take_the_json_shape(server):  # noqa: F811
     """Issue 94: the page's static files answered malformed ranges in plain text."""
     for header, status in (("units=0-1", 400), ("bytes=1-2-3", 400), ("bytes=--1", 416), ("bytes=999999-", 416)):
         code, _, text = raw_request(server.port, "GET", "/page/app.js", headers={"Range": header})

@@ -12,7 +12,6 @@ import logging
 
 import httpx
 import pytest
-from pydantic import BaseModel
 
 from specdec.api.generator import SpeculativeGenerator
 from specdec.api.options import GeneratorOptions

@@ -16,9 +16,7 @@ from specdec.api.request import GenerationRequest
 from specdec.core.rounds import GenerationResult
 from specdec.errors import ContextLengthError, SpecdecError
 from specdec.server.http_errors import ended_text, error
-from specdec.server.protocol import error_body
 from specdec.server.request_body import BadRequest
-from specdec.server.replies import KEEP_ALIVE, sse
 from specdec.server.scheduler import Job, QueueFullError
 from specdec.server.state import ServerState
 from starlette.concurrency import run_in_threadpool
@@ -28,9 +26,9 @@ KEEP_ALIVE_SECONDS = 10.0  # a stream quiet this long (queued, or a long prefill
 
 
 async def run_jobs(state: ServerState, request: Request, generation_request: GenerationRequest, n: int,
-                   stream: bool, reply, llama_stream: bool = False) -> Response:
+                   stream: bool, reply) -> Response:
     """Submit the request's `n` choices (seeds seed, seed + 1, ...), wait until they start, then answer
-    whole or as a stream (`llama_stream`: llama-server's event shape, one choice)."""
+    whole or as a stream (`reply`: the dialect's writer, stream_events says how)."""
     arrived = time.perf_counter()
     jobs = await submit(state, generation_request, n)
     if isinstance(jobs, Response):
@@ -38,8 +36,7 @@ async def run_jobs(state: ServerState, request: Request, generation_request: Gen
     if stream:  # the status and the stream's first event go out at once: a long prompt's prefill (minutes for an
         # agent's) happens behind them, with keep-alives, so a client's own timeout never sees a silent server
         prompt_tokens = len(jobs[0].request.prompt)
-        events = llama_events(jobs[0], reply) if llama_stream else stream_events(state, jobs, reply, prompt_tokens,
-                                                                          arrived)
+        events = stream_events(state, jobs, reply, prompt_tokens, arrived)
         return StreamingResponse(events, media_type=reply.media_type,
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     prompt_tokens = 0
@@ -148,8 +145,8 @@ async def stream_events(state: ServerState, jobs: list[Job], reply, prompt_token
                         ) -> AsyncIterator[str]:
     """The choices' events as their rounds commit text, interleaved, in the reply's dialect: `reply` writes
     the stream's frames (stream_start / keep_alive / stream_text / stream_done / stream_failed / stream_end,
-    sent as its media_type: server-sent events for the OpenAI chat and completions Reply, Responses and
-    Anthropic Messages, one JSON object a line for Ollama's). The start goes out before the prompts are
+    sent as its media_type: server-sent events for the OpenAI chat and completions Reply, Responses,
+    Anthropic Messages and llama-server's routes, one JSON object a line for Ollama's). The start goes out before the prompts are
     prefilled; while nothing comes, a keep-alive every KEEP_ALIVE_SECONDS."""
     first_text = True
     results: list[GenerationResult | None] = [None] * len(jobs)
@@ -183,30 +180,6 @@ async def stream_events(state: ServerState, jobs: list[Job], reply, prompt_token
     finally:
         for job in jobs:
             job.cancel()  # no-op when finished; frees the slots when the client disconnected
-
-
-async def llama_events(job: Job, reply) -> AsyncIterator[str]:
-    """llama-server's stream: `data: {"content": ..., "stop": false}` per round, a last one with stop true
-    (an SSE comment every KEEP_ALIVE_SECONDS while nothing comes)."""
-    try:
-        while True:
-            try:
-                event = await asyncio.wait_for(job.events.get(), KEEP_ALIVE_SECONDS)
-            except asyncio.TimeoutError:
-                yield KEEP_ALIVE
-                continue
-            if isinstance(event, Started):
-                continue
-            if isinstance(event, Chunk) and (event.chunk.text or event.chunk.logprobs):
-                yield sse(reply.chunk(event.chunk.text, event.chunk.logprobs))
-            elif isinstance(event, Done):
-                yield sse(reply.last(event.result))
-                break
-            elif not isinstance(event, Chunk):
-                yield sse(error_body(ended_text(event), "server_error"))
-                break
-    finally:
-        job.cancel()
 
 
 async def merged_events(jobs: list[Job], quiet_seconds: float | None = None):

@@ -15,12 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specdec.api.request import MAX_TOP_LOGPROBS, GenerationRequest
 from specdec.api.structured import GrammarSpec
-from specdec.core.rounds import GenerationResult, TokenLogprob
+from specdec.core.rounds import GenerationResult, StreamChunk, TokenLogprob
 from specdec.core.sampling import SamplingParams
 from specdec.errors import InvalidParameterError
-from specdec.server.protocol import MAX_STOP_CHARS, ChatMessage, Tool
+from specdec.server.protocol import MAX_STOP_CHARS, ChatMessage, Tool, error_body
 from specdec.server.request_body import BadRequest
-from specdec.server.replies import finite, speculative_stats, sse, timings
+from specdec.server.replies import KEEP_ALIVE, finite, speculative_stats, sse, timings
 
 
 class LlamaSampling(BaseModel):
@@ -124,6 +124,25 @@ class LlamaReply:
         result = results[0]
         return {"content": result.text, "stop": True, "tokens_evaluated": prompt_tokens, **self._summary(result),
                 **self._probabilities(result.logprobs)}
+
+    # -- the stream: `data: {"content", "stop": false}` per round, a last one with stop true (jobs.stream_events)
+    def stream_start(self, prompt_tokens: int) -> list[str]:
+        return []
+
+    def keep_alive(self) -> list[str]:
+        return [KEEP_ALIVE]
+
+    def stream_text(self, index: int, chunk: StreamChunk) -> list[str]:
+        return [sse(self.chunk(chunk.text, chunk.logprobs))] if chunk.text or chunk.logprobs else []
+
+    def stream_done(self, index: int, result: GenerationResult) -> list[str]:
+        return [sse(self.last(result))]
+
+    def stream_failed(self, message: str, kind: str) -> list[str]:
+        return [sse(error_body(message, kind))]
+
+    def stream_end(self, results: list[GenerationResult | None], prompt_tokens: int) -> list[str]:
+        return []
 
     def nothing(self, prompt_tokens: int) -> dict:
         """n_predict 0: llama-server reads the prompt and generates nothing."""

@@ -32,4 +32,4 @@ async def infill(request: Request, state: ServerState = Depends(server_state)) -
             return llama_nothing(reply, len(ids), body.stream)
     except SpecdecError as exc:
         return refused(exc)
-    return await run_jobs(state, request, generation_request, 1, body.stream, reply, llama_stream=True)
+    return await run_jobs(state, request, generation_request, 1, body.stream, reply)

@@ -42,7 +42,7 @@ async def completion(request: Request, state: ServerState = Depends(server_state
             return llama_nothing(reply, len(ids), body.stream)
     except SpecdecError as exc:
         return refused(exc)
-    return await run_jobs(state, request, generation_request, 1, body.stream, reply, llama_stream=True)
+    return await run_jobs(state, request, generation_request, 1, body.stream, reply)
 
 
 @router.post("/tokenize", openapi_extra=openapi_body(TokenizeBody), responses=ERROR_RESPONSES)
