@@ -132,6 +132,34 @@ def test_stop_ends_a_stream(browser, tiny_dirs):
         slow.stop()
 
 
+def test_compare_replays_the_answers_own_request_and_refuses_a_stopped_one(browser, server):
+    """Issue 91: Compare re-ran with the current settings, so an answer sampled at 0.9 compared after the
+    setting moved to 0 read "different" against the product's own claim. It now replays the answer's request
+    (its temperature and seed), and a stopped answer cannot be compared (a plain run would go on)."""
+    page = open_page(browser, server, [])
+    page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+    page.click("#open-settings")
+    page.fill("#max-tokens", "24")
+    page.fill("#temperature", "0.9")
+    page.click("#save-settings")
+    send(page, PROMPT)
+    page.wait_for_selector('.message.assistant[data-state="done"]', timeout=60_000)
+    assert stored_answer(page)["request"]["temperature"] == 0.9
+    set_limits(page, 8)  # now greedy and shorter: the answer's own request must still be the one replayed
+    page.click(".compare-button")
+    page.wait_for_selector(".compare.identical, .compare.different, .compare.failed", timeout=60_000)
+    assert page.query_selector(".compare.identical") is not None, page.text_content(".actions")
+    page.evaluate("""() => {  // an answer stopped part-way, as the page keeps one
+        const conversations = JSON.parse(localStorage.getItem('specdec.conversations'));
+        conversations[0].messages[conversations[0].messages.length - 1].stopped = true;
+        localStorage.setItem('specdec.conversations', JSON.stringify(conversations));
+    }""")
+    page.reload()
+    page.wait_for_selector(".compare-button")
+    assert page.is_disabled(".compare-button") and "stopped" in page.text_content(".compare.unavailable")
+    page.close()
+
+
 def slowed(method):
     def wrapper(*args, **kwargs):
         time.sleep(0.02)

@@ -97,15 +97,17 @@ async function streamAnswer(conversation, answer, index) {
   running = new AbortController();
   setRunning(true);
   const started = performance.now();
-  const body = {...requestFor(conversation, index), seed: answer.seed};
+  // the exact request, kept with the answer: Compare replays it, whatever the settings are by then
+  answer.request = {...requestFor(conversation, index), seed: answer.seed};
+  const shown = () => conversation === current;  // the user may switch conversation while it streams
   try {
-    await streamChat(body, chunk => {
+    await streamChat(answer.request, chunk => {
       readChunk(answer, chunk);
       if (answer.content && answer.firstTokenMs === undefined) answer.firstTokenMs = performance.now() - started;
-      renderAnswer(answer, index, true);
+      if (shown()) renderAnswer(answer, index, true);
     }, running.signal);
   } catch (error) {
-    if (error.name !== "AbortError") showError(error.message);
+    if (error.name !== "AbortError") { showError(error.message); answer.failed = error.message; }
     else answer.stopped = true;
   } finally {
     answer.pending = false;
@@ -113,7 +115,7 @@ async function streamAnswer(conversation, answer, index) {
     running = null;
     setRunning(false);
     save();
-    renderAnswer(answer, index, false);
+    if (shown()) renderAnswer(answer, index, false);
   }
 }
 
@@ -141,22 +143,38 @@ function setRunning(on) {
   $("stop").hidden = !on;
 }
 
-// Compare: the same request without speculation; identical output is what exactness promises (greedy, or
-// sampling with the same seed).
+// Compare: the answer's own request (its messages, sampling, seed and length, kept when it was made) again
+// without speculation; identical output is what exactness promises (greedy, or sampling with the same seed).
+// It can be cancelled, and Send waits while it runs.
 async function compare(answer, index) {
+  const conversation = current;
   const plain = {content: "", tokens: [], rounds: []};
-  const body = {...requestFor(current, index), seed: answer.seed, speculative: {enabled: false}};
+  const body = {...(answer.request || {...requestFor(conversation, index), seed: answer.seed}),
+                speculative: {enabled: false}};
   answer.comparison = {state: "running"};
+  running = new AbortController();
+  setRunning(true);
   renderAnswer(answer, index, false);
   try {
-    await streamChat(body, chunk => readChunk(plain, chunk));
+    await streamChat(body, chunk => readChunk(plain, chunk), running.signal);
     answer.comparison = {state: plain.content === answer.content ? "identical" : "different",
                          plainTokensPerSecond: plain.stats ? plain.stats.tokens_per_second : null};
   } catch (error) {
-    answer.comparison = {state: "failed", error: error.message};
+    answer.comparison = error.name === "AbortError" ? {state: "cancelled"} : {state: "failed", error: error.message};
+  } finally {
+    running = null;
+    setRunning(false);
   }
   save();
-  renderAnswer(answer, index, false);
+  if (conversation === current) renderAnswer(answer, index, false);
+}
+
+// Why an answer cannot be compared (null: it can): only a whole answer says what decoding wrote.
+function notComparable(answer) {
+  if (answer.stopped) return "stopped before its end: a plain run would go on";
+  if (answer.failed) return "failed: nothing to compare";
+  if (!answer.content) return "empty: nothing to compare";
+  return null;
 }
 
 // -- rendering ----------------------------------------------------------------------------------------
@@ -271,16 +289,28 @@ function actionsView(answer, index) {
   button.type = "button";
   button.className = "compare-button";
   button.textContent = "Compare with plain decoding";
-  button.disabled = !answer.content || (answer.comparison && answer.comparison.state === "running");
+  const reason = notComparable(answer);
+  button.disabled = Boolean(reason) || Boolean(running);
+  button.title = reason || "decode this answer's own request again without speculation";
   button.onclick = () => compare(answer, index);
   view.append(button);
+  if (reason) {
+    const why = document.createElement("span");
+    why.className = "compare unavailable";
+    why.textContent = reason;
+    view.append(why);
+  }
   if (answer.comparison) {
     const result = document.createElement("span");
     const c = answer.comparison;
     result.className = `compare ${c.state}`;
-    result.textContent = c.state === "running" ? "decoding without speculation…" : c.state === "failed" ? c.error :
-      `${c.state}; plain ${c.plainTokensPerSecond ? c.plainTokensPerSecond.toFixed(1) : "?"} tok/s vs ` +
-      `speculative ${answer.stats ? answer.stats.tokens_per_second.toFixed(1) : "?"} tok/s`;
+    const plainSpeed = c.plainTokensPerSecond ? c.plainTokensPerSecond.toFixed(1) : "?";
+    const speculativeSpeed = answer.stats ? answer.stats.tokens_per_second.toFixed(1) : "?";
+    const ratio = c.plainTokensPerSecond && answer.stats ?
+      ` (${(answer.stats.tokens_per_second / c.plainTokensPerSecond).toFixed(2)}x)` : "";
+    result.textContent = c.state === "running" ? "decoding without speculation… (Stop cancels)" :
+      c.state === "failed" ? c.error : c.state === "cancelled" ? "comparison cancelled" :
+      `${c.state}; plain ${plainSpeed} tok/s vs speculative ${speculativeSpeed} tok/s${ratio}`;
     view.append(result);
   }
   return view;
