@@ -88,7 +88,8 @@ def test_an_answer_streams_with_each_tokens_origin_and_compare_says_identical(br
 
 def test_the_first_token_shows_up_as_the_api_streams_it(browser, server):
     """Not a speed test: a page that waited for the whole answer would show its first token late."""
-    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 200, "temperature": 0, "stream": True}
+    # 400 tokens (the tiny model's context is 512): the whole answer takes long enough to tell the two apart
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 400, "temperature": 0, "stream": True}
     started = time.perf_counter()
     with httpx.stream("POST", f"http://127.0.0.1:{server.port}/v1/chat/completions", json=body, timeout=60) as reply:
         lines = reply.iter_lines()
@@ -100,12 +101,14 @@ def test_the_first_token_shows_up_as_the_api_streams_it(browser, server):
     assert first
     page = open_page(browser, server, [])
     page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
-    set_limits(page, 200)
+    set_limits(page, 400)
     send(page, PROMPT)
     page.wait_for_selector('.message.assistant[data-state="done"]', timeout=60_000)
     page_first_ms = float(page.get_attribute(".message.assistant", "data-first-token-ms"))
-    print(f"first token: API {api_first_ms:.0f} ms, page {page_first_ms:.0f} ms (whole answer {whole_ms:.0f} ms)")
-    assert page_first_ms < whole_ms
+    page_whole_ms = stored_answer(page)["seconds"] * 1000
+    print(f"first token: API {api_first_ms:.0f} ms, page {page_first_ms:.0f} ms (whole answer: API {whole_ms:.0f} ms, "
+          f"page {page_whole_ms:.0f} ms)")
+    assert page_first_ms < page_whole_ms / 2  # the page's own run: its first token early in it, not at its end
     page.close()
 
 
@@ -158,6 +161,30 @@ def test_compare_replays_the_answers_own_request_and_refuses_a_stopped_one(brows
     page.wait_for_selector(".compare-button")
     assert page.is_disabled(".compare-button") and "stopped" in page.text_content(".compare.unavailable")
     page.close()
+
+
+def test_the_page_fits_a_phone_and_follows_a_dark_system(browser, server):
+    """Issue 91: at 390 x 844 the fixed sidebar left a 133 px chat column on a 1,073 px-wide page; no dark
+    mode. Now the conversations fold behind a button, the page does not scroll sideways, and a dark system
+    gets a dark page; the conversations open from the keyboard."""
+    context = browser.new_context(viewport={"width": 390, "height": 844}, color_scheme="dark")
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(f"http://127.0.0.1:{server.port}/")
+    page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    assert page.evaluate("document.getElementById('messages').getBoundingClientRect().width") >= 300
+    assert not page.is_visible("#sidebar") and page.is_visible("#toggle-sidebar")
+    page.click("#toggle-sidebar")
+    assert page.is_visible("#sidebar")
+    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    red, green, blue = (int(part) for part in background[background.index("(") + 1:-1].split(",")[:3])
+    assert max(red, green, blue) < 60, background  # dark
+    page.click("#new-conversation")
+    page.keyboard.press("Escape")  # nothing running: nothing happens
+    assert page.get_attribute("#prompt", "aria-label") and not errors
+    context.close()
 
 
 def slowed(method):

@@ -185,10 +185,15 @@ function renderConversations() {
     item.className = conversation === current ? "current" : "";
     const title = document.createElement("span");
     title.textContent = conversation.title;
-    title.onclick = () => { current = conversation; renderConversations(); renderMessages(); };
+    title.tabIndex = 0;  // reachable by keyboard: Enter or Space opens it
+    title.setAttribute("role", "button");
+    const open = () => { current = conversation; $("sidebar").classList.remove("open"); renderConversations(); renderMessages(); };
+    title.onclick = open;
+    title.onkeydown = event => { if (event.key === "Enter" || event.key === " ") { event.preventDefault(); open(); } };
     const remove = document.createElement("button");
     remove.textContent = "×";
     remove.title = "delete this conversation";
+    remove.setAttribute("aria-label", `delete the conversation "${conversation.title}"`);
     remove.className = "delete-conversation";
     remove.onclick = () => deleteConversation(conversation);
     item.append(title, remove);
@@ -342,6 +347,8 @@ function deleteConversation(conversation) {
 }
 
 function loadSettingsForm() {
+  $("show-speculation").checked = settings.speculationView !== false;
+  $("legend").hidden = !$("show-speculation").checked;
   $("system-prompt").value = settings.systemPrompt;
   $("temperature").value = settings.temperature;
   $("max-tokens").value = settings.maxTokens;
@@ -374,11 +381,19 @@ function wire() {
     if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); $("composer").requestSubmit(); }
   };
   $("stop").onclick = () => running && running.abort();
+  document.addEventListener("keydown", event => { if (event.key === "Escape" && running) running.abort(); });
+  $("toggle-sidebar").onclick = () => $("sidebar").classList.toggle("open");
+  $("key-entry").onkeydown = event => { if (event.key === "Enter") { event.preventDefault(); $("use-key").click(); } };
   $("new-conversation").onclick = newConversation;
   $("open-settings").onclick = () => { $("settings").hidden = !$("settings").hidden; };
-  $("show-speculation").onchange = () => { $("legend").hidden = !$("show-speculation").checked; renderMessages(); };
+  $("show-speculation").onchange = () => {
+    settings.speculationView = $("show-speculation").checked;
+    save();
+    $("legend").hidden = !settings.speculationView;
+    renderMessages();
+  };
   $("save-settings").onclick = () => {
-    settings = {systemPrompt: $("system-prompt").value, temperature: Number($("temperature").value),
+    settings = {...settings, systemPrompt: $("system-prompt").value, temperature: Number($("temperature").value),
                 maxTokens: Number($("max-tokens").value), apiKey: $("api-key").value};
     save();
     $("settings").hidden = true;
