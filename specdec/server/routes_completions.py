@@ -67,6 +67,11 @@ def make_request(state: ServerState, body) -> GenerationRequest:
         request = body.generation_request(state.default_max_tokens, tokenizer, settings.tool_grammar)
     except SpecdecError as exc:
         raise BadRequest(str(exc), getattr(exc, "param", None)) from None
+    if not request.tools:  # the output format's grammar (tools' schemas were checked above)
+        try:
+            state.check_grammar(request)
+        except SpecdecError as exc:
+            raise BadRequest(str(exc), "response_format") from None
     if isinstance(body, CompletionRequest) and body.suffix is not None:
         if not isinstance(body.prompt, str):
             raise BadRequest("suffix needs a text prompt", "suffix")

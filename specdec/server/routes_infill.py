@@ -27,6 +27,7 @@ async def infill(request: Request, state: ServerState = Depends(server_state)) -
                             [(chunk.filename, chunk.text) for chunk in body.input_extra], lead=body.prompt)
         reply = LlamaReply(settings.model_name, state.token_text)
         generation_request = await run_in_threadpool(body.generation_request, prompt, llama_limit(state, body))
+        await run_in_threadpool(state.check_grammar, generation_request)  # a grammar that cannot start: a 400
         if body.n_predict == 0:  # llama-server reads the prompt and generates nothing
             ids = await run_in_threadpool(state.generator.prompt_ids, generation_request)
             return llama_nothing(reply, len(ids), body.stream)

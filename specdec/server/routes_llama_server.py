@@ -37,6 +37,7 @@ async def completion(request: Request, state: ServerState = Depends(server_state
         reply = LlamaReply(state.settings.model_name, state.token_text)
         # compiling a grammar may take seconds: off the event loop
         generation_request = await run_in_threadpool(body.generation_request, body.prompt, llama_limit(state, body))
+        await run_in_threadpool(state.check_grammar, generation_request)  # a grammar that cannot start: a 400
         if body.n_predict == 0:  # llama-server reads the prompt and generates nothing
             ids = await run_in_threadpool(state.generator.prompt_ids, generation_request)
             return llama_nothing(reply, len(ids), body.stream)

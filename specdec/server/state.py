@@ -9,6 +9,8 @@ from typing import Protocol
 from fastapi import Request
 
 from specdec.api.generator import SpeculativeGenerator
+from specdec.api.request import GenerationRequest
+from specdec.api.structured import check_startable
 from specdec.server.metrics import ServerMetrics
 from specdec.api.reasoning import REASONING_FORMATS, Reasoning
 from specdec.errors import InvalidParameterError
@@ -94,6 +96,14 @@ class ServerState:
     def default_max_tokens(self) -> int:
         """What a request that sets no limit generates at most."""
         return min(self.settings.default_max_tokens, self.max_tokens_cap)
+
+    def check_grammar(self, request: GenerationRequest) -> None:
+        """InvalidParameterError for a request whose grammar cannot begin an output (or that the engine gives
+        up on within its first tokens): found now, before a stream's status line, it is a 400, not an in-band
+        error. (Blocking: the routes call it off the event loop.)"""
+        if request.grammar is not None:
+            target = self.generator.target
+            check_startable(request.grammar, target.tokenizer, target.model.vocab_size)
 
     def token_text(self, token: int) -> str:
         """How a token is spelled in `logprobs`."""
