@@ -1,37 +1,22 @@
 """Several chain drafters joined by '+': each round takes what pays of what they propose.
 
 `ngram+draft:MODEL` drafts for free wherever the text repeats the prompt or itself (code edits, quoted
-passages) and asks the model elsewhere. A lookup source costs nothing to ask, so it is asked every round:
-its proposal is taken at once when it copies a long run of the context verbatim (`proposal_is_verbatim`,
-rarely wrong), while its weaker guesses (a one- or two-token match, which in prose nearly always exists and
-is mostly wrong where the model would have drafted well) are taken only in rounds where no model drafts.
-The models, cheapest first, are rated: a model is passed over when a later model's rate is higher, and the
-last model when this round's alternative without it (lookup's weak guess if it has one, else a plain step)
-is rated higher, so a model only runs where it pays; every few rounds a passed-over model is tried anyway,
-so one that starts paying is taken again. With `k="auto"` (the default) a rate is predicted by each source's
-own AdaptiveK (speculation_length.SourceLengths): the tokens per second at its best K from its fitted
-acceptance per position and its measured draft and verify costs. That judges a model by how well it agrees,
-whatever K its recent rounds happened to draft, and it moves smoothly: a rate of committed tokens over
-recent rounds swung with each round's luck and switched the model off and on, each switch paying a catch-up.
-With a fixed K a rate is measured: committed tokens over seconds summed over recent rounds (`Throughput`),
-judging nothing before a few rounds.
-A draft model prefills its window of the context at its first proposal, which costs several target steps:
-an answer of a few dozen tokens never earns that back. So a model starts where the tokens still to come, at
-its predicted saving a token, pay its last start; how many are to come is what the recent answers that ran
-as long as this one added after that point (short answers to questions: never; code answers: at once), and
-in an answer longer than all but one of them, as many as it has committed so far (ski rental: it starts
-once decoding without it has lost what its start costs). Before anything is predicted (a first answer, a
-model never measured), no model is asked before the generation has committed `MODEL_AFTER_TOKENS` (lookup
-drafts alone until then, which also measures the rounds without a model that the model is weighed
-against). A model predicted not to pay is still tried after that wait in an answer expected to run on
-(its prediction may be of another kind of text). Its acceptance, fitted over its recent rounds, is carried
-into each new answer as at most `MODEL_MEMORY_ROUNDS` rounds of evidence, so a run of answers of a new kind
-(translations after answers to questions) soon judges it by themselves. A generation that lookup drafts
-throughout never pays for the model.
+passages) and asks the model elsewhere. Which source drafts a round is the speculation policy's call
+(policy.py: a pure function of the round's state, its rules derived from the cost model); this module gathers
+that state each round and keeps what it is made of:
+- each source's rate: with `k="auto"` (the default) predicted by the source's own AdaptiveK
+  (speculation_length.SourceLengths) at its best K from its fitted acceptance per position and its measured
+  draft and verify costs, which judges a model by how well it agrees whatever K its recent rounds drafted;
+  with a fixed K measured as committed tokens over seconds of its recent rounds (`Throughput`);
+- each model's last start (the prefill of its window at its first proposal of an answer) and how long recent
+  answers ran (`AnswerLengths`), both shared by this drafter's `fresh` copies, so a served request's drafter
+  learns from the requests before it;
+- a model's acceptance, carried into each new answer as at most `MODEL_MEMORY_ROUNDS` rounds of evidence, so a
+  run of answers of a new kind (translations after answers to questions) soon judges it by themselves.
 
-With `k="auto"` each source drafts to its own length (speculation_length.SourceLengths): a lookup's verbatim
-copies, its weaker guesses and the model each have an AdaptiveK fitted to their own acceptance, so a copy
-that runs on is drafted long while the model's guesses stay short.
+With `k="auto"` each source drafts to its own length: a lookup's verbatim copies, its weaker guesses and the
+model each have an AdaptiveK fitted to their own acceptance, so a copy that runs on is drafted long while the
+model's guesses stay short.
 
 Exactness needs nothing new: whichever source proposed, its draft is verified by the same rule.
 
@@ -53,12 +38,13 @@ from specdec.core.randomness import NoiseStream
 from specdec.core.rounds import Draft, VerifyResult
 from specdec.core.sampling import SamplingParams
 from specdec.core.speculation_length import SourceLengths
+from specdec.drafters.policy import MODEL_AFTER_TOKENS, RETRY_EVERY, Choice, ModelState, RoundState, choose
+
+__all__ = ["MODEL_AFTER_TOKENS", "RETRY_EVERY", "AnswerLengths", "CombinedDrafter", "LookupSource", "Throughput"]
 
 
 RATE_DECAY = 0.8  # weight of the past in each source's rate, per round it drafts
 RATED_AFTER = 3  # rounds measured before a rate judges
-RETRY_EVERY = 8  # a model passed over is tried again after this many rounds it was passed over
-MODEL_AFTER_TOKENS = 16  # committed tokens before any model is asked: short answers never pay its prefill
 RECENT_ANSWERS = 16  # answers whose lengths say how much longer the next one is expected to run
 # A model's acceptance evidence carried into a new answer, in rounds: a run of answers may change kind (questions,
 # translations, code), and whether the model starts is judged by its fit before the new answer has said anything;
@@ -153,8 +139,7 @@ class CombinedDrafter(Drafter):
         self.started = 0.0
         self.lengths: SourceLengths | None = None  # each source's K, when K is auto
         self.start_seconds = [None] * len(self.sources) if start_seconds is None else start_seconds
-        models = [index for index in range(len(self.sources)) if not self._is_lookup(index)]
-        self.last_model = models[-1] if models else None
+        self.models = [index for index in range(len(self.sources)) if not self._is_lookup(index)]  # cheapest first
         self.begin_rates()
 
     def begin_rates(self) -> None:
@@ -200,35 +185,56 @@ class CombinedDrafter(Drafter):
                 noise: NoiseStream | None) -> Draft:
         self.proposer = None
         self.started = time.perf_counter()
-        guess: tuple[int, Draft] | None = None  # a lookup's weak guess: taken where no model drafts this round
         committed = self.answer.committed = len(context) - self.prompt_length
-        for index, source in enumerate(self.sources):
-            if isinstance(source, LookupSource):
-                # A lookup costs nothing to ask: its proposal says which kind it is (a verbatim copy or a
-                # weaker guess), and that kind's own K how much of it to keep.
-                draft = source.propose(context, max_tokens, params, noise)
-                if len(draft) and source.proposal_is_verbatim():
-                    key = (index, "verbatim")
-                    k = self._length(key, max_tokens)
-                    if k:
-                        return self._chosen(index, key, draft.prefix(k), k, verbatim=True)
-                elif len(draft) and guess is None:
-                    guess = (index, draft)
-                continue
-            if self._waits(index, committed, guess) or self._outpaced(index, guess):
-                continue
+        verbatim, guess = self._ask_lookups(context, max_tokens, params, noise)
+        state = self._round_state(committed, verbatim is not None, guess)
+        decision = choose(state)
+        if decision.choice is Choice.VERBATIM:
+            index, draft, k = verbatim
+            return self._chosen(index, (index, "verbatim"), draft.prefix(k), k, verbatim=True)
+        while True:
+            for model in decision.passed_over:
+                self.passed[self.models[model]] += 1
+            if decision.choice is not Choice.MODEL:
+                break
+            index = self.models[decision.model]
             key = (index, "draft")
             k = self._length(key, max_tokens)
-            draft = source.propose(context, k, params, noise) if k else Draft.empty()
+            draft = self.sources[index].propose(context, k, params, noise) if k else Draft.empty()
             if len(draft):
                 return self._chosen(index, key, draft, k, verbatim=False)
-        if guess is not None:
+            decision = choose(state, after=decision.model)  # it proposed nothing: the models after it
+        if decision.fallback is Choice.GUESS:
             key = (guess[0], "guess")
             k = self._length(key, max_tokens)
             if k:
                 return self._chosen(guess[0], key, guess[1].prefix(k), k, verbatim=False)
         self.catch_up_seconds = 0.0
         return Draft.empty() if self.lengths is None else replace(Draft.empty(), asked=0)
+
+    def _ask_lookups(self, context: Sequence[int], max_tokens: int, params: SamplingParams,
+                     noise: NoiseStream | None) -> tuple[tuple[int, Draft, int] | None, tuple[int, Draft] | None]:
+        """(a lookup's verbatim copy with the K its kind drafts, if one copies; the first weaker guess): a
+        lookup costs nothing to ask, and its proposal says which kind it is."""
+        guess = None
+        for index, source in enumerate(self.sources):
+            if not isinstance(source, LookupSource):
+                continue
+            draft = source.propose(context, max_tokens, params, noise)
+            if len(draft) and source.proposal_is_verbatim():
+                k = self._length((index, "verbatim"), max_tokens)
+                if k:
+                    return (index, draft, k), guess
+            elif len(draft) and guess is None:
+                guess = (index, draft)
+        return None, guess
+
+    def _round_state(self, committed: int, verbatim: bool, guess: tuple[int, Draft] | None) -> RoundState:
+        models = tuple(ModelState(self._model_rate(index), self.start_seconds[index], self.proposals[index] > 0,
+                                  self.passed[index]) for index in self.models)
+        return RoundState(committed, self.answers.expected_remaining(self.answer),
+                          self.max_length - self.prompt_length - committed, verbatim, guess is not None,
+                          self._modelless_rate(guess), models, self.model_after_tokens)
 
     def _chosen(self, index: int, key: tuple[int, str], draft: Draft, k: int, verbatim: bool) -> Draft:
         """Source `index`'s draft (of its kind `key`, asked for `k` tokens) as this round's proposal."""
@@ -238,53 +244,14 @@ class CombinedDrafter(Drafter):
             self.start_seconds[index] = self.catch_up_seconds  # its first proposal: a prefill of its start
         return draft if self.lengths is None else replace(draft, source=key, asked=k)
 
-    def _waits(self, index: int, committed: int, guess: tuple[int, Draft] | None) -> bool:
-        """Whether model `index`, not started in this answer yet (`committed` tokens into it), waits another
-        round. Starting costs a prefill (its last start's, measured), which pays where its predicted saving a
-        token (measured on earlier answers) over this round's alternative (lookup's weak `guess` if it has one,
-        else a plain step) times the tokens still to come exceeds it. How many are to come is known from the
-        recent answers that ran longer than this one; past them, an answer is expected to run as long again
-        (the start then waits until the tokens decoded without the model have lost what it costs: ski rental,
-        with no cap on the wait: a cap started a marginal model, predicted on other answers, in answers too
-        short to pay it). Nothing predicted yet: `model_after_tokens`. Once started, the rates alone judge it
-        (`_outpaced`)."""
-        if self.proposals[index]:
-            return False
-        start, own, alternative = self.start_seconds[index], self._model_rate(index), self._modelless_rate(guess)
-        if start is None or own is None or alternative is None:
-            return committed < self.model_after_tokens  # nothing to predict by: wait, then try it (measuring it)
-        remaining = self.answers.expected_remaining(self.answer)
-        if remaining is None:
-            remaining = committed  # longer than the recent answers: expected to run as long again
-        remaining = min(remaining, self.max_length - self.prompt_length - committed)
-        if own <= alternative:  # predicted not to pay, but tried after the wait (the prediction may be stale) ...
-            return committed < self.model_after_tokens or remaining < self.model_after_tokens  # ... if it runs on
-        return remaining * (1.0 / alternative - 1.0 / own) < start
-
     def _length(self, key: tuple[int, str], max_tokens: int) -> int:
         """How many tokens source kind `key` drafts this round: its own K when K is auto, else max_tokens.
-        A model's K is at least 1: whether it drafts at all is the rates' call, which retry it every few
+        A model's K is at least 1: whether it drafts at all is the policy's call, which retries it every few
         rounds; a K of 0 was a second switch, which a first round or two of rejections left off for most of an
         answer (a longer K is probed only every 16 rounds)."""
         if self.lengths is None:
             return max_tokens
         return min(max_tokens, self.lengths.next_k_for(key, min_k=int(key[1] == "draft")))
-
-    def _outpaced(self, index: int, guess: tuple[int, Draft] | None) -> bool:
-        """Whether a later model (for the last model: this round's alternative without a model) is rated
-        higher than model `index`; then skip it, but not forever."""
-        last = index == self.last_model
-        own, modelless = self._model_rate(index), self._modelless_rate(guess) if last else None
-        if last and own is not None and modelless is None:
-            # the model always proposes, so a round without it is measured by skipping it now and then
-            self.passed[index] += 1
-            return self.passed[index] % RETRY_EVERY == 0
-        later = [self._model_rate(i) for i in range(index + 1, len(self.sources)) if not self._is_lookup(i)]
-        later = [rate for rate in [*later, modelless] if rate is not None]
-        if own is None or not later or own >= max(later):
-            return False
-        self.passed[index] += 1
-        return self.passed[index] % RETRY_EVERY != 0
 
     def _model_rate(self, index: int) -> float | None:
         """Model `index`'s tokens per second: predicted at its best K when K is auto, else measured."""
