@@ -6,6 +6,7 @@ remembered until a file changes, exact output whatever is picked, and `specdec p
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -14,14 +15,16 @@ from specdec.api.options import GeneratorOptions
 from specdec.cli import main
 from specdec.core.analysis import VerifyCost
 from specdec.core.rounds import Draft
-from specdec.core.stats import RoundStats
+from specdec.drafters import policy
+from specdec.drafters.base import Drafter
+from specdec.drafters.combined import CombinedDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.kernels import packed_kernel
 from specdec.models.sources import zoo
 from specdec.models.sources.loading import load_model
 from specdec.pairing import candidates as candidates_module
 from specdec.pairing import decision
-from specdec.pairing.calibration import Reference, _Round, predicted_speedup, replay
+from specdec.pairing.calibration import ReplayedRound, Reference, predicted_speedup, replay
 from specdec.pairing.candidates import candidates_for
 from specdec.pairing.decision import calibrate
 from tiny_models import make_hf_model, write_tiny_gguf
@@ -110,17 +113,16 @@ def test_an_unpulled_zoo_sibling_counts_by_the_fingerprint_its_entry_records(fol
     assert any(c.draft == entry.name for c in candidates_for(target, "cpu").chosen_from)
 
 
-def test_the_cost_model_of_known_rounds():
-    """One source always accepting all 4 drafts at no cost with a flat verify: 5 tokens a step. Half the output
-    from it and half from rounds without a draft: the harmonic mix, 1 / (0.5/5 + 0.5/1)."""
-    reference = Reference((), 1.0, VerifyCost(slope=0.0))
-    model = [_Round("model", RoundStats(4, 4, 4, 5, 0.0, 0.0, 0.0)) for _ in range(10)]
-    assert predicted_speedup(model, reference) == pytest.approx(5.0)
-    plain = [_Round("none", RoundStats(0, 0, 0, 1, 0.0, 0.0, 0.0)) for _ in range(50)]
-    assert predicted_speedup(model + plain, reference) == pytest.approx(1 / (0.5 / 5 + 0.5 / 1))
-    # drafts that are never accepted: the best K is 0, plain decoding's speed, never below it
-    wrong = [_Round("model", RoundStats(4, 4, 0, 1, 0.01, 0.0, 0.0)) for _ in range(10)]
-    assert predicted_speedup(wrong, reference) == pytest.approx(1.0)
+def test_the_prediction_of_known_rounds():
+    """A step of 10 ms. Rounds drafting 4 tokens in 2 ms, all accepted, verified in 12 ms: 5 tokens in 14 ms,
+    where plain decoding takes 50 ms. Half the output from plain steps (a token in 10 ms): 100 ms over 78."""
+    drafting = [ReplayedRound(4, 4, 5, 0.002, 0.0, 0.012) for _ in range(10)]
+    assert predicted_speedup(drafting, 0.010) == pytest.approx(50 / 14)
+    plain = [ReplayedRound(0, 0, 1, 0.0, 0.0, 0.010) for _ in range(50)]
+    assert predicted_speedup(drafting + plain, 0.010) == pytest.approx(1000 / 640)
+    # a model's start is the policy's call in each answer, not the pairing's: left out
+    started = [ReplayedRound(4, 4, 5, 0.002, 0.048, 0.012), *drafting[1:]]
+    assert predicted_speedup(started, 0.010) == pytest.approx(50 / 14)
 
 
 class Oracle(NgramDrafter):
@@ -140,9 +142,56 @@ def test_a_replay_accepts_exactly_what_agrees_with_the_targets_tokens():
     measured = replay(Oracle(list(prompt + continuation)), reference)
     assert measured.agreement == 1.0 and measured.accepted == len(continuation) - measured.rounds + 1
     assert measured.predicted_speedup > 4  # lookup K 8, a flat verify, drafts free
-    # a drafter whose every draft is wrong: nothing accepted, one token a round, plain speed
+    # a drafter whose every draft is wrong: nothing accepted, one token a round, plain speed less its drafting
     wrong = replay(Oracle(list(prompt) + [0] * 40), reference)
-    assert wrong.accepted == 0 and wrong.rounds == len(continuation) and wrong.predicted_speedup == 1.0
+    assert wrong.accepted == 0 and wrong.rounds == len(continuation)
+    assert 0.99 < wrong.predicted_speedup < 1.0
+
+
+class OracleModel(Drafter):
+    """A draft model (not a lookup) proposing the reference's own next tokens after a start of `start_seconds`."""
+
+    name = "oracle-model"
+
+    def __init__(self, truth, start_seconds=0.002):
+        self.truth, self.start_seconds, self.started = truth, start_seconds, False
+
+    def begin(self, prompt_ids, params, max_length):
+        self.started = False
+
+    def propose(self, context, max_tokens, params, noise):
+        self.catch_up_seconds = 0.0 if self.started else self.start_seconds
+        if not self.started:
+            time.sleep(self.start_seconds)
+            self.started = True
+        return Draft.chain(self.truth[len(context):len(context) + max_tokens])
+
+    def on_verified(self, context, draft, result):
+        pass
+
+    def fresh(self):
+        return OracleModel(self.truth, self.start_seconds)
+
+
+def test_the_replay_of_lookup_and_a_model_is_decided_by_the_speculation_policy(monkeypatch):
+    """Calibration predicts the drafter that runs: its replay's rounds are the combined drafter's own, chosen
+    by drafters/policy.py (a replay with rules of its own would predict another drafter)."""
+    import specdec.drafters.combined as combined_module
+
+    decisions = []
+
+    def recorded(state, after=-1):
+        decisions.append(policy.choose(state, after))
+        return decisions[-1]
+
+    monkeypatch.setattr(combined_module, "choose", recorded)
+    prompt, continuation = (1, 2, 3), tuple(range(10, 70))
+    reference = Reference(((prompt, continuation),), 0.010, VerifyCost(slope=0.05))
+    measured = replay(CombinedDrafter([NgramDrafter(), OracleModel(list(prompt + continuation))]), reference)
+    assert len(decisions) >= measured.rounds * 2  # both passes, every round that drafted
+    chosen = [decision.choice for decision in decisions]
+    assert policy.Choice.PLAIN in chosen[:policy.MODEL_AFTER_TOKENS]  # the first answer waits before its start
+    assert policy.Choice.MODEL in chosen and measured.agreement == 1.0 and measured.predicted_speedup > 2
 
 
 def test_the_decision_is_remembered_and_made_again_when_a_draft_changes(folder, monkeypatch):

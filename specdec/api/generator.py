@@ -22,10 +22,10 @@ from specdec.api.request import GenerationRequest, Prompt, RequestKeywords, chec
 from specdec.api.structured import GrammarConstraint, first_line
 from specdec.core.commit import StopCriteria
 from specdec.core.rounds import GenerationResult, StreamChunk
-from specdec.core.speculation_length import FixedK, KSetting, SourceLengths, SpeculationLength
+from specdec.core.speculation_length import FixedK, KSetting
 from specdec.core.verify import Acceptance
 from specdec.drafters import Drafter, make_drafter
-from specdec.engine import Generation, SpeculativeEngine, run_alone
+from specdec.engine import Generation, SpeculativeEngine, run_alone, speculation_for
 from specdec.errors import InvalidParameterError
 from specdec.models.sources.loading import LoadedModel, load_model
 from specdec.models.sources.zoo import DEFAULT_MODEL
@@ -36,17 +36,6 @@ logger = logging.getLogger("specdec")
 
 # Prompt tokens per prefill step when the caller follows the prefill's progress (`run(on_prefill=)`).
 PREFILL_CHUNK = 512
-
-
-def speculation_for(drafter: Drafter | None, k: KSetting) -> SpeculationLength:
-    """How many tokens `drafter` drafts a round for the setting `k`: chain drafters follow it."""
-    if drafter is None:
-        return FixedK(0)
-    # Tree drafters (EAGLE, Medusa) draft a node budget, which AdaptiveK's chain model does not describe.
-    if k.is_auto and drafter.tree_node_budget is not None:
-        return FixedK(drafter.tree_node_budget)
-    # A combined drafter's sources are accepted at rates far apart: each gets its own K.
-    return SourceLengths(k.max_k) if k.is_auto and drafter.drafts_per_source else k.new_length()
 
 
 def auto_drafter(target: LoadedModel, device: str, dtype: str) -> str:

@@ -21,7 +21,7 @@ from specdec.engine.batched import BatchedRound, run_alone, run_round_together
 from specdec.engine.generation import Generation
 from specdec.engine.round import Round, with_side_inputs
 from specdec.engine.round_steps import MAX_FORCED
-from specdec.engine.speculative_engine import SpeculativeEngine
+from specdec.engine.speculative_engine import SpeculativeEngine, speculation_for
 
 __all__ = ["BatchedRound", "Generation", "MAX_FORCED", "Round", "SpeculativeEngine", "run_alone", "run_round_together",
-           "with_side_inputs"]
+           "speculation_for", "with_side_inputs"]

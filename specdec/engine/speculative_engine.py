@@ -10,12 +10,23 @@ from specdec.core.commit import StopCriteria
 from specdec.core.constraint import Constraint
 from specdec.core.rounds import GenerationResult, StreamChunk
 from specdec.core.sampling import SamplingParams
-from specdec.core.speculation_length import FixedK, SourceLengths, SpeculationLength
+from specdec.core.speculation_length import FixedK, KSetting, SourceLengths, SpeculationLength
 from specdec.core.verify import Acceptance
 from specdec.drafters.base import Drafter
 from specdec.engine.batched import run_alone
 from specdec.engine.generation import Generation
 from specdec.models.base import CausalLM, positions_after
+
+
+def speculation_for(drafter: Drafter | None, k: KSetting) -> SpeculationLength:
+    """How many tokens `drafter` drafts a round for the setting `k`: chain drafters follow it."""
+    if drafter is None:
+        return FixedK(0)
+    # Tree drafters (EAGLE, Medusa) draft a node budget, which AdaptiveK's chain model does not describe.
+    if k.is_auto and drafter.tree_node_budget is not None:
+        return FixedK(drafter.tree_node_budget)
+    # A combined drafter's sources are accepted at rates far apart: each gets its own K.
+    return SourceLengths(k.max_k) if k.is_auto and drafter.drafts_per_source else k.new_length()
 
 
 class SpeculativeEngine:

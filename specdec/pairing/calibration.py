@@ -2,12 +2,16 @@
 
 The target decodes a small built-in mix of code and prose once (greedy, with lookup drafting: the same tokens
 as plain decoding), and one forward over 1, 2, 5 and 9 new tokens is timed: the target's decode step and the
-line v(K) of verifying K drafts (core/analysis.py). Each candidate then *replays* that decoding: its real
-drafter proposes after the target's own tokens, is told what a greedy verify would accept (the longest prefix
-equal to the target's tokens, then the target's next token), and its proposals are timed. Greedy acceptance
-depends only on the target's tokens, so the replay needs no target forward: a candidate costs its drafting
-only. The cost model turns the rounds into a predicted speedup: the target's tokens at one step each, over
-the rounds' draft seconds plus a verify of each round's length.
+line v(K) of verifying K drafts (core/analysis.py). Each candidate then *replays* that decoding as `--k auto`
+runs it: its real drafter, its real K-chooser and, for `ngram+draft:MODEL`, the real speculation policy
+(drafters/policy.py) decide each round; the drafter proposes after the target's own tokens, its proposals are
+timed (its catch-ups apart: a model's start is the policy's call in each answer), and it is told what a
+greedy verify would accept (the longest prefix equal to the target's tokens, then the target's next token).
+Greedy acceptance depends only on the target's tokens, so the replay needs no target forward: each verify is
+priced by the measured line. The predicted speedup is plain decoding's time over the replay's (drafting plus
+verifies): the prediction of the drafter that runs, not of another. The mix is replayed twice and the second
+pass is predicted: the first gives the drafter what the answers before a user's would (their lengths, a
+model's start cost and acceptance).
 """
 
 from __future__ import annotations
@@ -19,15 +23,14 @@ from typing import Sequence
 from specdec.models.forward_timing import forward_costs
 from jinja2 import TemplateError
 
-from specdec.core.analysis import VerifyCost, best_k, fit_verify_slope
+from specdec.core.analysis import VerifyCost, fit_verify_slope
 from specdec.core.commit import StopCriteria
 from specdec.core.rounds import Draft, VerifyResult
 from specdec.core.sampling import SamplingParams
-from specdec.core.speculation_length import KSetting
-from specdec.core.stats import RoundStats, acceptance_per_position
+from specdec.core.speculation_length import KSetting, SourceLengths, SpeculationLength
 from specdec.drafters import Drafter, make_drafter
-from specdec.drafters.combined import CombinedDrafter, LookupSource
-from specdec.engine import SpeculativeEngine, run_alone
+from specdec.drafters.combined import CombinedDrafter
+from specdec.engine import SpeculativeEngine, run_alone, speculation_for
 from specdec.models.sources.loading import LoadedModel
 
 # A code edit (the answer repeats its input: lookup's case) and prose (nothing to copy: a model draft's case).
@@ -37,7 +40,10 @@ PROMPTS = (
     "In one paragraph, explain to a new programmer why software teams write automated tests.",
 )
 REFERENCE_TOKENS = 40  # per prompt
-LOOKUP_K, MODEL_K = 8, 4  # draft lengths in the replay: a verbatim copy runs long, a model's guesses do not
+AUTO = KSetting.parse("auto")
+# Passes over the mix: the first stands for the answers before a user's (the drafter learns their lengths, a
+# model's start cost and acceptance, as a served drafter does); the last is the prediction.
+REPLAY_PASSES = 2
 FORWARD_SIZES = (1, 2, 5, 9)
 FORWARD_CONTEXT = 32
 GREEDY = SamplingParams(temperature=0.0)
@@ -96,78 +102,64 @@ def _encode(target: LoadedModel, prompt: str) -> list[int]:
 
 
 def replay(drafter: Drafter, reference: Reference) -> Replay:
-    """`drafter` (one source, or lookup before a model: CombinedDrafter) proposing along the reference."""
+    """`drafter` (one source, or lookup and a model: CombinedDrafter) decoding the reference as `--k auto`
+    runs it."""
     sources = list(drafter.sources) if isinstance(drafter, CombinedDrafter) else [drafter]
     _warm_up(sources, reference.sequences[0][0])
-    rounds: list[_Round] = []
-    for prompt, continuation in reference.sequences:
-        for source in sources:
-            source.begin(list(prompt), GREEDY, len(prompt) + len(continuation) + LOOKUP_K + 1)
-        rounds += _replay_sequence(sources, list(prompt), continuation)
-    drafted = sum(r.stats.drafted for r in rounds)
-    cost = sum(r.stats.draft_seconds for r in rounds) / drafted / reference.step_seconds if drafted else 0.0
-    return Replay(len(rounds), drafted, sum(r.stats.accepted for r in rounds), cost,
-                  predicted_speedup(rounds, reference))
+    speculation = speculation_for(drafter, AUTO)
+    if isinstance(speculation, SourceLengths):  # a combined drafter: each source its own K, as the engine sets
+        drafter.use_source_lengths(speculation)
+    for _ in range(REPLAY_PASSES):
+        rounds: list[ReplayedRound] = []
+        for prompt, continuation in reference.sequences:
+            drafter.begin(list(prompt), GREEDY, len(prompt) + len(continuation) + AUTO.max_k + 1)
+            rounds += _replay_sequence(drafter, speculation, reference, list(prompt), continuation)
+    drafted = sum(r.drafted for r in rounds)
+    cost = sum(r.draft_seconds for r in rounds) / drafted / reference.step_seconds if drafted else 0.0
+    return Replay(len(rounds), drafted, sum(r.accepted for r in rounds), cost,
+                  predicted_speedup(rounds, reference.step_seconds))
 
 
 @dataclass(frozen=True)
-class _Round:
-    source: str  # "lookup", "model" or "none" (nothing proposed)
-    stats: RoundStats  # draft seconds without catch-ups; committed: the target's tokens the round advanced
+class ReplayedRound:
+    drafted: int
+    accepted: int
+    committed: int  # the target's tokens the round advanced
+    draft_seconds: float  # asking the drafter, less its catch-ups
+    catch_up_seconds: float  # a model's start (its first proposal's prefill) or catch-up on what others committed
+    verify_seconds: float  # priced by the reference's verify line
 
 
-def predicted_speedup(rounds: Sequence[_Round], reference: Reference) -> float:
-    """The cost model per source (core/analysis.py): each source's acceptance per position and draft cost give
-    its best K and its tokens per unit of time, as `--k auto` would pick them; the sources' speedups combine
-    weighted by the share of the output each covered (rounds without a proposal: one token a step)."""
-    total = sum(r.stats.committed for r in rounds)
-    time_per_token = 0.0  # in target steps
-    for source in ("lookup", "model", "none"):
-        mine = [r.stats for r in rounds if r.source == source]
-        if not mine:
-            continue
-        share = sum(r.committed for r in mine) / total
-        drafted = sum(r.drafted for r in mine)
-        if source == "none" or not drafted:
-            time_per_token += share
-            continue
-        cost = sum(r.draft_seconds for r in mine) / drafted / reference.step_seconds
-        alphas = acceptance_per_position(mine) or [0.0]
-        _, speedup = best_k(alphas, cost, reference.verify, max(r.k for r in mine))
-        time_per_token += share / speedup
-    return 1.0 / time_per_token
+def predicted_speedup(rounds: Sequence[ReplayedRound], step_seconds: float) -> float:
+    """Plain decoding's time for the rounds' tokens (a step each) over the rounds' own: drafting plus verifies.
+    Catch-ups are left out: a model's start is paid once an answer, and the policy pays it only in answers
+    expected to repay it (its rule 2), so in the answers a pairing is for (long enough to matter) it is small;
+    counted here it would weigh as much as 40 tokens' drafting and drop a model that pays in longer ones."""
+    seconds = sum(r.draft_seconds + r.verify_seconds for r in rounds)
+    return sum(r.committed for r in rounds) * step_seconds / seconds if seconds else 1.0
 
 
-def _replay_sequence(sources: list[Drafter], context: list[int], continuation: Sequence[int]) -> list[_Round]:
+def _replay_sequence(drafter: Drafter, speculation: SpeculationLength, reference: Reference, context: list[int],
+                     continuation: Sequence[int]) -> list[ReplayedRound]:
+    """The rounds of one answer, each as the engine runs it (generation.py): K from `speculation`, the draft
+    judged, the drafter told, the round observed."""
     done, rounds = 0, []
     while done < len(continuation):
-        source, draft, seconds, catch_up = _propose(sources, context)
+        k = speculation.next_k()
+        started = time.perf_counter()
+        draft = drafter.propose(context, k, GREEDY, None) if k else Draft.empty()
+        seconds = time.perf_counter() - started
+        catch_up = drafter.catch_up_seconds if len(draft.tokens) else 0.0
         accepted = _accepted(draft.tokens, continuation[done:])
         committed = list(continuation[done:done + accepted + 1])
         context += committed
         done += len(committed)
-        if source is not None:
-            source.on_verified(context, draft, VerifyResult(len(draft.tokens), list(range(accepted)), committed))
-        k = 0 if source is None else (LOOKUP_K if isinstance(source, LookupSource) else MODEL_K)
-        kind = "none" if source is None else ("lookup" if isinstance(source, LookupSource) else "model")
-        rounds.append(_Round(kind, RoundStats(k, len(draft.tokens), accepted, len(committed), seconds - catch_up,
-                                              0.0, 0.0)))
+        verify = reference.step_seconds * reference.verify(len(draft.tokens))
+        if len(draft.tokens):
+            drafter.on_verified(context, draft, VerifyResult(len(draft.tokens), list(range(accepted)), committed))
+        speculation.observe(len(draft.tokens), accepted, seconds - catch_up, verify, draft.source)
+        rounds.append(ReplayedRound(len(draft.tokens), accepted, len(committed), seconds - catch_up, catch_up, verify))
     return rounds
-
-
-def _propose(sources: list[Drafter], context: list[int]) -> tuple[Drafter | None, Draft, float, float]:
-    """(the source that drafted, its draft, seconds spent asking, of which catching up): a lookup's
-    verbatim copy first, else the model after it (a lookup alone drafts whatever it finds)."""
-    seconds = 0.0
-    for source in sources:
-        lookup = isinstance(source, LookupSource)
-        started = time.perf_counter()
-        draft = source.propose(context, LOOKUP_K if lookup else MODEL_K, GREEDY, None)
-        seconds += time.perf_counter() - started
-        usable = len(draft.tokens) and (not lookup or len(sources) == 1 or source.proposal_is_verbatim())
-        if usable:
-            return source, draft, seconds, source.catch_up_seconds
-    return None, Draft.empty(), seconds, 0.0
 
 
 def _accepted(drafted: Sequence[int], truth: Sequence[int]) -> int:
@@ -180,5 +172,5 @@ def _accepted(drafted: Sequence[int], truth: Sequence[int]) -> int:
 def _warm_up(sources: list[Drafter], prompt: Sequence[int]) -> None:
     """One untimed proposal per source: first calls page weights in and build kernels' buffers."""
     for source in sources:
-        source.begin(list(prompt), GREEDY, len(prompt) + LOOKUP_K + 1)
+        source.begin(list(prompt), GREEDY, len(prompt) + AUTO.max_k + 1)
         source.propose(list(prompt), 2, GREEDY, None)

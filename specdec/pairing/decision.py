@@ -141,7 +141,11 @@ def _weigh(candidate: Candidate, target: LoadedModel, device: str, dtype: str, r
         if candidate.draft in zoo.REGISTRY and not zoo.is_pulled(candidate.draft):
             logger.warning(f"specdec: pulling {candidate.draft} to weigh it as a draft for {target.name} "
                            f"({zoo.REGISTRY[candidate.draft].size_bytes / 1e6:.0f} MB; --drafter ngram needs none)")
-        measured = replay(make_drafter(candidate.spec, target, device, dtype), reference)
+        drafter = make_drafter(candidate.spec, target, device, dtype)
+        # the target's step timed again just before the replay: the drafts it is weighed against then ran in
+        # the same seconds, under the same load (a compile beside a first run slows a small draft's tokens more)
+        beside = dataclasses.replace(reference, step_seconds=step_ms_now(target) / 1e3)
+        measured = replay(drafter, beside)
     except SpecdecError as error:  # offline, or a store's model that will not load: weighed as nothing
         return Weighed(candidate.spec, candidate.kind, candidate.draft, problem=str(error).splitlines()[0])
     return Weighed(candidate.spec, candidate.kind, candidate.draft, measured.predicted_speedup, measured.draft_cost,
