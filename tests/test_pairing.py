@@ -5,8 +5,10 @@ remembered until a file changes, exact output whatever is picked, and `specdec p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,7 @@ from specdec.models.sources import zoo
 from specdec.models.sources.loading import load_model
 from specdec.pairing import candidates as candidates_module
 from specdec.pairing import decision
+from specdec.core.stats import RoundStats
 from specdec.pairing.calibration import ReplayedRound, Reference, predicted_speedup, replay
 from specdec.pairing.candidates import candidates_for
 from specdec.pairing.decision import calibrate
@@ -113,16 +116,17 @@ def test_an_unpulled_zoo_sibling_counts_by_the_fingerprint_its_entry_records(fol
     assert any(c.draft == entry.name for c in candidates_for(target, "cpu").chosen_from)
 
 
-def test_the_prediction_of_known_rounds():
-    """A step of 10 ms. Rounds drafting 4 tokens in 2 ms, all accepted, verified in 12 ms: 5 tokens in 14 ms,
-    where plain decoding takes 50 ms. Half the output from plain steps (a token in 10 ms): 100 ms over 78."""
-    drafting = [ReplayedRound(4, 4, 5, 0.002, 0.0, 0.012) for _ in range(10)]
-    assert predicted_speedup(drafting, 0.010) == pytest.approx(50 / 14)
-    plain = [ReplayedRound(0, 0, 1, 0.0, 0.0, 0.010) for _ in range(50)]
-    assert predicted_speedup(drafting + plain, 0.010) == pytest.approx(1000 / 640)
-    # a model's start is the policy's call in each answer, not the pairing's: left out
-    started = [ReplayedRound(4, 4, 5, 0.002, 0.048, 0.012), *drafting[1:]]
-    assert predicted_speedup(started, 0.010) == pytest.approx(50 / 14)
+def test_the_cost_model_of_known_rounds():
+    """One source always accepting all 4 drafts at no cost with a flat verify: 5 tokens a step. Half the output
+    from it and half from rounds without a draft: the harmonic mix, 1 / (0.5/5 + 0.5/1)."""
+    reference = Reference((), 1.0, VerifyCost(slope=0.0))
+    model = [ReplayedRound("draft", RoundStats(4, 4, 4, 5, 0.0, 0.0, 0.0)) for _ in range(10)]
+    assert predicted_speedup(model, reference) == pytest.approx(5.0)
+    plain = [ReplayedRound("none", RoundStats(0, 0, 0, 1, 0.0, 0.0, 0.0)) for _ in range(50)]
+    assert predicted_speedup(model + plain, reference) == pytest.approx(1 / (0.5 / 5 + 0.5 / 1))
+    # drafts that are never accepted: the best K is 0, plain decoding's speed, never below it
+    wrong = [ReplayedRound("draft", RoundStats(4, 4, 0, 1, 0.01, 0.0, 0.0)) for _ in range(10)]
+    assert predicted_speedup(wrong, reference) == pytest.approx(1.0)
 
 
 class Oracle(NgramDrafter):
@@ -142,10 +146,9 @@ def test_a_replay_accepts_exactly_what_agrees_with_the_targets_tokens():
     measured = replay(Oracle(list(prompt + continuation)), reference)
     assert measured.agreement == 1.0 and measured.accepted == len(continuation) - measured.rounds + 1
     assert measured.predicted_speedup > 4  # lookup K 8, a flat verify, drafts free
-    # a drafter whose every draft is wrong: nothing accepted, one token a round, plain speed less its drafting
+    # a drafter whose every draft is wrong: nothing accepted, one token a round, plain speed
     wrong = replay(Oracle(list(prompt) + [0] * 40), reference)
-    assert wrong.accepted == 0 and wrong.rounds == len(continuation)
-    assert 0.99 < wrong.predicted_speedup < 1.0
+    assert wrong.accepted == 0 and wrong.rounds == len(continuation) and wrong.predicted_speedup == 1.0
 
 
 class OracleModel(Drafter):
@@ -286,3 +289,34 @@ def test_a_decision_calibrated_on_a_busier_machine_is_made_again_and_the_quieter
                                                                                step_ms=busy["step_ms"] * 2))
     kept = decision.decide(target, "cpu", "float32")
     assert kept.cached and kept.chosen == "ngram" and json.loads(record.read_text())["step_ms"] == busy["step_ms"]
+
+
+def test_runs_that_realize_well_below_the_prediction_make_the_next_start_calibrate_again(folder, monkeypatch,
+                                                                                         caplog, capsys):
+    """Issue 88: a decision is a prior. Each run with auto's drafter records what it realized beside the record;
+    a start that finds the recent runs' median well below the prediction calibrates again and says so, and the
+    runs of the old decision are forgotten. `specdec pair` shows the runs."""
+    from specdec.core.stats import RoundStats
+    from specdec.pairing import live
+
+    generator = SpeculativeGenerator.from_options(GeneratorOptions(str(folder / "target.gguf"), "auto"))
+    pairing = generator.pairing
+    record = Path(pairing.record)
+    assert pairing is not None and record.is_file()
+    generator.generate("a b c", max_new_tokens=24, temperature=0.0)  # a real run, recorded
+    runs = live.read_runs(record)
+    assert len(runs) == 1 and runs[0].drafter == pairing.chosen and runs[0].realized > 0
+    # runs that realized about half of plain decoding's speed (a step of 10 ms timed at the start)
+    slow = [RoundStats(0, 0, 0, 1, 0.0, 0.010, 0.0)] * 8 + [RoundStats(4, 4, 0, 1, 0.002, 0.020, 0.0)] * 16
+    for _ in range(4):
+        decision.record_run(dataclasses.replace(pairing, step_ms_now=10.0), slow)
+    assert live.median_realized(live.read_runs(record), pairing.chosen) == pytest.approx(24 * 0.010 / 0.432)
+    calls = []
+    real_calibrate = decision.calibrate
+    monkeypatch.setattr(decision, "calibrate", lambda *args: calls.append(args) or real_calibrate(*args))
+    with caplog.at_level("WARNING", logger="specdec"):
+        again = decision.decide(generator.target, "cpu", "float32")
+    assert len(calls) == 1 and not again.cached and "runs realized" in caplog.text
+    assert live.read_runs(record) == []  # the runs were of the old decision
+    assert main(["pair", str(folder / "target.gguf")]) == 0
+    assert "runs since the calibration: 0" in capsys.readouterr().out

@@ -29,7 +29,7 @@ from specdec.engine import Generation, SpeculativeEngine, run_alone, speculation
 from specdec.errors import InvalidParameterError
 from specdec.models.sources.loading import LoadedModel, load_model
 from specdec.models.sources.zoo import DEFAULT_MODEL
-from specdec.pairing.decision import decide
+from specdec.pairing.decision import Pairing, decide, record_run
 
 # Notices a library user may silence (logging's last resort prints them to stderr when nothing is configured).
 logger = logging.getLogger("specdec")
@@ -38,12 +38,17 @@ logger = logging.getLogger("specdec")
 PREFILL_CHUNK = 512
 
 
-def auto_drafter(target: LoadedModel, device: str, dtype: str) -> str:
-    """The drafter spec `drafter="auto"` means for this target on this machine: the candidates calibrated once
+def auto_pairing(target: LoadedModel, device: str, dtype: str) -> Pairing:
+    """What `drafter="auto"` means for this target on this machine: the candidates calibrated once
     (specdec.pairing) and the decision remembered; one line on the "specdec" logger says what and why."""
     pairing = decide(target, device, dtype)
     logger.warning(f"specdec: {pairing.line}")
-    return pairing.chosen
+    return pairing
+
+
+def auto_drafter(target: LoadedModel, device: str, dtype: str) -> str:
+    """The drafter spec `drafter="auto"` means (auto_pairing)."""
+    return auto_pairing(target, device, dtype).chosen
 
 
 class SpeculativeGenerator:
@@ -59,6 +64,7 @@ class SpeculativeGenerator:
         self.drafter = drafter
         self.acceptance = Acceptance.parse(acceptance)
         self.engine = SpeculativeEngine(target.model, drafter, speculation_for(drafter, KSetting.parse(k)), acceptance)
+        self.pairing: Pairing | None = None  # where `drafter` is `auto`'s choice: its runs revise the decision
 
     @classmethod
     def from_pretrained(
@@ -82,9 +88,12 @@ class SpeculativeGenerator:
         """Load what `options` (checked when they were built, before anything loads) name."""
         loaded = load_model(options.target, device=options.device, dtype=options.dtype, backend=options.backend,
                             weights=options.weights, cuda_graphs=options.cuda_graphs, kv_dtype=options.kv_dtype)
-        drafter = auto_drafter(loaded, options.device, options.dtype) if options.drafter.default else options.drafter
-        return cls(loaded, make_drafter(drafter, loaded, options.device, options.dtype), options.k,
-                   options.acceptance)
+        pairing = auto_pairing(loaded, options.device, options.dtype) if options.drafter.default else None
+        drafter = options.drafter if pairing is None else pairing.chosen
+        generator = cls(loaded, make_drafter(drafter, loaded, options.device, options.dtype), options.k,
+                        options.acceptance)
+        generator.pairing = pairing
+        return generator
 
     # -- requests ----------------------------------------------------------------------------
     def run(self, request: GenerationRequest, on_chunk=None, prompt_cache=None, on_prefill=None) -> GenerationResult:
@@ -103,6 +112,8 @@ class SpeculativeGenerator:
         for chunk in run_alone(generation):
             if on_chunk is not None:
                 on_chunk(chunk)
+        if self.pairing is not None and generation.engine is self.engine:  # auto's drafter, as it runs by default
+            record_run(self.pairing, generation.rounds)
         return generation.result()
 
     def start(self, request: GenerationRequest, interleaved: bool = False) -> Generation:

@@ -58,5 +58,9 @@ def run(pair: PairOptions) -> int:
               f"{weighed.predicted_speedup:>8.2f}x")
     for reason in pairing.left_out:
         print(f"  left out: {reason}")
+    if pairing.cached:
+        realized = (f", realized {pairing.realized:.2f}x (median, tokens at the step timed at each start over their "
+                    "rounds' time)") if pairing.realized else ""
+        print(f"runs since the calibration: {pairing.runs}{realized}, predicted {pairing.predicted:.2f}x")
     print(pairing.line)
     return 0

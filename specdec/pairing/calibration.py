@@ -2,35 +2,36 @@
 
 The target decodes a small built-in mix of code and prose once (greedy, with lookup drafting: the same tokens
 as plain decoding), and one forward over 1, 2, 5 and 9 new tokens is timed: the target's decode step and the
-line v(K) of verifying K drafts (core/analysis.py). Each candidate then *replays* that decoding as `--k auto`
-runs it: its real drafter, its real K-chooser and, for `ngram+draft:MODEL`, the real speculation policy
-(drafters/policy.py) decide each round; the drafter proposes after the target's own tokens, its proposals are
-timed (its catch-ups apart: a model's start is the policy's call in each answer), and it is told what a
-greedy verify would accept (the longest prefix equal to the target's tokens, then the target's next token).
-Greedy acceptance depends only on the target's tokens, so the replay needs no target forward: each verify is
-priced by the measured line. The predicted speedup is plain decoding's time over the replay's (drafting plus
-verifies): the prediction of the drafter that runs, not of another. The mix is replayed twice and the second
-pass is predicted: the first gives the drafter what the answers before a user's would (their lengths, a
-model's start cost and acceptance).
+line v(K) of verifying K drafts (core/analysis.py). Each candidate then *replays* that decoding: its real
+drafter proposes after the target's own tokens, and for `ngram+draft:MODEL` the real speculation policy
+(drafters/policy.py, fed by the per-source fits `--k auto` keeps) decides which source drafts each round, so
+the prediction is of the drafter that runs. Its proposals are timed (catch-ups apart: a model's start is the
+policy's call in each answer) and it is told what a greedy verify would accept (the longest prefix equal to
+the target's tokens, then the target's next token). Greedy acceptance depends only on the target's tokens, so
+the replay needs no target forward. The cost model turns each kind of source's rounds (acceptance per
+position, draft cost in target steps) into the speedup of its best K, and the kinds' speedups combine by the
+share of the output each covered. The mix is replayed twice and the second pass is predicted: the first gives
+the drafter what the answers before a user's would (their lengths, a model's start cost and acceptance).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Hashable, Sequence
 
 from specdec.models.forward_timing import forward_costs
 from jinja2 import TemplateError
 
-from specdec.core.analysis import VerifyCost, fit_verify_slope
+from specdec.core.analysis import VerifyCost, best_k, fit_verify_slope
 from specdec.core.commit import StopCriteria
 from specdec.core.rounds import Draft, VerifyResult
 from specdec.core.sampling import SamplingParams
-from specdec.core.speculation_length import KSetting, SourceLengths, SpeculationLength
+from specdec.core.speculation_length import FixedK, KSetting, SourceLengths, SpeculationLength
+from specdec.core.stats import RoundStats, acceptance_per_position
 from specdec.drafters import Drafter, make_drafter
-from specdec.drafters.combined import CombinedDrafter
-from specdec.engine import SpeculativeEngine, run_alone, speculation_for
+from specdec.drafters.combined import CombinedDrafter, LookupSource
+from specdec.engine import SpeculativeEngine, run_alone
 from specdec.models.sources.loading import LoadedModel
 
 # A code edit (the answer repeats its input: lookup's case) and prose (nothing to copy: a model draft's case).
@@ -41,6 +42,10 @@ PROMPTS = (
 )
 REFERENCE_TOKENS = 40  # per prompt
 AUTO = KSetting.parse("auto")
+# Draft lengths the replay asks of each kind of source: long enough to measure acceptance at each position a
+# best K may reach (a lookup's copy runs long, a model's guesses do not). AdaptiveK converges to its K over more
+# rounds than a calibration's 80 tokens hold, so the replay measures and the cost model takes the best K.
+MEASURED_K = {"verbatim": 8, "guess": 8, "draft": 4}
 # Passes over the mix: the first stands for the answers before a user's (the drafter learns their lengths, a
 # model's start cost and acceptance, as a served drafter does); the last is the prediction.
 REPLAY_PASSES = 2
@@ -102,64 +107,95 @@ def _encode(target: LoadedModel, prompt: str) -> list[int]:
 
 
 def replay(drafter: Drafter, reference: Reference) -> Replay:
-    """`drafter` (one source, or lookup and a model: CombinedDrafter) decoding the reference as `--k auto`
-    runs it."""
+    """`drafter` (one source, or lookup and a model: CombinedDrafter) decoding the reference, each round's
+    source chosen as the drafter that runs chooses it."""
     sources = list(drafter.sources) if isinstance(drafter, CombinedDrafter) else [drafter]
     _warm_up(sources, reference.sequences[0][0])
-    speculation = speculation_for(drafter, AUTO)
-    if isinstance(speculation, SourceLengths):  # a combined drafter: each source its own K, as the engine sets
+    if isinstance(drafter, CombinedDrafter):
+        speculation: SpeculationLength = MeasuringLengths(AUTO.max_k)
         drafter.use_source_lengths(speculation)
+    else:
+        speculation = FixedK(MEASURED_K["guess" if isinstance(drafter, LookupSource) else "draft"])
     for _ in range(REPLAY_PASSES):
         rounds: list[ReplayedRound] = []
         for prompt, continuation in reference.sequences:
             drafter.begin(list(prompt), GREEDY, len(prompt) + len(continuation) + AUTO.max_k + 1)
             rounds += _replay_sequence(drafter, speculation, reference, list(prompt), continuation)
-    drafted = sum(r.drafted for r in rounds)
-    cost = sum(r.draft_seconds for r in rounds) / drafted / reference.step_seconds if drafted else 0.0
-    return Replay(len(rounds), drafted, sum(r.accepted for r in rounds), cost,
-                  predicted_speedup(rounds, reference.step_seconds))
+    drafted = sum(r.stats.drafted for r in rounds)
+    cost = sum(r.stats.draft_seconds for r in rounds) / drafted / reference.step_seconds if drafted else 0.0
+    return Replay(len(rounds), drafted, sum(r.stats.accepted for r in rounds), cost,
+                  predicted_speedup(rounds, reference))
+
+
+class MeasuringLengths(SourceLengths):
+    """The per-source K-chooser of `--k auto` (its fits decide which source drafts, through the policy), asked
+    for each kind's MEASURED_K instead of its own K: acceptance is then measured at every position a best K may
+    reach, and the prediction takes each source's best K from it."""
+
+    def next_k_for(self, source: Hashable, min_k: int = 0) -> int:
+        super().next_k_for(source, min_k)  # its history, as the engine's rounds keep it
+        return MEASURED_K[source[1]]
 
 
 @dataclass(frozen=True)
 class ReplayedRound:
-    drafted: int
-    accepted: int
-    committed: int  # the target's tokens the round advanced
-    draft_seconds: float  # asking the drafter, less its catch-ups
-    catch_up_seconds: float  # a model's start (its first proposal's prefill) or catch-up on what others committed
-    verify_seconds: float  # priced by the reference's verify line
+    source: str  # the kind of source that drafted ("verbatim", "guess", "draft"; "none": nothing proposed)
+    stats: RoundStats  # draft seconds less catch-ups; committed: the target's tokens the round advanced
 
 
-def predicted_speedup(rounds: Sequence[ReplayedRound], step_seconds: float) -> float:
-    """Plain decoding's time for the rounds' tokens (a step each) over the rounds' own: drafting plus verifies.
+def predicted_speedup(rounds: Sequence[ReplayedRound], reference: Reference) -> float:
+    """The cost model per source (core/analysis.py): each kind of source's acceptance per position and draft
+    cost give its best K and its tokens per unit of time, as `--k auto` converges to them; the sources' speedups
+    combine weighted by the share of the output each covered (rounds without a proposal: one token a step).
     Catch-ups are left out: a model's start is paid once an answer, and the policy pays it only in answers
-    expected to repay it (its rule 2), so in the answers a pairing is for (long enough to matter) it is small;
-    counted here it would weigh as much as 40 tokens' drafting and drop a model that pays in longer ones."""
-    seconds = sum(r.draft_seconds + r.verify_seconds for r in rounds)
-    return sum(r.committed for r in rounds) * step_seconds / seconds if seconds else 1.0
+    expected to repay it (its rule 2)."""
+    total = sum(r.stats.committed for r in rounds)
+    time_per_token = 0.0  # in target steps
+    for source in dict.fromkeys(r.source for r in rounds):
+        mine = [r.stats for r in rounds if r.source == source]
+        share = sum(r.committed for r in mine) / total
+        drafted = sum(r.drafted for r in mine)
+        if source == "none" or not drafted:
+            time_per_token += share
+            continue
+        cost = sum(r.draft_seconds for r in mine) / drafted / reference.step_seconds
+        alphas = acceptance_per_position(mine) or [0.0]
+        _, speedup = best_k(alphas, cost, reference.verify, max(r.k for r in mine))
+        time_per_token += share / speedup
+    return 1.0 / time_per_token
 
 
 def _replay_sequence(drafter: Drafter, speculation: SpeculationLength, reference: Reference, context: list[int],
                      continuation: Sequence[int]) -> list[ReplayedRound]:
-    """The rounds of one answer, each as the engine runs it (generation.py): K from `speculation`, the draft
-    judged, the drafter told, the round observed."""
+    """The rounds of one answer, each as the engine runs it (generation.py): the drafter proposes, the draft is
+    judged, the drafter told, the round observed (verifies priced by the reference's line)."""
     done, rounds = 0, []
     while done < len(continuation):
         k = speculation.next_k()
         started = time.perf_counter()
-        draft = drafter.propose(context, k, GREEDY, None) if k else Draft.empty()
+        draft = drafter.propose(context, k, GREEDY, None)
         seconds = time.perf_counter() - started
         catch_up = drafter.catch_up_seconds if len(draft.tokens) else 0.0
         accepted = _accepted(draft.tokens, continuation[done:])
         committed = list(continuation[done:done + accepted + 1])
         context += committed
         done += len(committed)
-        verify = reference.step_seconds * reference.verify(len(draft.tokens))
         if len(draft.tokens):
             drafter.on_verified(context, draft, VerifyResult(len(draft.tokens), list(range(accepted)), committed))
+        verify = reference.step_seconds * reference.verify(len(draft.tokens))
         speculation.observe(len(draft.tokens), accepted, seconds - catch_up, verify, draft.source)
-        rounds.append(ReplayedRound(len(draft.tokens), accepted, len(committed), seconds - catch_up, catch_up, verify))
+        kind = _kind(drafter, draft)
+        rounds.append(ReplayedRound(kind, RoundStats(len(draft.tokens), len(draft.tokens), accepted, len(committed),
+                                                     seconds - catch_up, verify, 0.0)))
     return rounds
+
+
+def _kind(drafter: Drafter, draft: Draft) -> str:
+    if not len(draft.tokens):
+        return "none"
+    if draft.source is not None:
+        return draft.source[1]  # a combined drafter's (source index, kind)
+    return "guess" if isinstance(drafter, LookupSource) else "draft"
 
 
 def _accepted(drafted: Sequence[int], truth: Sequence[int]) -> int:

@@ -6,7 +6,9 @@ A decision is only as good as the minutes it was measured in: a calibration run 
 (a user's first run often is: a compile beside it) sees the target's step slowed and a draft model's tokens
 slowed more, and drops the model. So each later run times a few target steps first (a fraction of a second)
 and, where the remembered calibration's step was much slower than the machine's now, calibrates again and
-says so; of two calibrations the one made on the quieter machine is kept.
+says so; of two calibrations the one made on the quieter machine is kept. And each run with the decision's
+drafter records what it realized (live.py): a start that finds the recent runs' median well below the
+prediction calibrates again too, and says so.
 
     pairing = decide(target, "cpu", "float32")
     print(pairing.line)  # draft qwen2.5-coder-0.5b-instruct (same tokenizer, 0.28 of a step, agreement 0.71): ...
@@ -36,6 +38,7 @@ from specdec.models.sources.gguf_source import gguf_source
 from specdec.models.sources.loading import LoadedModel
 from specdec.models.forward_timing import forward_costs
 from specdec.pairing.calibration import FORWARD_CONTEXT, Reference, measure_reference, replay
+from specdec.pairing import live
 from specdec.pairing.candidates import LOOKUP, Candidate, Candidates, candidates_for, target_file
 from specdec.paths import specdec_home
 
@@ -74,6 +77,19 @@ class Pairing:
     calibration_seconds: float
     cached: bool = False
     step_ms_now: float = 0.0  # a remembered decision: the target's step when it was checked (0: not checked)
+    record: str = ""  # where it is remembered (its live runs are kept beside it)
+    realized: float = 0.0  # the median speedup its recent runs realized (0: too few runs yet)
+    runs: int = 0  # runs recorded since it was calibrated
+
+    @property
+    def predicted(self) -> float:
+        """The chosen drafter's predicted speedup."""
+        return next(w.predicted_speedup for w in self.weighed if w.spec == self.chosen)
+
+    @property
+    def step_seconds_now(self) -> float:
+        """The target's step as last timed (at this start where it was checked)."""
+        return (self.step_ms_now or self.step_ms) / 1e3
 
     @property
     def line(self) -> str:
@@ -95,27 +111,57 @@ class Pairing:
 
 def decide(target: LoadedModel, device: str, dtype: str, recalibrate: bool = False) -> Pairing:
     """The pairing for `target` on this machine: remembered (unless it was calibrated on a busier machine
-    than this one is now), or calibrated now and remembered."""
+    than this one is now, or its recent runs realized well below its prediction), or calibrated now and
+    remembered."""
     candidates = candidates_for(target, device)
     record = _record_path(target, device, dtype, candidates)
-    remembered = None
+    remembered, busier = None, False
     if record.exists():
         try:
             remembered = _read(record)
         except (OSError, ValueError, KeyError, TypeError):
             pass  # an unreadable record is decided again
     if remembered is not None and not recalibrate:
+        remembered = _with_runs(remembered, record)
         now_ms = step_ms_now(target)
-        if remembered.step_ms <= max(BUSIER_THAN_NOW * now_ms, now_ms + BUSIER_BY_MS):
-            return dataclasses.replace(remembered, cached=True, step_ms_now=now_ms)
-        logger.warning(f"specdec: the remembered pairing was calibrated with this machine busier than now (a target "
-                       f"step took {remembered.step_ms:.1f} ms, now {now_ms:.1f} ms): calibrating again")
-    pairing = calibrate(target, device, dtype, candidates)
-    if remembered is not None and not recalibrate and remembered.step_ms < pairing.step_ms:
+        checked = dataclasses.replace(remembered, cached=True, step_ms_now=now_ms)
+        busier = remembered.step_ms > max(BUSIER_THAN_NOW * now_ms, now_ms + BUSIER_BY_MS)
+        if not busier and not live.falls_short(remembered.predicted, remembered.realized or None):
+            return checked
+        if busier:
+            logger.warning(f"specdec: the remembered pairing was calibrated with this machine busier than now (a "
+                           f"target step took {remembered.step_ms:.1f} ms, now {now_ms:.1f} ms): calibrating again")
+        else:
+            logger.warning(f"specdec: the remembered pairing's last {remembered.runs} runs realized "
+                           f"{remembered.realized:.2f}x against its predicted {remembered.predicted:.2f}x: "
+                           "calibrating again")
+    pairing = dataclasses.replace(calibrate(target, device, dtype, candidates), record=str(record))
+    if remembered is not None and not recalibrate and remembered.step_ms < pairing.step_ms and busier:
         # the new one ran busier still: keep the quieter one
         return dataclasses.replace(remembered, cached=True, step_ms_now=pairing.step_ms)
     _write(record, pairing)
+    live.forget_runs(record)
     return pairing
+
+
+def _with_runs(remembered: Pairing, record: Path) -> Pairing:
+    """The remembered pairing with where it lives and what its runs realized since."""
+    runs = live.read_runs(record)
+    realized = live.median_realized(runs[-live.RUNS_KEPT:], remembered.chosen)
+    return dataclasses.replace(remembered, record=str(record), realized=realized or 0.0,
+                               runs=sum(run.drafter == remembered.chosen for run in runs))
+
+
+def record_run(pairing: Pairing, rounds) -> None:
+    """A generation with the pairing's drafter finished (its rounds' RoundStats): what it realized, kept beside
+    the record (nothing for a run too short to judge, or a pairing not remembered on disk)."""
+    realized = live.realized_speedup(rounds, pairing.step_seconds_now)
+    if realized is None or not pairing.record:
+        return
+    try:
+        live.add_run(Path(pairing.record), live.LiveRun(pairing.chosen, sum(r.committed for r in rounds), realized))
+    except OSError:
+        pass  # a read-only home: the runs are evidence, not needed to generate
 
 
 def step_ms_now(target: LoadedModel) -> float:
