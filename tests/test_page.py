@@ -200,6 +200,10 @@ def test_with_an_api_key_the_page_asks_for_it_and_the_api_refuses_without_it(bro
         errors: list[str] = []
         page = open_page(browser, guarded, errors)
         page.wait_for_selector("#key-needed:not([hidden])")
+        assert "needs an API key" in page.text_content("#key-status")
+        page.fill("#key-entry", "wrong")
+        page.press("#key-entry", "Enter")
+        page.wait_for_function("document.getElementById('key-status').textContent.startsWith('wrong key')")
         page.fill("#key-entry", "s3cret")
         page.click("#use-key")
         page.wait_for_function("document.getElementById('model').textContent === 'tiny'")
@@ -214,6 +218,114 @@ def test_with_an_api_key_the_page_asks_for_it_and_the_api_refuses_without_it(bro
         page.close()
     finally:
         guarded.stop()
+
+
+# An answer as the page keeps it: its tokens spell Markdown (bold, a list, a fenced code block), each with its origin.
+MARKDOWN_TOKENS = [("Use ", "target"), ("**", "drafted"), ("bold", "drafted"), ("** ", "bonus"), ("text:\n\n", "target"),
+                   ("- one", "drafted"), ("\n- two\n\n", "recovered"), ("```python\n", "drafted"), ("x = ", "drafted"),
+                   ("1\n", "bonus"), ("```", "target")]
+
+
+def stored_conversation(tokens) -> list[dict]:
+    text = "".join(text for text, _ in tokens)
+    rounds = [{"source": "ngram", "k": 4, "drafted": 2, "accepted": 1, "draftMs": 0.1, "verifyMs": 2.0}]
+    answer = {"role": "assistant", "content": text, "tokens": [{"text": t, "origin": o, "round": 0} for t, o in tokens],
+              "rounds": rounds, "seed": 1, "stats": None}
+    return [{"id": "md", "title": "markdown", "messages": [{"role": "user", "content": "show me"}, answer]}]
+
+
+def test_the_speculation_view_colours_rendered_markdown_and_code_copies(browser, server):
+    """Issue 91: the speculation view showed raw monospaced tokens (code fences as backticks): colours or
+    Markdown, never both. Now the Markdown is rendered and each text run keeps its tokens' colours, in and out
+    of code blocks; a click on a token says its round; a code block's Copy button copies its code."""
+    context = browser.new_context(permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(f"http://127.0.0.1:{server.port}/")
+    page.evaluate(f"localStorage.setItem('specdec.conversations', {json.dumps(json.dumps(stored_conversation(MARKDOWN_TOKENS)))})")
+    page.reload()
+    page.wait_for_selector(".message.assistant .markdown")
+    assert page.eval_on_selector_all(".markdown strong .tok", "spans => spans.map(s => s.dataset.origin)") == ["drafted"]
+    assert page.eval_on_selector_all(".markdown li", "items => items.map(i => i.textContent)") == ["one", "two"]
+    code_origins = page.eval_on_selector_all(".markdown pre code .tok", "spans => spans.map(s => s.dataset.origin)")
+    assert code_origins == ["drafted", "bonus"] and "```" not in page.text_content(".markdown")
+    text = "".join(t for t, _ in MARKDOWN_TOKENS)
+    shown = page.eval_on_selector_all(".markdown .tok", "spans => spans.map(s => s.textContent).join('')")
+    assert all(word in shown for word in ("Use", "bold", "one", "two", "x = 1")) and len(shown) < len(text)
+    page.click(".markdown strong .tok")
+    assert "round 1: drafted (ngram)" in page.text_content(".token-detail")
+    page.click(".markdown pre .copy")
+    page.wait_for_function("document.querySelector('.markdown pre .copy').textContent === 'Copied'")
+    assert page.evaluate("navigator.clipboard.readText()") == "x = 1\n"
+    page.uncheck("#show-speculation")  # the plain rendering: the same Markdown, no colours
+    assert page.query_selector(".markdown .tok") is None and page.query_selector(".markdown strong") is not None
+    page.check("#show-speculation")
+    assert not errors, errors
+    context.close()
+
+
+def test_regenerate_edit_delete_and_a_conversation_exported_and_imported(browser, server, tmp_path):
+    """Issue 91's chat basics on a user's path: regenerate the last answer (a new one streams), delete it, edit
+    the question (its text back in the box, what followed it gone), export the conversations and import them
+    into an empty browser."""
+    errors: list[str] = []
+    page = open_page(browser, server, errors)
+    page.wait_for_function("document.getElementById('model').value === 'tiny'")
+    set_limits(page, 8)
+    send(page, PROMPT)
+    page.wait_for_selector('.message.assistant[data-state="done"]', timeout=60_000)
+    first_seed = stored_answer(page)["seed"]
+    page.click(".message.assistant .regenerate")
+    page.wait_for_function(f"""() => {{
+        const messages = JSON.parse(localStorage.getItem('specdec.conversations'))[0].messages;
+        return messages.length === 2 && !messages[1].pending && messages[1].seed !== {first_seed};
+    }}""", timeout=60_000)
+    assert len(stored_answer(page)["tokens"]) == 8
+    with page.expect_download() as download:
+        page.click("#export")
+    exported = tmp_path / "conversations.json"
+    download.value.save_as(exported)
+    page.click(".message.assistant .delete")
+    assert page.query_selector(".message.assistant") is None
+    page.click(".message.user .edit")
+    assert page.input_value("#prompt") == PROMPT and page.query_selector(".message.user") is None
+    fresh = browser.new_context().new_page()
+    fresh.goto(f"http://127.0.0.1:{server.port}/")
+    fresh.set_input_files("#import", str(exported))
+    fresh.wait_for_selector(".message.assistant .markdown")
+    assert fresh.text_content("#conversations li span") == PROMPT and not errors
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"not": "conversations"}')
+    fresh.set_input_files("#import", str(bad))
+    fresh.wait_for_function("document.getElementById('error').textContent.startsWith('import:')")
+    fresh.context.close()
+    page.close()
+
+
+def test_a_failed_answer_is_marked_and_never_sent_back_as_a_turn(browser, server):
+    """Issue 91: a failed send left an empty assistant bubble that was sent back as an empty turn."""
+    page = open_page(browser, server, [])
+    page.wait_for_function("document.getElementById('model').value === 'tiny'")
+    page.click("#open-settings")
+    page.fill("#top-p", "5")  # the server refuses it: a 400
+    page.fill("#max-tokens", "8")
+    page.click("#save-settings")
+    send(page, PROMPT)
+    page.wait_for_selector(".message.assistant .stats .ended")
+    assert page.text_content(".message.assistant .stats .ended").startswith("failed:")
+    assert "top_p" in page.text_content("#error")
+    page.click("#open-settings")
+    page.fill("#top-p", "")
+    page.click("#save-settings")
+    request = page.evaluate("requestFor(current, current.messages.length)")
+    assert [m["role"] for m in request["messages"]] == ["user"] and "top_p" not in request
+    send(page, "and again")
+    page.wait_for_function("document.querySelectorAll('.message.assistant[data-state=\"done\"]').length === 2",
+                           timeout=60_000)
+    answer = stored_answer(page)
+    assert [m["role"] for m in answer["request"]["messages"]] == ["user", "user"] and len(answer["tokens"]) == 8
+    page.close()
 
 
 def test_the_pages_files_weigh_at_most_300_kb():

@@ -6,15 +6,14 @@
 
 const STORE = "specdec.conversations";
 const SETTINGS = "specdec.settings";
-const LOOKUP_SOURCES = ["ngram", "retrieval", "lookup", "suffix", "lookahead"];
 const $ = id => document.getElementById(id);
 
 let conversations = JSON.parse(localStorage.getItem(STORE) || "[]");
 // an answer still streaming when the page was closed ended then
 conversations.forEach(c => c.messages.forEach(m => { if (m.pending) { m.pending = false; m.stopped = true; } }));
 let current = conversations[0] || null;
-let settings = {systemPrompt: "", temperature: 0, maxTokens: 512, apiKey: "",
-                ...JSON.parse(localStorage.getItem(SETTINGS) || "{}")};
+let settings = {systemPrompt: "", temperature: 0, maxTokens: 512, topP: "", topK: "", seed: "", stop: "", apiKey: "",
+                model: "", rawTokens: false, ...JSON.parse(localStorage.getItem(SETTINGS) || "{}")};
 let running = null;  // the AbortController of the answer being streamed
 
 function save() {
@@ -36,19 +35,24 @@ function headers() {
 
 async function getJSON(path) {
   const response = await fetch(path, {headers: headers()});
-  if (response.status === 401) {
-    $("key-needed").hidden = false;
-    throw new Error("the server needs an API key");
-  }
+  if (response.status === 401) throw keyRefused();
   if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
   return response.json();
+}
+
+// A 401: the key box, saying whether a key is missing or the one given is wrong.
+function keyRefused() {
+  $("key-needed").hidden = false;
+  const message = settings.apiKey ? "wrong key: the server refused the API key given" : "the server needs an API key";
+  $("key-status").textContent = message;
+  return new Error(message);
 }
 
 // POST a streamed chat request; onChunk(chunk) for each server-sent event's JSON.
 async function streamChat(body, onChunk, signal) {
   const response = await fetch("/v1/chat/completions", {method: "POST", headers: headers(), signal,
                                                           body: JSON.stringify({...body, stream: true})});
-  if (response.status === 401) $("key-needed").hidden = false;
+  if (response.status === 401) throw keyRefused();
   if (!response.ok) {
     const error = await response.json().catch(() => ({}));
     throw new Error(error.error ? error.error.message : `HTTP ${response.status}`);
@@ -72,11 +76,19 @@ async function streamChat(body, onChunk, signal) {
   }
 }
 
+// The request for the conversation's messages before `upTo`: a failed or empty answer is not a turn.
 function requestFor(conversation, upTo) {
-  const messages = conversation.messages.slice(0, upTo).map(m => ({role: m.role, content: m.content}));
+  const messages = conversation.messages.slice(0, upTo)
+    .filter(m => m.role === "user" || (m.content && !m.failed)).map(m => ({role: m.role, content: m.content}));
   if (settings.systemPrompt) messages.unshift({role: "system", content: settings.systemPrompt});
-  return {messages, temperature: Number(settings.temperature), max_tokens: Number(settings.maxTokens),
-          stream_options: {include_usage: true, include_speculation: true}};
+  const request = {messages, temperature: Number(settings.temperature), max_tokens: Number(settings.maxTokens),
+                   stream_options: {include_usage: true, include_speculation: true}};
+  if (settings.model) request.model = settings.model;
+  if (settings.topP !== "") request.top_p = Number(settings.topP);
+  if (settings.topK !== "") request.top_k = Number(settings.topK);
+  const stop = settings.stop.split("\n").filter(Boolean);
+  if (stop.length) request.stop = stop;
+  return request;
 }
 
 // -- answering ----------------------------------------------------------------------------------------
@@ -84,13 +96,18 @@ async function ask(text) {
   if (!current) newConversation();
   current.messages.push({role: "user", content: text});
   if (current.title === "New conversation") current.title = text.slice(0, 40);
-  const answer = {role: "assistant", content: "", tokens: [], rounds: [], seed: Math.floor(Math.random() * 2 ** 31),
-                  pending: true};
-  current.messages.push(answer);
+  await answerLast(current);
+}
+
+// A new answer to the conversation's last message (a new turn, or a regenerated answer).
+async function answerLast(conversation) {
+  const seed = settings.seed !== "" ? Number(settings.seed) : Math.floor(Math.random() * 2 ** 31);
+  const answer = {role: "assistant", content: "", tokens: [], rounds: [], seed, pending: true};
+  conversation.messages.push(answer);
   save();
   renderConversations();
   renderMessages();
-  await streamAnswer(current, answer, current.messages.length - 1);
+  await streamAnswer(conversation, answer, conversation.messages.length - 1);
 }
 
 async function streamAnswer(conversation, answer, index) {
@@ -207,7 +224,10 @@ function renderMessages() {
     if (message.role === "user") {
       const element = document.createElement("div");
       element.className = "message user";
-      element.textContent = message.content;
+      element.dataset.index = index;
+      const text = document.createElement("div");
+      text.textContent = message.content;
+      element.append(text, userActions(message, index));
       $("messages").append(element);
     } else {
       renderAnswer(message, index, false);
@@ -231,41 +251,44 @@ function renderAnswer(answer, index, streaming) {
   streaming = streaming || Boolean(answer.pending);
   element.dataset.state = streaming ? "streaming" : (answer.stopped ? "stopped" : "done");
   if (answer.firstTokenMs !== undefined) element.dataset.firstTokenMs = answer.firstTokenMs.toFixed(1);
+  const messages = $("messages");
+  const following = messages.scrollHeight - messages.scrollTop - messages.clientHeight < 40;  // the user is at the bottom
   const body = document.createElement("div");
   body.className = "body";
-  if ($("show-speculation").checked) body.append(tokenView(answer));
-  else if (streaming) body.textContent = answer.content;
-  else body.append(markdownView(answer.content));
-  element.replaceChildren(body, statsView(answer), ...(streaming ? [] : [actionsView(answer, index)]));
+  const coloured = $("show-speculation").checked && answer.tokens.length;
+  if (coloured && settings.rawTokens) body.append(specdecRender.rawTokens(answer));
+  else if (coloured) body.append(specdecRender.colouredMarkdown(answer));
+  else body.append(specdecRender.markdown(answer.content));
+  body.onclick = event => showTokenDetail(answer, element, event.target);
+  const parts = [...(answer.reasoning ? [reasoningView(answer.reasoning)] : []), body, statsView(answer)];
+  element.replaceChildren(...parts, ...(streaming ? [] : [actionsView(answer, index)]));
   if (!streaming && $("show-speculation").checked && answer.fit) element.append(chartsView(answer));
-  $("messages").scrollTop = $("messages").scrollHeight;
+  if (following) messages.scrollTop = messages.scrollHeight;
 }
 
-function tokenView(answer) {
-  const view = document.createElement("div");
-  view.className = "tokens";
-  for (const token of answer.tokens) {
-    const span = document.createElement("span");
-    const round = answer.rounds[token.round];
-    span.className = "tok";
-    span.dataset.origin = token.origin;
-    if (token.origin === "drafted" && round.source) {
-      span.dataset.source = round.source;
-      span.dataset.kind = LOOKUP_SOURCES.some(name => round.source.startsWith(name)) ? "lookup" : "model";
-    }
-    span.title = `round ${token.round + 1}: ${token.origin}${round.source ? ` (${round.source})` : ""}; K ${round.k}, ` +
-                 `drafted ${round.drafted}, accepted ${round.accepted}; draft ${round.draftMs.toFixed(1)} ms, ` +
-                 `verify ${round.verifyMs.toFixed(1)} ms`;
-    span.textContent = token.text;
-    view.append(span);
+// A token's round, on click or tap (hover shows it too): touch screens and keyboards have no hover.
+function showTokenDetail(answer, element, target) {
+  const span = target.closest ? target.closest(".tok[data-token]") : null;
+  if (!span) return;
+  let detail = element.querySelector(".token-detail");
+  if (!detail) {
+    detail = document.createElement("div");
+    detail.className = "token-detail";
+    detail.setAttribute("role", "status");
+    element.querySelector(".body").after(detail);
   }
-  return view;
+  const token = answer.tokens[Number(span.dataset.token)];
+  detail.textContent = `${JSON.stringify(token.text)}: ${specdecRender.describe(answer, token)}`;
 }
 
-function markdownView(text) {
-  const view = document.createElement("div");
-  view.innerHTML = DOMPurify.sanitize(marked.parse(text));
-  view.querySelectorAll("pre code").forEach(block => hljs.highlightElement(block));
+function reasoningView(text) {
+  const view = document.createElement("details");
+  view.className = "reasoning";
+  const summary = document.createElement("summary");
+  summary.textContent = "Reasoning";
+  const body = document.createElement("div");
+  body.textContent = text;
+  view.append(summary, body);
   return view;
 }
 
@@ -284,6 +307,14 @@ function statsView(answer) {
     first.textContent = `first token ${answer.firstTokenMs.toFixed(0)} ms`;
     view.append(first);
   }
+  const ended = answer.failed ? `failed: ${answer.failed}` : answer.stopped ? "stopped" :
+    answer.finishReason === "length" ? "cut at the token limit" : (!answer.pending && !answer.content ? "empty" : "");
+  if (ended) {
+    const mark = document.createElement("span");
+    mark.className = "ended";
+    mark.textContent = ended;
+    view.append(mark);
+  }
   return view;
 }
 
@@ -298,7 +329,10 @@ function actionsView(answer, index) {
   button.disabled = Boolean(reason) || Boolean(running);
   button.title = reason || "decode this answer's own request again without speculation";
   button.onclick = () => compare(answer, index);
-  view.append(button);
+  view.append(specdecRender.copyButton(() => answer.content, "copy this answer"), button);
+  if (index === current.messages.length - 1) view.append(actionButton("Regenerate", "answer the last message again",
+                                                                       () => regenerate(current)));
+  view.append(actionButton("Delete", "delete this answer", () => deleteMessage(current, index)));
   if (reason) {
     const why = document.createElement("span");
     why.className = "compare unavailable";
@@ -319,6 +353,79 @@ function actionsView(answer, index) {
     view.append(result);
   }
   return view;
+}
+
+function actionButton(text, label, onclick) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = text.toLowerCase();
+  button.textContent = text;
+  button.setAttribute("aria-label", label);
+  button.disabled = Boolean(running);
+  button.onclick = onclick;
+  return button;
+}
+
+function userActions(message, index) {
+  const view = document.createElement("div");
+  view.className = "actions";
+  view.append(specdecRender.copyButton(() => message.content, "copy this message"),
+              actionButton("Edit", "edit this message and send it again (what follows it goes)", () => edit(current, index)),
+              actionButton("Delete", "delete this message", () => deleteMessage(current, index)));
+  return view;
+}
+
+// -- editing a conversation ---------------------------------------------------------------------------
+async function regenerate(conversation) {
+  if (running || conversation.messages.at(-1).role !== "assistant") return;
+  conversation.messages.pop();
+  await answerLast(conversation);
+}
+
+// The message's text back in the prompt box; it and what follows it leave the conversation until it is sent.
+function edit(conversation, index) {
+  if (running) return;
+  $("prompt").value = conversation.messages[index].content;
+  conversation.messages.splice(index);
+  save();
+  renderMessages();
+  $("prompt").focus();
+}
+
+function deleteMessage(conversation, index) {
+  if (running) return;
+  conversation.messages.splice(index, 1);
+  save();
+  renderMessages();
+}
+
+function exportConversations() {
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(new Blob([JSON.stringify(conversations, null, 1)], {type: "application/json"}));
+  link.download = "specdec-conversations.json";
+  link.click();
+  URL.revokeObjectURL(link.href);
+}
+
+// Conversations from an exported file, added before the ones here (one with the same id is replaced).
+async function importConversations(file) {
+  try {
+    const imported = JSON.parse(await file.text());
+    const valid = Array.isArray(imported) && imported.every(c => c && typeof c.id === "string" &&
+      typeof c.title === "string" && Array.isArray(c.messages) &&
+      c.messages.every(m => m && ["user", "assistant"].includes(m.role) && typeof m.content === "string"));
+    if (!valid) throw new Error("not a file of exported conversations");
+    imported.forEach(c => c.messages.forEach(m => { m.tokens = m.tokens || []; m.rounds = m.rounds || []; }));
+    const ids = new Set(imported.map(c => c.id));
+    conversations = [...imported, ...conversations.filter(c => !ids.has(c.id))];
+    current = conversations[0] || null;
+    save();
+    renderConversations();
+    renderMessages();
+    showError("");
+  } catch (error) {
+    showError(`import: ${error.message}`);
+  }
 }
 
 function chartsView(answer) {
@@ -346,19 +453,31 @@ function deleteConversation(conversation) {
   renderMessages();
 }
 
+const FIELDS = {systemPrompt: "system-prompt", temperature: "temperature", maxTokens: "max-tokens", topP: "top-p",
+                topK: "top-k", seed: "seed", stop: "stop-strings", apiKey: "api-key"};
+
 function loadSettingsForm() {
   $("show-speculation").checked = settings.speculationView !== false;
   $("legend").hidden = !$("show-speculation").checked;
-  $("system-prompt").value = settings.systemPrompt;
-  $("temperature").value = settings.temperature;
-  $("max-tokens").value = settings.maxTokens;
-  $("api-key").value = settings.apiKey;
+  $("raw-tokens").checked = Boolean(settings.rawTokens);
+  for (const [name, id] of Object.entries(FIELDS)) $(id).value = settings[name];
+}
+
+function readSettingsForm() {
+  const read = {};
+  for (const [name, id] of Object.entries(FIELDS)) read[name] = $(id).value;
+  read.temperature = Number(read.temperature);
+  read.maxTokens = Number(read.maxTokens);
+  return {...settings, ...read, rawTokens: $("raw-tokens").checked};
 }
 
 async function loadServerInfo() {
   try {
     const models = await getJSON("/v1/models");
-    $("model").textContent = models.data[0].id;
+    const ids = models.data.map(model => model.id);
+    $("model").replaceChildren(...ids.map(id => new Option(id, id)));
+    if (!ids.includes(settings.model)) settings.model = ids[0] || "";
+    $("model").value = settings.model;
     const props = await getJSON("/props");
     $("drafter").textContent = `drafter: ${props.speculative.drafter}`;
     $("key-needed").hidden = true;
@@ -393,12 +512,15 @@ function wire() {
     renderMessages();
   };
   $("save-settings").onclick = () => {
-    settings = {...settings, systemPrompt: $("system-prompt").value, temperature: Number($("temperature").value),
-                maxTokens: Number($("max-tokens").value), apiKey: $("api-key").value};
+    settings = readSettingsForm();
     save();
     $("settings").hidden = true;
+    renderMessages();
     loadServerInfo();
   };
+  $("model").onchange = () => { settings.model = $("model").value; save(); };
+  $("export").onclick = exportConversations;
+  $("import").onchange = event => { if (event.target.files[0]) importConversations(event.target.files[0]); };
   $("use-key").onclick = () => {
     settings.apiKey = $("key-entry").value;
     save();
