@@ -333,3 +333,16 @@ def test_the_pages_files_weigh_at_most_300_kb():
 
     files = [path for path in PAGE_DIR.rglob("*") if path.is_file() and path.suffix in (".html", ".js", ".css")]
     assert sum(path.stat().st_size for path in files) <= 300_000
+
+
+def test_the_screenshot_script_of_the_docs_runs(server, tmp_path):
+    """scripts/page_screenshots.py (docs/server.md's images) on the tiny model: both images written."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import page_screenshots
+
+    written = page_screenshots.take(f"http://127.0.0.1:{server.port}/", tmp_path, "abc abc", max_tokens=8)
+    assert [path.name for path in written] == ["page.png", "page-mobile.png"]
+    assert all(path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG" for path in written)
