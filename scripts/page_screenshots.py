@@ -18,41 +18,49 @@ PROMPT = ("Write a Python function that returns the n-th Fibonacci number iterat
           "sentences.")
 
 
-def take(url: str, out: Path, prompt: str = PROMPT, max_tokens: int = 200, timeout_s: float = 300) -> list[Path]:
+def take(url: str, out: Path, prompt: str = PROMPT, max_tokens: int = 200, timeout_s: float = 300,
+         browser=None) -> list[Path]:
     """Ask `prompt` on the page at `url` (greedy, `max_tokens`), compare it with plain decoding, and write
-    page.png (1280 x 900) and page-mobile.png (390 x 844) under `out`."""
-    from playwright.sync_api import sync_playwright
+    page.png (1280 x 900) and page-mobile.png (390 x 844) under `out`. browser: a Playwright browser already
+    launched (one is launched otherwise)."""
+    if browser is None:
+        from playwright.sync_api import sync_playwright
 
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        raise SystemExit("page_screenshots: no chromium on PATH (apt install chromium)")
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        if chromium is None:
+            raise SystemExit("page_screenshots: no chromium on PATH (apt install chromium)")
+        with sync_playwright() as playwright:
+            launched = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            try:
+                return take(url, out, prompt, max_tokens, timeout_s, launched)
+            finally:
+                launched.close()
     out.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        desktop = browser.new_context(viewport={"width": 1280, "height": 900})
-        page = desktop.new_page()
-        page.goto(url)
-        page.wait_for_function("document.getElementById('model').value !== ''")
-        page.click("#open-settings")
-        page.fill("#max-tokens", str(max_tokens))
-        page.fill("#temperature", "0")
-        page.click("#save-settings")
-        page.fill("#prompt", prompt)
-        page.press("#prompt", "Enter")
-        page.wait_for_selector('.message.assistant[data-state="done"]', timeout=timeout_s * 1000)
-        page.click(".compare-button")
-        page.wait_for_selector(".compare.identical, .compare.different, .compare.failed", timeout=timeout_s * 1000)
-        written = [out / "page.png", out / "page-mobile.png"]
-        page.screenshot(path=str(written[0]), full_page=False)
-        stored = page.evaluate("localStorage.getItem('specdec.conversations')")
-        phone = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2)
-        mobile = phone.new_page()
-        mobile.goto(url)
-        mobile.evaluate("stored => localStorage.setItem('specdec.conversations', stored)", stored)
-        mobile.reload()
-        mobile.wait_for_selector('.message.assistant[data-state="done"]')
-        mobile.screenshot(path=str(written[1]), full_page=False)
-        browser.close()
+    written = [out / "page.png", out / "page-mobile.png"]
+    desktop = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = desktop.new_page()
+    page.goto(url)
+    page.wait_for_function("document.getElementById('model').value !== ''")
+    page.click("#open-settings")
+    page.fill("#max-tokens", str(max_tokens))
+    page.fill("#temperature", "0")
+    page.click("#save-settings")
+    page.fill("#prompt", prompt)
+    page.press("#prompt", "Enter")
+    page.wait_for_selector('.message.assistant[data-state="done"]', timeout=timeout_s * 1000)
+    page.click(".compare-button")
+    page.wait_for_selector(".compare.identical, .compare.different, .compare.failed", timeout=timeout_s * 1000)
+    page.screenshot(path=str(written[0]))
+    stored = page.evaluate("localStorage.getItem('specdec.conversations')")
+    desktop.close()
+    phone = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2)
+    mobile = phone.new_page()
+    mobile.goto(url)
+    mobile.evaluate("stored => localStorage.setItem('specdec.conversations', stored)", stored)
+    mobile.reload()
+    mobile.wait_for_selector('.message.assistant[data-state="done"]')
+    mobile.screenshot(path=str(written[1]))
+    phone.close()
     return written
 
 

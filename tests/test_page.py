@@ -75,6 +75,8 @@ def test_an_answer_streams_with_each_tokens_origin_and_compare_says_identical(br
     assert origins.count("drafted") == answer["stats"]["accepted"] > 0
     assert "tau" in page.text_content(".message.assistant .stats .tau")
     assert page.query_selector(".message.assistant .acceptance-chart svg rect") is not None
+    samples = page.eval_on_selector_all(".acceptance-chart rect", "bars => bars.map(b => Number(b.dataset.samples))")
+    assert samples and min(samples) > 0  # a position no round reached is not drawn as a measured 0
     assert page.query_selector(".message.assistant .speedup-chart .chosen-k") is not None
     page.click(".compare-button")
     page.wait_for_selector(".compare.identical, .compare.different, .compare.failed", timeout=60_000)
@@ -335,7 +337,7 @@ def test_the_pages_files_weigh_at_most_300_kb():
     assert sum(path.stat().st_size for path in files) <= 300_000
 
 
-def test_the_screenshot_script_of_the_docs_runs(server, tmp_path):
+def test_the_screenshot_script_of_the_docs_runs(browser, server, tmp_path):
     """scripts/page_screenshots.py (docs/server.md's images) on the tiny model: both images written."""
     import sys
     from pathlib import Path
@@ -343,6 +345,7 @@ def test_the_screenshot_script_of_the_docs_runs(server, tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     import page_screenshots
 
-    written = page_screenshots.take(f"http://127.0.0.1:{server.port}/", tmp_path, "abc abc", max_tokens=8)
+    written = page_screenshots.take(f"http://127.0.0.1:{server.port}/", tmp_path, "abc abc", max_tokens=8,
+                                    browser=browser)
     assert [path.name for path in written] == ["page.png", "page-mobile.png"]
     assert all(path.stat().st_size > 10_000 and path.read_bytes()[:4] == b"\x89PNG" for path in written)

@@ -400,5 +400,8 @@ def test_include_speculation_gives_each_tokens_origin_in_the_stream(coder):
     fit = next(chunk.model_extra["speculation_fit"] for chunk in chunks if "speculation_fit" in (chunk.model_extra or {}))
     assert fit["speedup_by_k"][0] == 1.0 and len(fit["speedup_by_k"]) >= 9 and 0 <= fit["best_k"] <= 8
     assert all(0 <= alpha <= 1 for alpha in fit["alphas"]) and fit["mean_k"] > 0
+    # how many rounds judged each position: every drafting round its first, fewer each position after
+    assert fit["samples"][0] == sum(r["drafted"] > 0 for r in rounds) and fit["samples"] == sorted(fit["samples"],
+                                                                                                   reverse=True)
     plain = list(coder.client.chat.completions.create(**ask, stream=True))
     assert not any("speculation" in (chunk.model_extra or {}) for chunk in plain)

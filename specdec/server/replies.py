@@ -56,12 +56,14 @@ def timings(result: GenerationResult) -> dict:
 
 def speculation_fit(rounds: list[RoundProvenance]) -> dict | None:
     """The theory's reading of a streamed answer's rounds (core/analysis.fit_generation): acceptance per
-    position, cost ratios, and the expected speedup at each K; None when nothing was drafted."""
+    position (with how many rounds judged each: a position few reached shows the fit's prior more than a
+    measurement), cost ratios, and the expected speedup at each K; None when nothing was drafted."""
     fit = fit_generation([RoundStats(r.k, r.drafted, r.accepted, len(r.origins), r.draft_ms / 1000,
                                      r.verify_ms / 1000, 0.0) for r in rounds])
     if fit is None:
         return None
-    return {"alphas": [round(a, 4) for a in fit.alphas], "draft_cost": round(fit.draft_cost, 4),
+    samples = [sum(r.drafted > j and r.accepted >= j for r in rounds) for j in range(len(fit.alphas))]
+    return {"alphas": [round(a, 4) for a in fit.alphas], "samples": samples, "draft_cost": round(fit.draft_cost, 4),
             "verify_slope": round(fit.verify_slope, 4), "mean_k": round(fit.mean_k, 3),
             "speedup_by_k": [round(x, 4) for x in fit.speedup_by_k], "best_k": fit.best_k}
 

@@ -431,7 +431,7 @@ async function importConversations(file) {
 function chartsView(answer) {
   const view = document.createElement("div");
   view.className = "charts";
-  view.append(specdecCharts.acceptanceChart(answer.fit.alphas),
+  view.append(specdecCharts.acceptanceChart(answer.fit.alphas, answer.fit.samples),
               specdecCharts.speedupChart(answer.fit.speedup_by_k, answer.fit.mean_k, answer.fit.best_k));
   return view;
 }

@@ -29,17 +29,29 @@ function label(svg, x, y, text, anchor = "middle") {
   svg.append(element);
 }
 
-// alphas[j]: P(draft token j+1 accepted | the ones before it were).
-function acceptanceChart(alphas) {
+// alphas[j]: P(draft token j+1 accepted | the ones before it were); samples[j]: the rounds that judged position
+// j+1. Positions no round reached are left out (the fit's prior, not a measurement); a bar from fewer than
+// FEW rounds is drawn faint and labelled with its count instead of a figure.
+const FEW = 3;
+
+function acceptanceChart(alphas, samples) {
   const {figure, svg} = chartFrame("acceptance per draft position", "acceptance-chart");
-  const slot = (WIDTH - PAD - 8) / Math.max(alphas.length, 1);
-  alphas.forEach((alpha, j) => {
+  const counts = samples || alphas.map(() => FEW);
+  const shown = alphas.slice(0, counts.reduce((last, n, j) => (n > 0 ? j + 1 : last), 0));
+  const slot = (WIDTH - PAD - 8) / Math.max(shown.length, 1);
+  shown.forEach((alpha, j) => {
     const height = alpha * (HEIGHT - 2 * PAD);
     const x = PAD + j * slot + slot * 0.15;
-    svg.append(svgElement("rect", {x, y: HEIGHT - PAD - height, width: slot * 0.7, height,
-                                   fill: "#2da44e", "data-position": j + 1, "data-alpha": alpha}));
+    const few = counts[j] < FEW;
+    const bar = svgElement("rect", {x, y: HEIGHT - PAD - height, width: slot * 0.7, height, fill: "#2da44e",
+                                    "fill-opacity": few ? 0.35 : 1, "data-position": j + 1, "data-alpha": alpha,
+                                    "data-samples": counts[j]});
+    const tip = svgElement("title", {});
+    tip.textContent = `position ${j + 1}: ${alpha.toFixed(2)} from ${counts[j]} round${counts[j] === 1 ? "" : "s"}`;
+    bar.append(tip);
+    svg.append(bar);
     label(svg, x + slot * 0.35, HEIGHT - PAD + 11, String(j + 1));
-    label(svg, x + slot * 0.35, HEIGHT - PAD - height - 3, alpha.toFixed(2));
+    label(svg, x + slot * 0.35, HEIGHT - PAD - height - 3, few ? `n=${counts[j]}` : alpha.toFixed(2));
   });
   return figure;
 }
